@@ -1,0 +1,30 @@
+"""kvformats: the quantized KV-cache formats of DeepSeek V4 serving, byte-exact.
+
+    import kvformats as kvf
+    layout = kvf.get_format("fp8_ds_mla", page_size=64)
+    cache = layout.allocate(num_pages=16)
+    layout.encode(x, cache, slots)          # x [N, 512] bf16/fp16/fp32, slots [N] int
+    y = layout.decode(cache, slots)         # bf16 [N, 512], zero rows for slot < 0
+
+Importing kvformats never imports Triton; kernels load on the first CUDA call.
+"""
+
+from kvformats.errors import (
+    BackendUnavailableError,
+    InputError,
+    InputTypeError,
+    KVFormatError,
+    LayoutError,
+)
+from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
+from kvformats.layout import Field, Layout, Region, Segment
+from kvformats.registry import get_format, list_formats
+
+__version__ = "0.1.0"
+SPEC_VERSION = "1"
+
+__all__ = [
+    "BackendUnavailableError", "CompressorState", "Field", "Fp8DsMla", "Fp8Indexer", "InputError",
+    "InputTypeError", "KVFormatError", "Layout", "LayoutError", "Mxfp4Indexer", "Region", "Segment",
+    "get_format", "list_formats", "SPEC_VERSION", "__version__",
+]

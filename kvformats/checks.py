@@ -1,0 +1,90 @@
+"""Argument validation, in one place for every backend. Each check raises a typed error that
+says what was expected and what came; none writes anything."""
+
+from __future__ import annotations
+
+import torch
+
+from kvformats.errors import InputError, InputTypeError, LayoutError, describe
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _names(dtypes) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def capturing(t: torch.Tensor) -> bool:
+    """True inside CUDA-graph capture, where no host check can run."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def check_tensor(name: str, t, *, dtypes, shape: tuple, device: torch.device | None = None) -> None:
+    """``t`` is a tensor of one of ``dtypes`` with ``shape`` (None = any size) on ``device``."""
+    if not isinstance(t, torch.Tensor):
+        raise InputTypeError(f"{name} must be a torch.Tensor, got {describe(t)}")
+    if t.dtype not in dtypes:
+        raise InputTypeError(f"{name} must have dtype {_names(dtypes)}, got {describe(t)}")
+    want = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
+    if t.dim() != len(shape) or any(d is not None and d != s for d, s in zip(shape, t.shape)):
+        raise InputError(f"{name} must have shape {want}, got {describe(t)}")
+    if device is not None and t.device != device:
+        raise InputError(f"{name} must be on the cache's device {device}, got {describe(t)}; "
+                         f"move it with .to({str(device)!r})")
+
+
+def check_cache(layout, cache) -> None:
+    """The cache fits the layout: container dtype and rank, page width, contiguous rows."""
+    if not isinstance(cache, torch.Tensor):
+        raise InputTypeError(f"cache must be a torch.Tensor, got {describe(cache)}")
+    page_shape = layout.cache_shape(1)[1:]
+    fix = f"allocate it with {layout.name} layout.allocate(num_pages)"
+    if cache.dtype != layout.container_dtype or cache.dim() != 1 + len(page_shape):
+        raise InputTypeError(f"{layout.name} cache must be a {layout.container_dtype} tensor "
+                             f"[pages, {', '.join(map(str, page_shape))}], got {describe(cache)}; {fix}")
+    if cache.dtype == torch.uint8:
+        if cache.shape[1] < layout.min_page_bytes:
+            raise LayoutError(f"{layout.name} pages must be at least page_size * row_bytes = "
+                              f"{layout.page_size} * {layout.row_bytes} = {layout.min_page_bytes} bytes wide, "
+                              f"got {cache.shape[1]}; {fix}")
+        inner_ok = cache.stride(1) == 1 or cache.shape[1] == 1
+        min_stride = cache.shape[1]
+    else:
+        if tuple(cache.shape[1:]) != tuple(page_shape):
+            raise LayoutError(f"{layout.name} cache pages must be {list(page_shape)}, "
+                              f"got {list(cache.shape[1:])}; {fix}")
+        inner_ok = cache.stride(2) == 1 and cache.stride(1) == page_shape[1]
+        min_stride = page_shape[0] * page_shape[1]
+    if not inner_ok:
+        raise LayoutError(f"{layout.name} cache rows must be contiguous (only the page stride may be "
+                          f"padded), got strides {cache.stride()}")
+    if cache.shape[0] > 1 and cache.stride(0) < min_stride:
+        raise LayoutError(f"{layout.name} cache page stride {cache.stride(0)} is smaller than a page "
+                          f"({min_stride} elements): pages would overlap")
+
+
+def check_slots(layout, slots, n: int | None, cache: torch.Tensor, *, check_range: bool, unique: bool) -> None:
+    """``slots`` is int32/int64 ``[n]`` (any length for None) on the cache's device; with ``check_range`` (outside
+    CUDA-graph capture) every slot is below the capacity and, with ``unique``, no non-negative
+    slot repeats."""
+    check_tensor("slots", slots, dtypes=INDEX_DTYPES, shape=(n,), device=cache.device)
+    if not check_range or slots.numel() == 0 or capturing(slots):
+        return
+    capacity = cache.shape[0] * layout.page_size
+    over = (slots >= capacity).nonzero()
+    if over.numel():
+        i = int(over[0, 0])
+        raise InputError(f"slots[{i}] = {int(slots[i])} is beyond the cache's capacity: "
+                         f"{cache.shape[0]} pages * {layout.page_size} rows = {capacity} slots "
+                         f"(valid slots are 0..{capacity - 1}, or negative for 'no row')")
+    if unique:
+        live = slots[slots >= 0]
+        if torch.unique(live).numel() != live.numel():
+            raise InputError("slots repeat a target row; each non-negative slot may appear once per call")
+
+
+def check_float_rows(name: str, x, width: int, device: torch.device) -> int:
+    """``x`` is a bf16/fp16/fp32 ``[N, width]`` tensor on ``device``; returns N."""
+    check_tensor(name, x, dtypes=FLOAT_DTYPES, shape=(None, width), device=device)
+    return x.shape[0]

@@ -1,0 +1,88 @@
+"""compressor_state: DeepSeek V4 compressor residual state (formats.md §5).
+
+float32 cache ``[pages, page_size, 2W]``; one row per token position holds
+``[kv (W) | score + ape[p % ratio] (W)]`` with ``W = coff * head_dim``, coff = 2 for the
+overlapping ratio-4 compressor and 1 for ratio 128.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
+from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.layout import Field, Layout, Segment, positive
+from kvformats.ops import register_reference_ops
+from kvformats.registry import register_format
+
+RATIOS = (4, 128)
+
+
+@register_format
+@attrs.frozen(kw_only=True)
+class CompressorState(Layout):
+    """``CompressorState(head_dim=512, ratio=4, page_size=4)``: float32 rows of 2W values.
+
+    ``encode((kv, score), cache, slots, positions=..., ape=...)``: kv, score ``[N, W]``,
+    positions int ``[N]``, ape ``[ratio, W]`` in checkpoint order (no reordering); stores kv
+    and ``score + ape[p % ratio]`` in float32. ``decode`` returns ``(kv, score_state)``.
+    ``gather`` returns the rows' bytes (uint8 ``[N, 8W]``; ``.view(torch.float32)`` for values).
+    """
+
+    name = "compressor_state"
+    container_dtype = torch.float32
+
+    head_dim: int = attrs.field(default=512, validator=positive)
+    ratio: int = attrs.field(default=4, validator=attrs.validators.in_(RATIOS))
+    page_size: int = attrs.field(default=4, validator=positive)
+
+    @property
+    def overlap(self) -> bool:
+        """Ratio 4 compresses overlapping windows, so each row carries two halves."""
+        return self.ratio == 4
+
+    @property
+    def width(self) -> int:
+        """W, the width of the kv half and of the score half."""
+        return (2 if self.overlap else 1) * self.head_dim
+
+    def _segments(self):
+        return (Segment("state", (
+            Field("kv", "float32", self.width, doc="kv projection, exact"),
+            Field("score", "float32", self.width, doc="score + ape[p % ratio]"),
+        )),)
+
+    def cache_shape(self, num_pages: int) -> tuple[int, ...]:
+        return (num_pages, self.page_size, 2 * self.width)
+
+    def check_encode_input(self, x, device, **kwargs):
+        extra = set(kwargs) - {"positions", "ape"}
+        if extra or "positions" not in kwargs or "ape" not in kwargs:
+            raise InputError(f"compressor_state.encode needs keyword arguments positions= and ape=, "
+                             f"got {sorted(kwargs)}")
+        if not (isinstance(x, tuple) and len(x) == 2):
+            raise InputTypeError(f"compressor_state.encode takes x = (kv, score), got {describe(x)}")
+        kv, score = x
+        w = self.width
+        check_tensor("kv", kv, dtypes=FLOAT_DTYPES, shape=(None, w), device=device)
+        n = kv.shape[0]
+        check_tensor("score", score, dtypes=FLOAT_DTYPES, shape=(n, w), device=device)
+        check_tensor("positions", kwargs["positions"], dtypes=INDEX_DTYPES, shape=(n,), device=device)
+        check_tensor("ape", kwargs["ape"], dtypes=FLOAT_DTYPES, shape=(self.ratio, w), device=device)
+        return n, kwargs
+
+    def encode_rows(self, x, *, positions: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+        kv, score = x
+        w = self.width
+        rows = torch.empty((kv.shape[0], 2 * w), dtype=torch.float32, device=kv.device)
+        rows[:, :w] = kv
+        torch.add(score.float(), ape.float()[positions.long() % self.ratio], out=rows[:, w:])
+        return rows.view(torch.uint8)
+
+    def decode_rows(self, rows: torch.Tensor):
+        values = rows.view(torch.float32)
+        return values[:, :self.width], values[:, self.width:]
+
+
+register_reference_ops(CompressorState.name)

@@ -1,0 +1,93 @@
+"""fp8_ds_mla: DeepSeek V4 attention rows (SWA and compressed KV caches).
+
+Row = 576 B token record (448 float8_e4m3fn NoPE values scaled per 64-block, then 64 bf16 RoPE
+values) + 8 B scale record (7 ue8m0 exponents, 1 zero pad byte). Token records of a page come
+first, then its scale records; pages round up to a multiple of the token record (formats.md §2).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from kvformats import numerics as nx
+from kvformats.errors import LayoutError
+from kvformats.layout import Field, Layout, Segment, positive
+from kvformats.ops import register_reference_ops
+from kvformats.registry import register_format
+
+QUANT_BLOCK = 64
+SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax")
+
+
+@register_format
+@attrs.frozen(kw_only=True)
+class Fp8DsMla(Layout):
+    """``Fp8DsMla(head_dim=512, rope_dim=64, page_size=64)``: 584 B rows; a page is padded to a
+    multiple of the 576 B token record (37440 B for 64 rows, 1728 B for 2).
+
+    ``encode(x [N, head_dim])`` rounds x to bf16, quantizes the NoPE dims per 64-block with a
+    power-of-two scale and stores the RoPE tail as given (already rotated) in bf16.
+    ``decode`` returns bf16 ``[N, head_dim]``.
+    """
+
+    name = "fp8_ds_mla"
+    page_alignment = "token"
+    scale_rule = SCALE_RULE
+
+    head_dim: int = attrs.field(default=512, validator=positive)
+    rope_dim: int = attrs.field(default=64, validator=positive)
+    page_size: int = attrs.field(default=64, validator=positive)
+
+    def __attrs_post_init__(self):
+        nope = self.head_dim - self.rope_dim
+        if nope <= 0 or nope % QUANT_BLOCK or self.rope_dim % 2:
+            raise LayoutError(f"fp8_ds_mla needs head_dim - rope_dim to be a positive multiple of "
+                              f"{QUANT_BLOCK} and an even rope_dim, got head_dim={self.head_dim}, "
+                              f"rope_dim={self.rope_dim}")
+
+    @property
+    def nope_dim(self) -> int:
+        return self.head_dim - self.rope_dim
+
+    @property
+    def num_blocks(self) -> int:
+        return self.nope_dim // QUANT_BLOCK
+
+    def _segments(self):
+        return (
+            Segment("token", (
+                Field("nope", "float8_e4m3fn", self.nope_dim, doc="NoPE dims, scaled by 2^-e per 64-block"),
+                Field("rope", "bfloat16", self.rope_dim, doc="RoPE dims as given (already rotated)"),
+            )),
+            Segment("scales", (
+                Field("scale", "float8_e8m0fnu", self.num_blocks, role="scale", doc="e + 127 per NoPE block"),
+                Field("scale_pad", "uint8", 1, role="pad", doc="always 0"),
+            )),
+        )
+
+    def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
+        n, nope, nb = x.shape[0], self.nope_dim, self.num_blocks
+        token = self.segments[0].record_bytes
+        xq = x.to(torch.bfloat16)
+        blocks = xq[:, :nope].float().reshape(n, nb, QUANT_BLOCK)
+        e = SCALE_RULE.exponents(blocks)
+        out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
+        out[:, :nope] = nx.e4m3_quantize_blocks(blocks, e).reshape(n, nope)
+        out[:, nope:token] = xq[:, nope:].contiguous().view(torch.uint8)
+        out[:, token:token + nb] = nx.ue8m0_encode(e)
+        out[:, token + nb:] = 0
+        return out
+
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        n, nope, nb = rows.shape[0], self.nope_dim, self.num_blocks
+        token = self.segments[0].record_bytes
+        scales = nx.ue8m0_decode(rows[:, token:token + nb])
+        values = nx.e4m3_decode(rows[:, :nope]).reshape(n, nb, QUANT_BLOCK) * scales.unsqueeze(-1)
+        out = torch.empty((n, self.head_dim), dtype=torch.bfloat16, device=rows.device)
+        out[:, :nope] = values.reshape(n, nope)
+        out[:, nope:] = rows[:, nope:token].contiguous().view(torch.bfloat16)
+        return out
+
+
+register_reference_ops(Fp8DsMla.name)

@@ -1,0 +1,72 @@
+"""mxfp4_indexer: DeepSeek V4 CSA indexer keys in MXFP4 (formats.md §4).
+
+Page = ``page_size`` value records (head_dim/2 bytes of e2m1 nibbles, element 2k in the low
+nibble) then ``page_size`` scale records (one ue8m0 byte per 32 dims; read as a little-endian
+int32 they are DeepGEMM's packed scale).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from kvformats import numerics as nx
+from kvformats.errors import LayoutError
+from kvformats.layout import Field, Layout, Segment, positive
+from kvformats.ops import register_reference_ops
+from kvformats.registry import register_format
+
+QUANT_BLOCK = 32
+SCALE_RULE = nx.ScaleRule(element_max=nx.E2M1_MAX, floor=1e-4, floor_on="absmax",
+                          exponent_min=-127, exponent_max=127)
+
+
+@register_format
+@attrs.frozen(kw_only=True)
+class Mxfp4Indexer(Layout):
+    """``Mxfp4Indexer(head_dim=128, page_size=64)``: 68 B rows, 4352 B pages.
+
+    ``encode(x [N, head_dim])`` takes x as float32; per 32-block
+    ``e = ceil(log2(max(amax, 1e-4) / 6))`` (clamped to ±127) and each element is coded by the
+    threshold rule (ties toward the smaller magnitude). ``decode`` returns float32.
+    """
+
+    name = "mxfp4_indexer"
+    scale_rule = SCALE_RULE
+
+    head_dim: int = attrs.field(default=128, validator=positive)
+    page_size: int = attrs.field(default=64, validator=positive)
+
+    def __attrs_post_init__(self):
+        if self.head_dim % QUANT_BLOCK:
+            raise LayoutError(f"mxfp4_indexer head_dim must be a multiple of {QUANT_BLOCK}, got {self.head_dim}")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.head_dim // QUANT_BLOCK
+
+    def _segments(self):
+        return (
+            Segment("values", (Field("values", "float4_e2m1fn_x2", self.head_dim,
+                                     doc="e2m1 codes, element 2k in the low nibble"),)),
+            Segment("scales", (Field("scales", "float8_e8m0fnu", self.num_blocks, role="scale",
+                                     doc="e + 127 per 32-block"),)),
+        )
+
+    def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
+        n, d, nb = x.shape[0], self.head_dim, self.num_blocks
+        blocks = x.float().reshape(n, nb, QUANT_BLOCK)
+        e = SCALE_RULE.exponents(blocks)
+        out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
+        out[:, :d // 2] = nx.pack_nibbles(nx.e2m1_quantize_blocks(blocks, e).reshape(n, d))
+        out[:, d // 2:] = nx.ue8m0_encode(e)
+        return out
+
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        n, d, nb = rows.shape[0], self.head_dim, self.num_blocks
+        codes = nx.unpack_nibbles(rows[:, :d // 2])
+        values = nx.e2m1_decode(codes).reshape(n, nb, QUANT_BLOCK)
+        return (values * nx.ue8m0_decode(rows[:, d // 2:]).unsqueeze(-1)).reshape(n, d)
+
+
+register_reference_ops(Mxfp4Indexer.name)

@@ -1,0 +1,292 @@
+"""Declarative layouts: a format declares its parameters and ordered segments; everything else
+(region offsets, row and page bytes, typed views, allocation) is derived here, once.
+
+A page is a sequence of *segments* followed by a page pad. A segment holds one fixed-size
+record per row (``page_size`` records back to back); a record is a tuple of *fields*. So
+fp8_ds_mla declares ``token = (nope, rope)`` then ``scales = (scale, scale_pad)``; a slot's
+encoded row (what ``gather`` returns) is its records of every segment, concatenated in order.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import ClassVar
+
+import attrs
+import torch
+
+from kvformats.errors import InputError, LayoutError
+
+# Element types by their ml_dtypes/torch names: (bytes per stored unit, elements per unit).
+ELEMENT_TYPES = {
+    "float8_e4m3fn": (1, 1),
+    "float8_e8m0fnu": (1, 1),
+    "float4_e2m1fn_x2": (1, 2),
+    "bfloat16": (2, 1),
+    "float32": (4, 1),
+    "uint8": (1, 1),
+}
+TORCH_DTYPES = {name: getattr(torch, name) for name in ELEMENT_TYPES}
+
+
+def positive(instance, attribute, value):
+    """attrs validator: a positive int (not bool)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise LayoutError(f"{attribute.name} must be a positive int, got {value!r}")
+
+
+@attrs.frozen
+class Field:
+    """One typed run of elements inside a segment record. ``role``: data, scale or pad."""
+
+    name: str
+    dtype: str = attrs.field(validator=attrs.validators.in_(ELEMENT_TYPES))
+    count: int
+    role: str = attrs.field(default="data", validator=attrs.validators.in_(("data", "scale", "pad")))
+    doc: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        unit_bytes, per_unit = ELEMENT_TYPES[self.dtype]
+        return self.count // per_unit * unit_bytes
+
+
+@attrs.frozen
+class Segment:
+    """``page_size`` records of ``fields``, back to back."""
+
+    name: str
+    fields: tuple[Field, ...]
+
+    @property
+    def record_bytes(self) -> int:
+        return sum(f.nbytes for f in self.fields)
+
+
+@attrs.frozen
+class Region:
+    """A placed field: row r of this region starts at ``offset + r * row_stride`` in the page.
+
+    ``shape`` is the per-row element shape; the page pad is a region with ``row_stride`` 0 and
+    ``per_page=True``. ``row_offset`` is where the field sits inside a gathered row.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    row_stride: int
+    nbytes: int
+    role: str
+    segment: str
+    row_offset: int
+    rows: int = 1
+    per_page: bool = False
+    doc: str = ""
+
+    @property
+    def page_nbytes(self) -> int:
+        return self.nbytes if self.per_page else self.nbytes * self.rows
+
+
+@attrs.frozen(kw_only=True)
+class Layout:
+    """Base of every format. Subclasses add parameters and implement ``_segments``,
+    ``encode_rows`` and ``decode_rows``; the public ops live in ``kvformats.ops``."""
+
+    name: ClassVar[str] = ""
+    page_alignment: ClassVar[str | None] = None  # name of a segment whose record size pages round up to
+    container_dtype: ClassVar[torch.dtype] = torch.uint8
+
+    page_size: int = attrs.field(default=64, validator=positive)
+
+    # ----- declaration ---------------------------------------------------------------------
+    def _segments(self) -> tuple[Segment, ...]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # ----- derived geometry ----------------------------------------------------------------
+    @functools.cached_property
+    def segments(self) -> tuple[Segment, ...]:
+        return self._segments()
+
+    @functools.cached_property
+    def segment_offsets(self) -> dict[str, int]:
+        """In-page byte offset of each segment's first record."""
+        offsets, at = {}, 0
+        for seg in self.segments:
+            offsets[seg.name] = at
+            at += self.page_size * seg.record_bytes
+        return offsets
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one encoded row (all segments' records)."""
+        return sum(seg.record_bytes for seg in self.segments)
+
+    @property
+    def min_page_bytes(self) -> int:
+        """The narrowest page an op accepts: ``page_size * row_bytes``."""
+        return self.page_size * self.row_bytes
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes ``allocate`` gives a page: the minimum, rounded up to the alignment record."""
+        if self.page_alignment is None:
+            return self.min_page_bytes
+        unit = next(s.record_bytes for s in self.segments if s.name == self.page_alignment)
+        return -(-self.min_page_bytes // unit) * unit
+
+    @functools.cached_property
+    def regions(self) -> tuple[Region, ...]:
+        """Every region of a page in byte order, the page pad (if any) last."""
+        out, row_at = [], 0
+        for seg in self.segments:
+            at = self.segment_offsets[seg.name]
+            for f in seg.fields:
+                per_unit = ELEMENT_TYPES[f.dtype][1]
+                out.append(Region(name=f.name, dtype=f.dtype, shape=(f.count // per_unit,), offset=at,
+                                  row_stride=seg.record_bytes, nbytes=f.nbytes, role=f.role,
+                                  segment=seg.name, row_offset=row_at, rows=self.page_size, doc=f.doc))
+                at += f.nbytes
+                row_at += f.nbytes
+        pad = self.page_bytes - self.min_page_bytes
+        if pad:
+            out.append(Region(name="page_pad", dtype="uint8", shape=(pad,), offset=self.min_page_bytes,
+                              row_stride=0, nbytes=pad, role="pad", segment="", row_offset=-1,
+                              rows=1, per_page=True, doc="never written"))
+        return tuple(out)
+
+    def region(self, name: str) -> Region:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise LayoutError(f"{self.name} has no region {name!r}; regions: {[r.name for r in self.regions]}")
+
+    @property
+    def params(self) -> dict:
+        """The declared parameters, as keyword arguments for ``get_format``."""
+        return attrs.asdict(self)
+
+    def slot_offsets(self, slot: int, page_stride: int | None = None) -> dict[str, int]:
+        """Absolute byte offset of each non-pad region of one slot (for docs, dumps, tests)."""
+        stride = self.page_bytes if page_stride is None else page_stride
+        page, row = divmod(slot, self.page_size)
+        return {r.name: page * stride + r.offset + row * r.row_stride for r in self.regions if not r.per_page}
+
+    def describe(self) -> str:
+        """A plain-text region table (name, dtype, shape, offset, bytes per row and per page)."""
+        head = f"{self.name}({', '.join(f'{k}={v}' for k, v in self.params.items())}): " \
+               f"row {self.row_bytes} B, page {self.page_bytes} B (min {self.min_page_bytes} B)"
+        lines = [head, f"{'region':<12} {'dtype':<17} {'shape':<8} {'offset':>7} {'row B':>6} {'page B':>7}"]
+        for r in self.regions:
+            shape = "page" if r.per_page else f"[{r.shape[0]}]"
+            lines.append(f"{r.name:<12} {r.dtype:<17} {shape:<8} {r.offset:>7} "
+                         f"{'-' if r.per_page else r.nbytes:>6} {r.page_nbytes:>7}")
+        return "\n".join(lines)
+
+    # ----- caches --------------------------------------------------------------------------
+    def cache_shape(self, num_pages: int) -> tuple[int, ...]:
+        return (num_pages, self.page_bytes)
+
+    def allocate(self, num_pages: int, device=None, page_stride: int | None = None) -> torch.Tensor:
+        """A zeroed cache of ``num_pages`` pages.
+
+        Byte formats: uint8 ``[num_pages, page_bytes]``. ``page_stride`` (in elements of the
+        cache tensor, i.e. ``cache.stride(0)``) may exceed the page width; the cache is then a
+        strided view into a larger zeroed arena, as engines that share one arena allocate.
+        """
+        if not isinstance(num_pages, int) or isinstance(num_pages, bool) or num_pages < 0:
+            raise LayoutError(f"num_pages must be a non-negative int, got {num_pages!r}")
+        shape = self.cache_shape(num_pages)
+        page_elems = 1
+        for d in shape[1:]:
+            page_elems *= d
+        if page_stride is None:
+            return torch.zeros(shape, dtype=self.container_dtype, device=device)
+        if not isinstance(page_stride, int) or page_stride < page_elems:
+            raise LayoutError(f"page_stride must be an int >= {page_elems} (one page of {self.name}), "
+                              f"got {page_stride!r}")
+        arena = torch.zeros(max(num_pages - 1, 0) * page_stride + page_elems,
+                            dtype=self.container_dtype, device=device)
+        inner = torch.empty(shape[1:]).stride() if len(shape) > 1 else ()
+        return arena.as_strided(shape, (page_stride, *inner))
+
+    def byte_pages(self, cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(a uint8 alias of the cache storage, page stride in bytes)."""
+        if cache.dtype == torch.uint8:
+            return cache, cache.stride(0)
+        u8 = cache.view(torch.uint8)
+        return u8, u8.stride(0)
+
+    def segment_view(self, cache: torch.Tensor, segment: str) -> torch.Tensor:
+        """uint8 ``[pages, page_size, record_bytes]`` view of one segment (zero-copy)."""
+        seg = next(s for s in self.segments if s.name == segment)
+        u8, stride = self.byte_pages(cache)
+        return u8.as_strided((cache.shape[0], self.page_size, seg.record_bytes),
+                             (stride, seg.record_bytes, 1),
+                             u8.storage_offset() + self.segment_offsets[segment])
+
+    def views(self, cache: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Region name -> zero-copy typed view ``[pages, page_size, *shape]`` (the page pad:
+        uint8 ``[pages, pad]``)."""
+        from kvformats.checks import check_cache
+
+        check_cache(self, cache)
+        u8, stride = self.byte_pages(cache)
+        out = {}
+        for r in self.regions:
+            if r.per_page:
+                out[r.name] = u8.as_strided((cache.shape[0], r.nbytes), (stride, 1), u8.storage_offset() + r.offset)
+                continue
+            raw = u8.as_strided((cache.shape[0], self.page_size, r.nbytes), (stride, r.row_stride, 1),
+                                u8.storage_offset() + r.offset)
+            try:
+                out[r.name] = raw.view(TORCH_DTYPES[r.dtype])
+            except RuntimeError as err:
+                raise LayoutError(f"cannot view region {r.name!r} as {r.dtype}: page stride {stride} B or "
+                                  f"offset is not a multiple of its element size ({err})") from None
+        return out
+
+    # ----- public ops ----------------------------------------------------------------------
+    def encode(self, x, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto",
+               check: bool = True, **kwargs) -> None:
+        """Quantize the rows of ``x [N, head_dim]`` (bf16/fp16/fp32) and write them in place at
+        ``slots [N]`` (int32/int64; negative = skip). Only the bytes of written rows change.
+
+        ``check=False`` skips the host-side slot checks (range, duplicates); out-of-range slots
+        are then skipped, never written. Raises InputError/LayoutError before any write.
+        """
+        from kvformats import ops
+
+        ops.encode(self, x, cache, slots, backend=backend, check=check, **kwargs)
+
+    def decode(self, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto", check: bool = True):
+        """Dequantize the rows at ``slots [N]``; zero rows for negative slots."""
+        from kvformats import ops
+
+        return ops.decode(self, cache, slots, backend=backend, check=check)
+
+    def gather(self, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto",
+               check: bool = True) -> torch.Tensor:
+        """The encoded rows at ``slots [N]`` -> uint8 ``[N, row_bytes]`` (segments in page order:
+        data bytes, then scale bytes); zero rows for negative slots."""
+        from kvformats import ops
+
+        return ops.gather(self, cache, slots, backend=backend, check=check)
+
+    def check_encode_input(self, x, device: torch.device, **kwargs) -> tuple[int, dict]:
+        """Validate ``encode``'s row input; returns (N, keyword arguments for encode_rows)."""
+        from kvformats.checks import check_float_rows
+
+        if kwargs:
+            raise InputError(f"{self.name}.encode takes no keyword arguments, got {sorted(kwargs)}")
+        return check_float_rows("x", x, self.head_dim, device), {}
+
+    # ----- codec (implemented per format) --------------------------------------------------
+    def encode_rows(self, x, **kwargs) -> torch.Tensor:  # pragma: no cover - abstract
+        """Quantize rows -> uint8 ``[N, row_bytes]`` (the gather order)."""
+        raise NotImplementedError
+
+    def decode_rows(self, rows: torch.Tensor):  # pragma: no cover - abstract
+        """uint8 ``[N, row_bytes]`` -> dequantized rows."""
+        raise NotImplementedError

@@ -1,0 +1,182 @@
+"""Element codecs and scale rules: pure torch, vectorized, any device.
+
+Everything here is bit-exact and device independent: exponents come from integer bit
+operations on float32 values, never from a libm ``log2`` whose last-ulp behaviour differs
+between CPU and GPU builds. The results equal tokenspeed's float32 arithmetic
+``ceil(log2(amax / max))`` evaluated with a correctly rounded ``log2``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+
+FP8_E4M3_MAX = 448.0
+E2M1_MAX = 6.0
+UE8M0_BIAS = 127
+
+# Magnitudes of the eight e2m1 codes, and the thresholds of the tokenspeed encoder: a magnitude
+# equal to a threshold takes the smaller code (ties toward the smaller magnitude).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def _f32(x: float) -> float:
+    """The float32 value nearest to x, as a Python float (how torch rounds a scalar constant)."""
+    return torch.tensor(x, dtype=torch.float32).item()
+
+
+def pow2(k: torch.Tensor) -> torch.Tensor:
+    """Exact float32 ``2**k`` for integer k: subnormal below -126, 0 below -149, inf above 127."""
+    k = k.to(torch.int32)
+    normal = ((k.clamp(-126, 128) + 127) << 23).view(torch.float32)
+    sub = (torch.ones_like(k) << (k.clamp(-149, -127) + 149)).view(torch.float32)
+    out = torch.where(k >= -126, normal, sub)
+    return torch.where(k < -149, torch.zeros_like(out), out)
+
+
+def _round_down_limits() -> list[int]:
+    """For each unbiased exponent m of q (index m + 127), how many mantissa fields j make
+    ``fl32(log2(q))`` round to exactly m, i.e. ``ceil`` gives m rather than m + 1.
+
+    log2(2^m (1 + j 2^-23)) = m + log2(1 + j 2^-23); it rounds to m iff log2(1 + j 2^-23) is
+    below half the float32 gap from m toward +inf, i.e. j < (2^half - 1) * 2^23.
+    """
+    limits = []
+    for m in range(-127, 129):
+        if m == 0:
+            gap = 2.0**-149
+        else:
+            t = math.floor(math.log2(abs(m)))
+            lower_binade = m < 0 and abs(m) == 2**t  # moving toward +inf shrinks |m| into [2^(t-1), 2^t)
+            gap = 2.0 ** (t - 24 if lower_binade else t - 23)
+        bound = math.expm1((gap / 2) * math.log(2.0)) * 2.0**23
+        limits.append(max(1, math.ceil(bound)))
+    return limits
+
+
+_LIMITS = _round_down_limits()
+_LIMIT_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def _limit_table(device: torch.device) -> torch.Tensor:
+    table = _LIMIT_TABLES.get(device)
+    if table is None:
+        table = torch.tensor(_LIMITS, dtype=torch.int32, device=device)
+        _LIMIT_TABLES[device] = table
+    return table
+
+
+def ceil_log2(q: torch.Tensor) -> torch.Tensor:
+    """``ceil(log2(q))`` as float32 arithmetic gives it, for positive float32 q -> int32.
+
+    Equal to the exact ceiling except just above a power of two, where float32 ``log2`` rounds
+    down onto the integer (e.g. q = 2^10 (1 + 2^-23) gives 10, not 11). Subnormal q are
+    rescaled first; +inf gives 128 and NaN 129 (callers clamp).
+    """
+    q = q.to(torch.float32)
+    tiny = q < 2.0**-126
+    q = torch.where(tiny, q * 2.0**64, q)
+    bits = q.view(torch.int32)
+    m = ((bits >> 23) & 0xFF) - 127
+    j = bits & 0x7FFFFF
+    limit = _limit_table(q.device)[(m + 127).clamp(0, 255).long()]
+    e = m + (j >= limit).to(torch.int32)
+    return torch.where(tiny, e - 64, e)
+
+
+@attrs.frozen(kw_only=True)
+class ScaleRule:
+    """How a block's power-of-two scale exponent is chosen.
+
+    ``floor_on="absmax"``: A = max(amax, floor), e = ceil(log2(A / element_max)).
+    ``floor_on="scale"``:  e = ceil(log2(max(amax / element_max, floor))).
+    All in float32 (floor and element_max rounded to float32 first), then clamped to
+    [exponent_min, exponent_max].
+    """
+
+    element_max: float
+    floor: float
+    floor_on: str = attrs.field(validator=attrs.validators.in_(("absmax", "scale")))
+    exponent_min: int = -127
+    exponent_max: int = 128
+
+    def exponents(self, blocks: torch.Tensor) -> torch.Tensor:
+        """Exponents of ``blocks [..., block]`` (float32) reduced over the last dim -> int32 [...]."""
+        amax = blocks.abs().amax(dim=-1)
+        if self.floor_on == "absmax":
+            q = amax.clamp_min(_f32(self.floor)) / _f32(self.element_max)
+        else:
+            q = (amax / _f32(self.element_max)).clamp_min(_f32(self.floor))
+        return ceil_log2(q).clamp(self.exponent_min, self.exponent_max)
+
+    def as_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+def e4m3_encode(y: torch.Tensor) -> torch.Tensor:
+    """float32 -> float8_e4m3fn bytes: clamp to ±448, then round to nearest even. uint8, same shape."""
+    y = y.to(torch.float32).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return y.to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def e4m3_decode(b: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn bytes (uint8) -> float32 (0x7F / 0xFF are NaN)."""
+    return b.view(torch.float8_e4m3fn).to(torch.float32)
+
+
+def e2m1_encode(y: torch.Tensor) -> torch.Tensor:
+    """float32 -> e2m1 nibble codes (uint8 0..15) with tokenspeed's threshold rule.
+
+    Magnitudes saturate at 6; exact midpoints take the smaller magnitude (0.25 -> 0,
+    0.75 -> 0.5, 1.75 -> 1.5, 3.5 -> 3, 5 -> 4); the sign bit is set only for a non-zero code
+    of a negative value, so -0.0 and tiny negatives give 0x0.
+    """
+    y = y.to(torch.float32)
+    a = y.abs()
+    code = torch.zeros(y.shape, dtype=torch.uint8, device=y.device)
+    for t in E2M1_THRESHOLDS:
+        code += a > t
+    sign = (y < 0) & (code != 0)
+    return code | (sign.to(torch.uint8) << 3)
+
+
+def e2m1_decode(n: torch.Tensor) -> torch.Tensor:
+    """e2m1 nibble codes (uint8, low 4 bits used) -> float32."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=n.device)
+    mag = table[(n & 7).long()]
+    return torch.where((n & 8) != 0, -mag, mag)
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """[..., 2k] nibble codes -> [..., k] bytes; element 2k in the low nibble."""
+    pairs = codes.reshape(*codes.shape[:-1], -1, 2)
+    return pairs[..., 0] | (pairs[..., 1] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """[..., k] bytes -> [..., 2k] nibble codes; the low nibble comes first."""
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(*packed.shape[:-1], -1)
+
+
+def ue8m0_encode(e: torch.Tensor) -> torch.Tensor:
+    """Integer exponents -> ue8m0 bytes ``clamp(e + 127, 0, 255)``."""
+    return (e.to(torch.int32) + UE8M0_BIAS).clamp(0, 255).to(torch.uint8)
+
+
+def ue8m0_decode(s: torch.Tensor) -> torch.Tensor:
+    """ue8m0 bytes -> float32 ``2**(s - 127)``; 0xFF is NaN (as float8_e8m0fnu defines it)."""
+    v = pow2(s.to(torch.int32) - UE8M0_BIAS)
+    return torch.where(s == 0xFF, torch.full_like(v, float("nan")), v)
+
+
+def e4m3_quantize_blocks(blocks: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """``blocks [..., b]`` float32 scaled by 2^-e (``e [...]``) -> e4m3 bytes [..., b]."""
+    return e4m3_encode(blocks * pow2(-e).unsqueeze(-1))
+
+
+def e2m1_quantize_blocks(blocks: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """``blocks [..., b]`` float32 scaled by 2^-e -> e2m1 nibble codes [..., b]."""
+    return e2m1_encode(blocks * pow2(-e).unsqueeze(-1))

@@ -1,0 +1,52 @@
+"""The codec ops every layout exposes (encode / decode / gather): validate once, dispatch to a
+backend, and the reference implementations, generic over formats."""
+
+from __future__ import annotations
+
+import torch
+
+from kvformats import registry
+from kvformats.checks import check_cache, check_slots
+from kvformats.rowio import read_rows, write_rows
+
+OPS = ("encode", "decode", "gather")
+
+
+def encode(layout, x, cache, slots, *, backend="auto", check=True, **kwargs) -> None:
+    """Validate, then quantize rows of ``x`` into ``cache`` at ``slots`` with ``backend``."""
+    check_cache(layout, cache)
+    n, kwargs = layout.check_encode_input(x, cache.device, **kwargs)
+    check_slots(layout, slots, n, cache, check_range=check, unique=check)
+    registry.resolve(layout.name, "encode", backend, cache.device)(layout, x, cache, slots, **kwargs)
+
+
+def decode(layout, cache, slots, *, backend="auto", check=True):
+    """Validate, then dequantize the rows at ``slots``."""
+    check_cache(layout, cache)
+    check_slots(layout, slots, None, cache, check_range=check, unique=False)
+    return registry.resolve(layout.name, "decode", backend, cache.device)(layout, cache, slots)
+
+
+def gather(layout, cache, slots, *, backend="auto", check=True) -> torch.Tensor:
+    """Validate, then copy the encoded rows at ``slots`` -> uint8 ``[N, row_bytes]``."""
+    check_cache(layout, cache)
+    check_slots(layout, slots, None, cache, check_range=check, unique=False)
+    return registry.resolve(layout.name, "gather", backend, cache.device)(layout, cache, slots)
+
+
+def encode_reference(layout, x, cache, slots, **kwargs) -> None:
+    write_rows(layout, cache, slots, layout.encode_rows(x, **kwargs))
+
+
+def decode_reference(layout, cache, slots):
+    return layout.decode_rows(read_rows(layout, cache, slots))
+
+
+def gather_reference(layout, cache, slots):
+    return read_rows(layout, cache, slots)
+
+
+def register_reference_ops(fmt: str) -> None:
+    """Register the generic reference encode/decode/gather for format ``fmt``."""
+    for op, fn in zip(OPS, (encode_reference, decode_reference, gather_reference)):
+        registry.register_op(fmt, op, "reference")(fn)

@@ -1,0 +1,83 @@
+"""Format registry and backend dispatch.
+
+Formats register their class; each (format, op) registers an implementation per backend.
+``backend="auto"`` picks the Triton kernel for CUDA tensors when that op has one, and the
+reference otherwise. A named backend that cannot run raises BackendUnavailableError; nothing
+falls back silently.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from kvformats.errors import BackendUnavailableError, InputError, LayoutError
+
+BACKENDS = ("reference", "triton")
+_FORMATS: dict[str, type] = {}
+_OPS: dict[tuple[str, str], dict[str, Callable]] = {}
+_kernels_loaded = False
+
+
+def register_format(cls):
+    """Class decorator: make a Layout subclass reachable by ``get_format(cls.name)``."""
+    _FORMATS[cls.name] = cls
+    return cls
+
+
+def list_formats() -> list[str]:
+    """Sorted names of the registered formats."""
+    return sorted(_FORMATS)
+
+
+def get_format(name: str, **params):
+    """The layout ``name`` with ``params`` (e.g. ``get_format("fp8_ds_mla", page_size=64)``)."""
+    cls = _FORMATS.get(name)
+    if cls is None:
+        raise LayoutError(f"unknown format {name!r}; registered formats: {', '.join(list_formats())}")
+    try:
+        return cls(**params)
+    except TypeError as err:
+        raise LayoutError(f"bad parameters for {name}: {err}") from None
+
+
+def register_op(fmt: str, op: str, backend: str):
+    """Decorator: register ``fn(layout, ...)`` as ``backend``'s implementation of ``fmt.op``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}")
+
+    def deco(fn):
+        _OPS.setdefault((fmt, op), {})[backend] = fn
+        return fn
+
+    return deco
+
+
+def _load_kernels() -> None:
+    """Import the kernel package once; it registers its Triton ops if Triton is importable."""
+    global _kernels_loaded
+    if not _kernels_loaded:
+        _kernels_loaded = True
+        importlib.import_module("kvformats_kernels")
+
+
+def resolve(fmt: str, op: str, backend: str, device) -> Callable:
+    """The implementation of ``fmt.op`` that ``backend`` selects for tensors on ``device``."""
+    if backend not in ("auto", *BACKENDS):
+        raise InputError(f"backend must be 'auto', 'reference' or 'triton', got {backend!r}")
+    impls = _OPS.get((fmt, op), {})
+    if backend == "reference":
+        return impls["reference"]
+    if device.type == "cuda":
+        _load_kernels()
+        impls = _OPS.get((fmt, op), {})
+    if backend == "auto":
+        return impls.get("triton", impls["reference"]) if device.type == "cuda" else impls["reference"]
+    if device.type != "cuda":
+        raise BackendUnavailableError(f"the triton backend runs on CUDA tensors, got tensors on {device}; "
+                                      f"move them to a GPU or pass backend='reference'")
+    if "triton" not in impls:
+        raise BackendUnavailableError(f"no Triton kernel for {fmt}.{op} in this version of kvformats "
+                                      f"(or Triton is not installed: pip install 'kvformats[triton]'); "
+                                      f"pass backend='reference'")
+    return impls["triton"]
