@@ -35,6 +35,16 @@ def positive(instance, attribute, value):
         raise LayoutError(f"{attribute.name} must be a positive int, got {value!r}")
 
 
+def one_of(*allowed):
+    """attrs validator: the value is one of ``allowed`` (a LayoutError otherwise)."""
+
+    def check(instance, attribute, value):
+        if value not in allowed:
+            raise LayoutError(f"{attribute.name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+
+    return check
+
+
 @attrs.frozen
 class Field:
     """One typed run of elements inside a segment record. ``role``: data, scale or pad."""
@@ -44,6 +54,8 @@ class Field:
     count: int
     role: str = attrs.field(default="data", validator=attrs.validators.in_(("data", "scale", "pad")))
     doc: str = ""
+    scale: str = ""  # name of the field holding this field's scales ("" = unscaled)
+    block: int = 0  # elements sharing one scale
 
     @property
     def nbytes(self) -> int:
@@ -83,6 +95,8 @@ class Region:
     rows: int = 1
     per_page: bool = False
     doc: str = ""
+    scale: str = ""
+    block: int = 0
 
     @property
     def page_nbytes(self) -> int:
@@ -97,6 +111,7 @@ class Layout:
     name: ClassVar[str] = ""
     page_alignment: ClassVar[str | None] = None  # name of a segment whose record size pages round up to
     container_dtype: ClassVar[torch.dtype] = torch.uint8
+    quant_input_dtype: ClassVar[torch.dtype] = torch.float32  # what encode rounds its input to first
 
     page_size: int = attrs.field(default=64, validator=positive)
 
@@ -146,7 +161,8 @@ class Layout:
                 per_unit = ELEMENT_TYPES[f.dtype][1]
                 out.append(Region(name=f.name, dtype=f.dtype, shape=(f.count // per_unit,), offset=at,
                                   row_stride=seg.record_bytes, nbytes=f.nbytes, role=f.role,
-                                  segment=seg.name, row_offset=row_at, rows=self.page_size, doc=f.doc))
+                                  segment=seg.name, row_offset=row_at, rows=self.page_size, doc=f.doc,
+                                  scale=f.scale, block=f.block))
                 at += f.nbytes
                 row_at += f.nbytes
         pad = self.page_bytes - self.min_page_bytes

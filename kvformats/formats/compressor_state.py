@@ -12,7 +12,7 @@ import torch
 
 from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
 from kvformats.errors import InputError, InputTypeError, describe
-from kvformats.layout import Field, Layout, Segment, positive
+from kvformats.layout import Field, Layout, Segment, one_of, positive
 from kvformats.ops import register_reference_ops
 from kvformats.registry import register_format
 
@@ -34,7 +34,7 @@ class CompressorState(Layout):
     container_dtype = torch.float32
 
     head_dim: int = attrs.field(default=512, validator=positive)
-    ratio: int = attrs.field(default=4, validator=attrs.validators.in_(RATIOS))
+    ratio: int = attrs.field(default=4, validator=one_of(*RATIOS))
     page_size: int = attrs.field(default=4, validator=positive)
 
     @property

@@ -34,6 +34,7 @@ class Fp8DsMla(Layout):
     name = "fp8_ds_mla"
     page_alignment = "token"
     scale_rule = SCALE_RULE
+    quant_input_dtype = torch.bfloat16  # NoPE values are rounded to bf16 before quantizing
 
     head_dim: int = attrs.field(default=512, validator=positive)
     rope_dim: int = attrs.field(default=64, validator=positive)
@@ -57,7 +58,8 @@ class Fp8DsMla(Layout):
     def _segments(self):
         return (
             Segment("token", (
-                Field("nope", "float8_e4m3fn", self.nope_dim, doc="NoPE dims, scaled by 2^-e per 64-block"),
+                Field("nope", "float8_e4m3fn", self.nope_dim, doc="NoPE dims, scaled by 2^-e per 64-block",
+                      scale="scale", block=QUANT_BLOCK),
                 Field("rope", "bfloat16", self.rope_dim, doc="RoPE dims as given (already rotated)"),
             )),
             Segment("scales", (
@@ -70,10 +72,13 @@ class Fp8DsMla(Layout):
         n, nope, nb = x.shape[0], self.nope_dim, self.num_blocks
         token = self.segments[0].record_bytes
         xq = x.to(torch.bfloat16)
-        blocks = xq[:, :nope].float().reshape(n, nb, QUANT_BLOCK)
-        e = SCALE_RULE.exponents(blocks)
+        # One float32 copy of the NoPE dims, scaled and clamped in place: the same products,
+        # clamp and RNE cast as e4m3_quantize_blocks, without its temporaries.
+        blocks = xq[:, :nope].reshape(n, nb, QUANT_BLOCK).float()
+        e = SCALE_RULE._exponents_of_amax(nx.absmax(blocks))
+        blocks.mul_(nx.pow2(-e).unsqueeze(-1)).clamp_(-nx.FP8_E4M3_MAX, nx.FP8_E4M3_MAX)
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
-        out[:, :nope] = nx.e4m3_quantize_blocks(blocks, e).reshape(n, nope)
+        out[:, :nope].view(torch.float8_e4m3fn).view(n, nb, QUANT_BLOCK).copy_(blocks)
         out[:, nope:token] = xq[:, nope:].contiguous().view(torch.uint8)
         out[:, token:token + nb] = nx.ue8m0_encode(e)
         out[:, token + nb:] = 0
@@ -82,11 +87,15 @@ class Fp8DsMla(Layout):
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         n, nope, nb = rows.shape[0], self.nope_dim, self.num_blocks
         token = self.segments[0].record_bytes
-        scales = nx.ue8m0_decode(rows[:, token:token + nb])
-        values = nx.e4m3_decode(rows[:, :nope]).reshape(n, nb, QUANT_BLOCK) * scales.unsqueeze(-1)
+        s = rows[:, token:token + nb]
+        codes = rows[:, :nope].reshape(n, nb, QUANT_BLOCK)
+        values = nx.e4m3_decode_pow2(codes, s.to(torch.int32) - nx.UE8M0_BIAS)
+        nan_scale = s == 0xFF  # a ue8m0 NaN: the direct expression gives value * NaN
+        if bool(nan_scale.any()):
+            values[nan_scale] = nx.e4m3_decode(codes[nan_scale]) * nx.ue8m0_decode(s[nan_scale]).unsqueeze(-1)
         out = torch.empty((n, self.head_dim), dtype=torch.bfloat16, device=rows.device)
-        out[:, :nope] = values.reshape(n, nope)
-        out[:, nope:] = rows[:, nope:token].contiguous().view(torch.bfloat16)
+        out[:, :nope] = values.view(n, nope)
+        out.view(torch.uint8)[:, 2 * nope:] = rows[:, nope:token]
         return out
 
 

@@ -1,0 +1,182 @@
+"""Machine-readable format specs: one canonical JSON document per layout, derived from the layout
+object alone (parameters, segments, regions, scale rule), plus a drift check against the
+committed ``spec/formats/<name>.json`` files.
+
+    text = spec_text(kvf.get_format("fp8_ds_mla"))   # canonical JSON, sorted keys, trailing newline
+    fingerprint(layout)                               # sha256 hex of that text
+    write_specs(Path("spec/formats"))                 # regenerate every registered format
+    check_specs(Path("spec/formats"))                 # [] when the committed files are current
+
+The CLI (``kvformats spec --write|--check``) calls ``write_specs`` / ``check_specs``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import attrs
+
+import kvformats
+from kvformats.registry import get_format, list_formats
+
+ADDRESSING = ("page = slot // page_size; row = slot % page_size; byte of a region's row = "
+              "page * page_stride + offset + row * row_stride (page_stride = cache.stride(0), "
+              ">= page_bytes allowed); slot < 0 = no row")
+EXAMPLE_SLOT = 70
+
+# Element rounding rules by element type (formats.md §2.2, §3.2, §4.3).
+ELEMENT_RULES = {
+    "float8_e4m3fn": "round-to-nearest-even after clamp to +-448",
+    "float4_e2m1fn_x2": ("e2m1 thresholds on a = min(|y|, 6): a <= 0.25 -> 0, <= 0.75 -> 0.5, "
+                         "<= 1.25 -> 1, <= 1.75 -> 1.5, <= 2.5 -> 2, <= 3.5 -> 3, <= 5 -> 4, else 6; "
+                         "ties toward smaller magnitude; sign only on a non-zero code; element 2k "
+                         "in the low nibble"),
+}
+SCALE_STORAGE = {
+    "float8_e8m0fnu": "ue8m0 byte s = clamp(e + 127, 0, 255); scale = 2^(s - 127)",
+    "float32": "float32 little-endian multiplier 2^e (an exact power of two)",
+}
+# Per-element bounds of formats.md §11 / spec/README.md, written against the value the element
+# codec sees (x_bf16 for fp8_ds_mla, the float32 input for the indexers); e = block exponent.
+ERROR_BOUNDS = {
+    "float8_e4m3fn": "|x - x_hat| <= max(|x|/16, 2^(e-10)) per element, x = the value quantized",
+    "float4_e2m1fn_x2": ("|x - x_hat| <= 2^e per element (<= 2^(e-2) where |x| <= 2^(e+1), "
+                         "<= 2^(e-1) where |x| <= 2^(e+2)), x = float32 input"),
+}
+# What encode rounds its input to before the element codec (formats.md §2.2 step 1). Layouts
+# declare it as ``quant_input_dtype``; the table covers layouts that predate that attribute.
+INPUT_ROUNDING = {"fp8_ds_mla": "bfloat16"}
+
+
+def _region_dict(region) -> dict:
+    d = attrs.asdict(region)
+    d["shape"] = list(d["shape"])
+    return d
+
+
+def _quantized_regions(layout):
+    """(element data region, scale region) of a block-scaled layout; None where absent."""
+    data = next((r for r in layout.regions if r.role == "data" and r.dtype in ELEMENT_RULES), None)
+    scales = [r for r in layout.regions if r.role == "scale"]
+    named = getattr(data, "scale", "")  # regions that name their scale region say which one
+    scale = next((r for r in scales if r.name == named), scales[0] if scales else None)
+    return data, scale
+
+
+def _quant_block(data, scale) -> int:
+    declared = getattr(data, "block", 0)
+    if declared:
+        return declared
+    elements = data.shape[0] * (2 if data.dtype == "float4_e2m1fn_x2" else 1)
+    return elements // scale.shape[0]
+
+
+def _input_rounding(layout) -> str:
+    declared = str(getattr(layout, "quant_input_dtype", "float32")).removeprefix("torch.")
+    dtype = INPUT_ROUNDING.get(layout.name, "float32") if declared == "float32" else declared
+    if dtype == "float32":
+        return "none (exact upcast to float32)"
+    return f"{dtype} (round-to-nearest-even) before the absmax and the scaling"
+
+
+def _exponent_rule(rule: dict) -> str:
+    m, f = rule["element_max"], rule["floor"]
+    q = f"max(amax, {f}) / {m}" if rule["floor_on"] == "absmax" else f"max(amax / {m}, {f})"
+    return (f"e = clamp(ceil(fl32(log2(q))), {rule['exponent_min']}, {rule['exponent_max']}) with "
+            f"q = fl32({q}); fl32 = float32 rounding (correctly rounded division and log2), so q a "
+            f"few ulps above 2^k (k != 0) gives e = k, not k + 1")
+
+
+def numerics_spec(layout) -> dict:
+    """The numerics section: block size, element codec, scale rule and storage, error bound."""
+    data, scale = _quantized_regions(layout)
+    rule = getattr(layout, "scale_rule", None)
+    if rule is None or data is None or scale is None:
+        return {"quantized": False, "scale_rule": None,
+                "note": f"{layout.name} has no scale rule: values are stored as exact float32 copies",
+                "error_bound": "exact: decode returns the stored float32 values bit for bit"}
+    rule_dict = rule.as_dict()
+    return {
+        "quantized": True,
+        "quant_block": _quant_block(data, scale),
+        "element_type": data.dtype,
+        "element_rounding": ELEMENT_RULES[data.dtype],
+        "input_rounding": _input_rounding(layout),
+        "scale_rule": rule_dict,
+        "scale_exponent": _exponent_rule(rule_dict),
+        "scale_storage": SCALE_STORAGE[scale.dtype],
+        "scale_dtype": scale.dtype,
+        "error_bound": ERROR_BOUNDS[data.dtype],
+    }
+
+
+def format_spec(layout) -> dict:
+    """A JSON-ready description of ``layout``, derived from the layout object only."""
+    offsets = layout.segment_offsets
+    return {
+        "name": layout.name,
+        "spec_version": kvformats.SPEC_VERSION,
+        "params": dict(layout.params),
+        "row_bytes": layout.row_bytes,
+        "page_bytes": layout.page_bytes,
+        "min_page_bytes": layout.min_page_bytes,
+        "page_alignment": layout.page_alignment,
+        "container_dtype": str(layout.container_dtype).removeprefix("torch."),
+        "addressing": ADDRESSING,
+        "segments": [{"name": s.name, "offset": offsets[s.name], "record_bytes": s.record_bytes,
+                      "fields": [f.name for f in s.fields]} for s in layout.segments],
+        "regions": [_region_dict(r) for r in layout.regions],
+        "example_offsets": {"slot": EXAMPLE_SLOT, "page_stride": layout.page_bytes,
+                            "offsets": layout.slot_offsets(EXAMPLE_SLOT)},
+        "numerics": numerics_spec(layout),
+    }
+
+
+def spec_text(layout) -> str:
+    """Canonical JSON text of ``format_spec(layout)``: 2-space indent, sorted keys, final newline."""
+    return json.dumps(format_spec(layout), indent=2, sort_keys=True) + "\n"
+
+
+def fingerprint(layout) -> str:
+    """sha256 hex digest of ``spec_text(layout)``: equal iff the described bytes are equal."""
+    return hashlib.sha256(spec_text(layout).encode("utf-8")).hexdigest()
+
+
+def _expected_texts() -> dict[str, str]:
+    return {name: spec_text(get_format(name)) for name in list_formats()}
+
+
+def write_specs(root: Path = Path("spec/formats")) -> list[Path]:
+    """Write ``<root>/<name>.json`` for the default layout of every registered format.
+
+    Returns the paths written. Files of formats no longer registered are left alone
+    (``check_specs`` reports them)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in _expected_texts().items():
+        path = root / f"{name}.json"
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def check_specs(root: Path = Path("spec/formats")) -> list[str]:
+    """Human-readable drift problems between ``root`` and the registered formats; [] if none."""
+    root = Path(root)
+    problems = []
+    expected = _expected_texts()
+    for name, text in expected.items():
+        path = root / f"{name}.json"
+        if not path.is_file():
+            problems.append(f"missing {path}: run `kvformats spec --write`")
+        elif path.read_text(encoding="utf-8") != text:
+            problems.append(f"stale {path}: it differs from the {name} layout "
+                            f"(fingerprint {fingerprint(get_format(name))[:12]}); run `kvformats spec --write`")
+    if root.is_dir():
+        for path in sorted(root.glob("*.json")):
+            if path.stem not in expected:
+                problems.append(f"extra {path}: no registered format is named {path.stem!r}")
+    return problems
