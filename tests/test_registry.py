@@ -1,0 +1,88 @@
+"""Format and backend registry: names, construction, backend selection, lazy kernels."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kvformats as kvf
+from kvformats import registry
+from kvformats.layout import Layout
+
+CLASSES = {"compressor_state": kvf.CompressorState, "fp8_ds_mla": kvf.Fp8DsMla,
+           "fp8_indexer": kvf.Fp8Indexer, "mxfp4_indexer": kvf.Mxfp4Indexer}
+
+
+def test_list_formats_is_sorted_and_complete():
+    names = kvf.list_formats()
+    assert names == sorted(names) and len(set(names)) == len(names)
+    assert set(CLASSES) <= set(names)
+    for name in names:
+        layout = kvf.get_format(name)
+        assert isinstance(layout, Layout) and layout.name == name
+
+
+def test_every_layout_subclass_exported_is_registered():
+    exported = {getattr(kvf, n) for n in kvf.__all__}
+    layouts = {c for c in exported if isinstance(c, type) and issubclass(c, Layout) and c is not Layout}
+    assert {c.name for c in layouts} <= set(kvf.list_formats())
+
+
+@pytest.mark.parametrize("name, params", [
+    ("fp8_ds_mla", {}), ("fp8_ds_mla", {"page_size": 2}), ("fp8_ds_mla", {"head_dim": 192, "rope_dim": 64}),
+    ("fp8_indexer", {"page_size": 64}), ("mxfp4_indexer", {"head_dim": 64, "page_size": 7}),
+    ("compressor_state", {"ratio": 128, "page_size": 8}), ("compressor_state", {"head_dim": 128}),
+])
+def test_get_format_equals_the_class(name, params):
+    layout = kvf.get_format(name, **params)
+    assert layout == CLASSES[name](**params)
+    assert type(layout) is CLASSES[name]
+    assert hash(layout) == hash(CLASSES[name](**params))
+    assert layout != CLASSES[name](**{**params, "page_size": params.get("page_size", 1) + 1})
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+@pytest.mark.parametrize("op", ["encode", "decode", "gather"])
+def test_auto_backend_on_cpu_is_the_reference(name, op):
+    impl = registry.resolve(name, op, "auto", torch.device("cpu"))
+    assert impl is registry.resolve(name, op, "reference", torch.device("cpu"))
+    assert impl.__module__ == "kvformats.ops"
+
+
+def test_auto_on_cpu_does_not_load_kernels():
+    code = ("import sys, torch, kvformats as kvf\n"
+            "lay = kvf.get_format('mxfp4_indexer')\n"
+            "c = lay.allocate(1)\n"
+            "lay.encode(torch.ones(1, 128), c, torch.tensor([0]))\n"
+            "lay.decode(c, torch.tensor([0]))\n"
+            "assert 'kvformats_kernels' not in sys.modules, 'kernels loaded on CPU'\n"
+            "assert 'triton' not in sys.modules, 'triton imported on CPU'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=_root())
+
+
+def _root():
+    import pathlib
+    return str(pathlib.Path(kvf.__file__).resolve().parent.parent)
+
+
+def test_import_kvformats_does_not_import_triton():
+    out = subprocess.run([sys.executable, "-c", "import sys, kvformats; "
+                          "print('triton' in sys.modules, 'kvformats_kernels' in sys.modules, "
+                          "'hypothesis' in sys.modules)"],
+                         capture_output=True, text=True, check=True, cwd=_root())
+    assert out.stdout.split() == ["False", "False", "False"]
+
+
+def test_resolve_rejects_unknown_backend_names():
+    with pytest.raises(kvf.InputError, match="'tpu'"):
+        registry.resolve("fp8_ds_mla", "encode", "tpu", torch.device("cpu"))
+    with pytest.raises(ValueError, match="unknown backend"):
+        registry.register_op("fp8_ds_mla", "encode", "tpu")
+
+
+def test_triton_backend_on_cpu_names_the_fix():
+    with pytest.raises(kvf.BackendUnavailableError) as info:
+        registry.resolve("fp8_ds_mla", "encode", "triton", torch.device("cpu"))
+    assert isinstance(info.value, RuntimeError)
+    assert "backend='reference'" in str(info.value)
