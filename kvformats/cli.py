@@ -1,0 +1,175 @@
+"""The ``kvformats`` command line (also ``python -m kvformats``).
+
+    kvformats list                              registered formats with row and page bytes
+    kvformats show FORMAT [--param k=v ...]     the region table of one layout
+    kvformats spec --write | --check [--dir D]  write or check spec/formats/*.json
+    kvformats demo [--rows N] [--device D]      round-trip every format, check its error bound
+    kvformats docs --write | --check [--root R] write or check the generated docs pages
+
+Exit status: 0 success, 1 spec/docs drift found (or a demo bound violated), 2 usage error (unknown format, bad parameter); a
+usage error prints one line on stderr and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import kvformats as kvf
+from kvformats.errors import KVFormatError
+
+
+class UsageError(Exception):
+    """A bad command line: one line on stderr, exit status 2."""
+
+
+def _parse_params(items: list[str] | None) -> dict[str, int]:
+    params: dict[str, int] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--param takes KEY=VALUE, got {item!r}")
+        try:
+            params[key] = int(value)
+        except ValueError:
+            raise UsageError(f"--param {key} must be an integer, got {value!r}") from None
+    return params
+
+
+def _layout(name: str, params: dict[str, int]):
+    try:
+        return kvf.get_format(name, **params)
+    except (KVFormatError, TypeError, ValueError) as err:
+        raise UsageError(str(err).splitlines()[0]) from None
+
+
+def cmd_list(args, out) -> int:
+    out(f"{'format':<18} {'row B':>6} {'page B':>7}  parameters")
+    for name in kvf.list_formats():
+        layout = kvf.get_format(name)
+        params = ", ".join(f"{k}={v}" for k, v in layout.params.items())
+        out(f"{name:<18} {layout.row_bytes:>6} {layout.page_bytes:>7}  {params}")
+    return 0
+
+
+def cmd_show(args, out) -> int:
+    layout = _layout(args.format, _parse_params(args.param))
+    out(layout.describe())
+    out("")
+    out(f"{'region':<12} {'role':<6} {'segment':<8} {'row stride':>10} {'in-row offset':>13}  doc")
+    for r in layout.regions:
+        stride = "-" if r.per_page else str(r.row_stride)
+        row_at = "-" if r.per_page else str(r.row_offset)
+        out(f"{r.name:<12} {r.role:<6} {r.segment or '-':<8} {stride:>10} {row_at:>13}  {r.doc}")
+    out("")
+    out(f"slot s -> page s // {layout.page_size}, row s % {layout.page_size}; a region's row starts at "
+        f"page * page_stride + offset + row * row_stride")
+    return 0
+
+
+def cmd_spec(args, out) -> int:
+    from kvformats import spec
+
+    root = Path(args.dir)
+    if args.write:
+        written = spec.write_specs(root)
+        for path in written or ():
+            out(f"wrote {path}")
+        return 0
+    problems = spec.check_specs(root)
+    if problems:
+        for p in problems:
+            out(f"drift: {p}")
+        out(f"{len(problems)} problem(s); regenerate with: kvformats spec --write --dir {root}")
+        return 1
+    out(f"{root}: every spec is up to date")
+    return 0
+
+
+def cmd_demo(args, out) -> int:
+    import torch
+
+    from kvformats.demo import best_device, run_demo
+
+    if args.rows <= 0:
+        raise UsageError(f"--rows must be positive, got {args.rows}")
+    device = args.device or best_device()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available here")
+    results = run_demo(rows=args.rows, device=device, out=out)
+    return 0 if all(r["ratio"] <= 1 for r in results) else 1
+
+
+def cmd_docs(args, out) -> int:
+    from kvformats import docgen
+
+    root = Path(args.root)
+    if args.write:
+        for path in docgen.write_docs(root):
+            out(f"wrote {path}")
+        return 0
+    problems = docgen.check_docs(root)
+    for p in problems:
+        out(f"drift: {p}")
+    return 1 if problems else 0
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.HelpFormatter(prog, width=100)  # fixed width: generated docs embed the help
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):  # one line, exit 2, like every other usage error
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kvformats", description="Byte-exact quantized KV-cache formats of DeepSeek V4 serving.")
+    p.add_argument("--version", action="version", version=f"kvformats {kvf.__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    sub.add_parser("list", help="registered formats").set_defaults(fn=cmd_list)
+    show = sub.add_parser("show", help="region table of one format")
+    show.add_argument("format")
+    show.add_argument("--param", action="append", metavar="KEY=VALUE", help="layout parameter (int); repeatable")
+    show.set_defaults(fn=cmd_show)
+    spec = sub.add_parser("spec", help="write or check the generated format specs")
+    mode = spec.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--check", action="store_true")
+    spec.add_argument("--dir", default="spec/formats", help="spec directory (default spec/formats)")
+    spec.set_defaults(fn=cmd_spec)
+    demo = sub.add_parser("demo", help="round-trip random rows through every format")
+    demo.add_argument("--rows", type=int, default=4096)
+    demo.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                      help="default: cuda if available, else cpu")
+    demo.set_defaults(fn=cmd_demo)
+    docs = sub.add_parser("docs", help="write or check the generated pages under docs/")
+    mode = docs.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--check", action="store_true")
+    docs.add_argument("--root", default=".", help="repository root (default .)")
+    docs.set_defaults(fn=cmd_docs)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    def out(line: str = "") -> None:
+        print(line, flush=True)
+
+    try:
+        args = build_parser().parse_args(argv)
+        return args.fn(args, out)
+    except UsageError as err:
+        print(f"kvformats: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

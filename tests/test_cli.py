@@ -1,0 +1,104 @@
+"""The kvformats command line, run in-process through main(argv) (and once as python -m)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kvformats as kvf
+from kvformats.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_list_names_every_format_with_row_and_page_bytes(capsys):
+    code, out, err = run(capsys, "list")
+    assert code == 0 and err == ""
+    for name in kvf.list_formats():
+        layout = kvf.get_format(name)
+        line = next(ln for ln in out.splitlines() if ln.split()[:1] == [name])
+        assert line.split()[1:3] == [str(layout.row_bytes), str(layout.page_bytes)]
+
+
+def test_python_dash_m_lists_every_format():
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "kvformats", "list"], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for name in kvf.list_formats():
+        assert name in proc.stdout
+
+
+@pytest.mark.parametrize("name", kvf.list_formats())
+def test_show_prints_every_region_and_the_sizes(capsys, name):
+    code, out, err = run(capsys, "show", name)
+    layout = kvf.get_format(name)
+    assert code == 0 and err == ""
+    assert f"row {layout.row_bytes} B, page {layout.page_bytes} B" in out
+    for r in layout.regions:
+        line = next(ln for ln in out.splitlines() if ln.split()[:1] == [r.name])
+        assert str(r.offset) in line.split()
+        assert str(r.page_nbytes) in line.split()
+
+
+def test_show_takes_integer_params(capsys):
+    code, out, _ = run(capsys, "show", "fp8_ds_mla", "--param", "page_size=2")
+    assert code == 0
+    assert "row 584 B, page 1728 B (min 1168 B)" in out
+    assert re.search(r"^page_pad\s+uint8\s+page\s+1168\s+-\s+560$", out, re.M)
+
+
+@pytest.mark.parametrize("argv", [
+    ("show", "no_such_format"),
+    ("show", "fp8_indexer", "--param", "head_dim=100"),   # validator rejects it
+    ("show", "fp8_indexer", "--param", "nonsense=1"),     # unknown parameter
+    ("show", "fp8_indexer", "--param", "head_dim=big"),   # not an int
+    ("show", "fp8_indexer", "--param", "head_dim"),       # no '='
+    ("frobnicate",),
+    (),
+])
+def test_usage_errors_exit_2_with_one_line(capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("kvformats: error:")
+
+
+def test_demo_holds_every_bound(capsys):
+    code, out, err = run(capsys, "demo", "--rows", "256", "--device", "cpu")
+    assert code == 0, out + err
+    ratios = re.findall(r"max err / bound ([0-9.]+|inf) \((ok|BOUND VIOLATED)\)", out)
+    assert len(ratios) == len(kvf.list_formats())
+    assert all(float(r) <= 1.0 and tag == "ok" for r, tag in ratios)
+    for name in kvf.list_formats():
+        assert f"{name}(" in out
+    assert "rows/s" in out
+
+
+def test_spec_write_then_check_then_drift(capsys, tmp_path):
+    pytest.importorskip("kvformats.spec")
+    root = tmp_path / "formats"
+    assert run(capsys, "spec", "--write", "--dir", str(root))[0] == 0
+    files = sorted(root.glob("*.json"))
+    assert files
+    code, out, _ = run(capsys, "spec", "--check", "--dir", str(root))
+    assert code == 0, out
+    files[0].write_text(files[0].read_text().replace("1", "2", 1))
+    code, out, _ = run(capsys, "spec", "--check", "--dir", str(root))
+    assert code == 1
+    assert files[0].stem in out
+
+
+def test_spec_needs_a_mode(capsys):
+    assert run(capsys, "spec")[0] == 2
