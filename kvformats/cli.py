@@ -5,6 +5,7 @@
     kvformats spec --write | --check [--dir D]  write or check spec/formats/*.json
     kvformats demo [--rows N] [--device D]      round-trip every format, check its error bound
     kvformats docs --write | --check [--root R] write or check the generated docs pages
+    kvformats dump | diff | check | diagram     look inside cache files (kvformats.cli_inspect)
 
 Exit status: 0 success, 1 spec/docs drift found (or a demo bound violated), 2 usage error (unknown format, bad parameter); a
 usage error prints one line on stderr and writes nothing.
@@ -55,6 +56,11 @@ def cmd_list(args, out) -> int:
 
 def cmd_show(args, out) -> int:
     layout = _layout(args.format, _parse_params(args.param))
+    if args.json:
+        from kvformats.spec import spec_text
+
+        out(spec_text(layout).rstrip("\n"))
+        return 0
     out(layout.describe())
     out("")
     out(f"{'region':<12} {'role':<6} {'segment':<8} {'row stride':>10} {'in-row offset':>13}  doc")
@@ -97,7 +103,7 @@ def cmd_demo(args, out) -> int:
     device = args.device or best_device()
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here")
-    results = run_demo(rows=args.rows, device=device, out=out)
+    results = run_demo(rows=args.rows, device=device, out=out, save_to=args.save or None)
     return 0 if all(r["ratio"] <= 1 for r in results) else 1
 
 
@@ -137,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="region table of one format")
     show.add_argument("format")
     show.add_argument("--param", action="append", metavar="KEY=VALUE", help="layout parameter (int); repeatable")
+    show.add_argument("--json", action="store_true", help="the layout's spec JSON (as in spec/formats)")
     show.set_defaults(fn=cmd_show)
     spec = sub.add_parser("spec", help="write or check the generated format specs")
     mode = spec.add_mutually_exclusive_group(required=True)
@@ -148,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rows", type=int, default=4096)
     demo.add_argument("--device", choices=("cpu", "cuda"), default=None,
                       help="default: cuda if available, else cpu")
+    demo.add_argument("--save", default="kvformats-demo.safetensors", metavar="FILE",
+                      help="cache file written at the end (default kvformats-demo.safetensors; '' to skip)")
     demo.set_defaults(fn=cmd_demo)
     docs = sub.add_parser("docs", help="write or check the generated pages under docs/")
     mode = docs.add_mutually_exclusive_group(required=True)
@@ -155,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true")
     docs.add_argument("--root", default=".", help="repository root (default .)")
     docs.set_defaults(fn=cmd_docs)
+    from kvformats.cli_inspect import add_parsers
+
+    add_parsers(sub)
     return p
 
 

@@ -51,7 +51,7 @@ def _block_bound(layout, x32: torch.Tensor, block: int, kind: str) -> torch.Tens
 
 
 def _case(layout, n: int, device: str, gen: torch.Generator):
-    """(encode thunk, decode thunk, x reference float32 [N, D], bound [N, D], decoded getter)."""
+    """(encode thunk, decode thunk, reference float32 [N, D], bound [N, D], cache, slots)."""
     cache = layout.allocate(-(-n // layout.page_size) + 1, device=device)
     slots = torch.randperm(cache.shape[0] * layout.page_size, generator=gen)[:n].to(device)
     if layout.name == "compressor_state":
@@ -63,7 +63,7 @@ def _case(layout, n: int, device: str, gen: torch.Generator):
         ref = torch.cat([kv, score + ape[pos % layout.ratio]], dim=1)
         enc = lambda: layout.encode((kv, score), cache, slots, positions=pos, ape=ape)  # noqa: E731
         dec = lambda: torch.cat(layout.decode(cache, slots), dim=1)  # noqa: E731
-        return enc, dec, ref, torch.zeros_like(ref)
+        return enc, dec, ref, torch.zeros_like(ref), cache, slots
     x = (torch.randn(n, layout.head_dim, generator=gen) *
          torch.exp2(torch.randint(-8, 8, (n, 1), generator=gen).float())).to(torch.bfloat16).to(device)
     enc = lambda: layout.encode(x, cache, slots)  # noqa: E731
@@ -77,7 +77,7 @@ def _case(layout, n: int, device: str, gen: torch.Generator):
         bound = _block_bound(layout, x32, 32, "e2m1")
     else:
         bound = _block_bound(layout, x32, 128, "e4m3")
-    return enc, dec, x32, bound
+    return enc, dec, x32, bound, cache, slots
 
 
 def _timed(fn, device: str, repeats: int = 3) -> tuple[float, object]:
@@ -94,16 +94,18 @@ def _timed(fn, device: str, repeats: int = 3) -> tuple[float, object]:
     return best, out
 
 
-def run_demo(rows: int = 4096, device: str | None = None, out=print) -> list[dict]:
-    """Run every registered format; print a report through ``out``; return one dict per format."""
+def run_demo(rows: int = 4096, device: str | None = None, out=print, save_to: str | None = None) -> list[dict]:
+    """Run every registered format; print a report through ``out``; return one dict per format.
+    With ``save_to``, end by writing every cache to that file and dumping one fp8_ds_mla slot."""
     device = device or best_device()
     gen = torch.Generator().manual_seed(0)
     out(f"kvformats {kvf.__version__} demo: {rows} random rows per format on {device} "
         f"(torch {torch.__version__})")
-    results = []
+    results, caches = [], {}
     for name in kvf.list_formats():
         layout = kvf.get_format(name)
-        enc, dec, ref, bound = _case(layout, rows, device, gen)
+        enc, dec, ref, bound, cache, slots = _case(layout, rows, device, gen)
+        caches[name] = (layout, cache, int(slots[0]))
         t_enc, _ = _timed(enc, device)
         t_dec, got = _timed(dec, device)
         err = (got.float() - ref).abs()
@@ -120,7 +122,23 @@ def run_demo(rows: int = 4096, device: str | None = None, out=print) -> list[dic
     out("")
     out("bounds: fp8 codes max(|x|/16, 2^(e-10)); mxfp4 2^e per block; rope tail and compressor "
         "state exact (x = bf16-rounded input for fp8_ds_mla, e = block scale exponent)")
+    if save_to:
+        _save_and_dump(caches, save_to, out)
     return results
+
+
+def _save_and_dump(caches: dict, path: str, out) -> None:
+    """Write every demo cache to one file, then show one slot the way ``kvformats dump`` does."""
+    from kvformats.io import save_caches
+    from kvformats.render import dump_slot
+
+    save_caches(path, {name: (layout, cache) for name, (layout, cache, _) in caches.items()})
+    layout, cache, slot = caches["fp8_ds_mla"]
+    out("")
+    out(f"wrote every demo cache to {path}; `kvformats dump {path} --tensor fp8_ds_mla --slot {slot}` shows:")
+    out(dump_slot(layout, cache.cpu(), slot))
+    out("")
+    out(f"next: kvformats check {path}    kvformats dump {path} --tensor fp8_ds_mla --page {slot // layout.page_size}")
 
 
 __all__ = ["run_demo", "best_device"]

@@ -75,9 +75,13 @@ def test_usage_errors_exit_2_with_one_line(capsys, argv):
     assert len(err.strip().splitlines()) == 1 and err.startswith("kvformats: error:")
 
 
-def test_demo_holds_every_bound(capsys):
-    code, out, err = run(capsys, "demo", "--rows", "256", "--device", "cpu")
+def test_demo_holds_every_bound(capsys, tmp_path):
+    saved = tmp_path / "demo.safetensors"
+    code, out, err = run(capsys, "demo", "--rows", "256", "--device", "cpu", "--save", str(saved))
     assert code == 0, out + err
+    from kvformats.io import load_caches
+    assert sorted(load_caches(saved)) == kvf.list_formats()  # the demo ends with a cache file...
+    assert "fp8_ds_mla slot" in out and "scale (float8_e8m0fnu" in out  # ...and a dump of one slot
     ratios = re.findall(r"max err / bound ([0-9.]+|inf) \((ok|BOUND VIOLATED)\)", out)
     assert len(ratios) == len(kvf.list_formats())
     assert all(float(r) <= 1.0 and tag == "ok" for r, tag in ratios)
@@ -87,7 +91,6 @@ def test_demo_holds_every_bound(capsys):
 
 
 def test_spec_write_then_check_then_drift(capsys, tmp_path):
-    pytest.importorskip("kvformats.spec")
     root = tmp_path / "formats"
     assert run(capsys, "spec", "--write", "--dir", str(root))[0] == 0
     files = sorted(root.glob("*.json"))

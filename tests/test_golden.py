@@ -87,7 +87,6 @@ def test_harness_detects_a_write_outside_the_row():
 
 
 def _generator():
-    pytest.importorskip("ml_dtypes")
     spec = importlib.util.spec_from_file_location("kvf_vector_generate", VECTOR_DIR / "generate.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

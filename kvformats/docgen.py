@@ -1,0 +1,90 @@
+"""Generated documentation: one reference page per format (from its spec JSON, with its SVG
+byte map and the normative prose of spec/formats/<name>.md), the diagrams, and the CLI page
+(from the argparse parser). ``write_docs`` regenerates them; ``check_docs`` reports drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvformats.diagram import layout_svg
+from kvformats.registry import get_format, list_formats
+from kvformats.spec import format_spec
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def format_page(name: str, repo: Path) -> str:
+    """Markdown reference page of format ``name`` (default parameters)."""
+    layout = get_format(name)
+    spec = format_spec(layout)
+    num = spec["numerics"]
+    regions = [[f"`{r['name']}`", r["dtype"], "per page" if r["per_page"] else f"[{r['shape'][0]}]", r["offset"],
+                r["row_stride"], r["nbytes"], r["role"], f"{r['scale']} / {r['block']}" if r["scale"] else "",
+                r["doc"]] for r in spec["regions"]]
+    parts = [
+        f"# {name}\n",
+        f"*Generated from the layout declaration (`kvformats spec`); do not edit by hand.*\n",
+        f"`kvformats.get_format({name!r}, " + ", ".join(f"{k}={v}" for k, v in spec["params"].items()) + ")`: "
+        f"row {spec['row_bytes']} B, page {spec['page_bytes']} B (minimum {spec['min_page_bytes']} B), "
+        f"cache dtype {spec['container_dtype']}.\n",
+        f"![{name} byte map](../../diagrams/{name}.svg)\n",
+        "## Regions\n",
+        _table(["region", "dtype", "shape", "offset", "row stride", "bytes/row", "role", "scale / block", "meaning"],
+               regions) + "\n",
+        f"Addressing: {spec['addressing']}.\n",
+        "## Numerics\n",
+        _table(["rule", "value"], [[k, f"`{v}`" if isinstance(v, dict) else v] for k, v in sorted(num.items())]) + "\n",
+    ]
+    prose = repo / "spec" / "formats" / f"{name}.md"
+    if prose.is_file():
+        text = prose.read_text()
+        body = text.split("\n", 1)[1] if text.startswith("#") else text
+        parts += ["## Normative text (spec/formats)\n", body.replace("\n#", "\n##")]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def cli_page() -> str:
+    """Markdown page of every CLI command's help text."""
+    from kvformats.cli import build_parser
+
+    parser = build_parser()
+    parts = ["# Command line\n", "*Generated from the argparse parser; do not edit by hand.*\n",
+             "```text\n" + parser.format_help().rstrip() + "\n```\n"]
+    for action in parser._subparsers._group_actions:  # argparse keeps subcommands here
+        for name, sub in action.choices.items():
+            parts.append(f"## kvformats {name}\n\n```text\n" + sub.format_help().rstrip() + "\n```\n")
+    return "\n".join(parts)
+
+
+def expected_docs(repo: Path) -> dict[str, str]:
+    """Relative path under docs/ -> generated text."""
+    out = {"reference/cli.md": cli_page()}
+    for name in list_formats():
+        out[f"reference/formats/{name}.md"] = format_page(name, repo)
+        out[f"diagrams/{name}.svg"] = layout_svg(get_format(name))
+    return out
+
+
+def write_docs(repo: Path) -> list[Path]:
+    written = []
+    for rel, text in expected_docs(repo).items():
+        path = repo / "docs" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+def check_docs(repo: Path) -> list[str]:
+    problems = []
+    for rel, text in expected_docs(repo).items():
+        path = repo / "docs" / rel
+        if not path.is_file():
+            problems.append(f"docs/{rel} is missing (run: kvformats docs --write)")
+        elif path.read_text() != text:
+            problems.append(f"docs/{rel} is stale (run: kvformats docs --write)")
+    return problems

@@ -1,0 +1,79 @@
+"""Look inside caches: the bytes and decoded values of any region, derived from the layout.
+
+Every function here works from ``layout.regions`` alone (element types, scale links, block
+sizes), so a new format is inspectable the day it is declared.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvformats import numerics as nx
+from kvformats.layout import Layout, Region
+
+
+def region_bytes(layout: Layout, cache: torch.Tensor, region: Region, pages: slice = slice(None)) -> torch.Tensor:
+    """uint8 ``[pages, rows, nbytes]`` (page pad: ``[pages, 1, nbytes]``) raw view of one region."""
+    u8, stride = layout.byte_pages(cache)
+    rows, row_stride = (1, 0) if region.per_page else (layout.page_size, region.row_stride)
+    view = u8.as_strided((cache.shape[0], rows, region.nbytes), (stride, row_stride, 1),
+                         u8.storage_offset() + region.offset)
+    return view[pages]
+
+
+def element_values(region: Region, raw: torch.Tensor) -> torch.Tensor:
+    """Decode raw region bytes ``[..., nbytes]`` to unscaled float32 elements ``[..., count]``."""
+    kind = region.dtype
+    if kind == "float8_e4m3fn":
+        return nx.e4m3_decode(raw)
+    if kind == "float8_e8m0fnu":
+        return nx.ue8m0_decode(raw)
+    if kind == "float4_e2m1fn_x2":
+        return nx.e2m1_decode(nx.unpack_nibbles(raw))
+    if kind in ("bfloat16", "float32"):
+        return raw.contiguous().view(getattr(torch, kind)).float()
+    return raw.float()
+
+
+def scaled_values(layout: Layout, cache: torch.Tensor, region: Region, pages: slice = slice(None)) -> torch.Tensor:
+    """float32 ``[pages, rows, count]``: a region's elements times their block scale (if any)."""
+    values = element_values(region, region_bytes(layout, cache, region, pages))
+    if not region.scale:
+        return values
+    scale = layout.region(region.scale)
+    scales = element_values(scale, region_bytes(layout, cache, scale, pages))
+    blocks = values.reshape(*values.shape[:-1], -1, region.block)
+    return (blocks * scales[..., : blocks.shape[-2], None]).reshape(values.shape)
+
+
+def locate_byte(layout: Layout, offset: int) -> tuple[Region, int, int]:
+    """(region, row, byte within the row's field) of an in-page byte offset."""
+    for r in layout.regions:
+        if r.per_page:
+            if r.offset <= offset < r.offset + r.nbytes:
+                return r, -1, offset - r.offset
+            continue
+        rel = offset - r.offset
+        if rel < 0:
+            continue
+        row, within = divmod(rel, r.row_stride)
+        if row < layout.page_size and within < r.nbytes:
+            return r, row, within
+    raise ValueError(f"byte {offset} is outside {layout.name}'s page of {layout.page_bytes} bytes")
+
+
+def elements_per_byte(region: Region) -> float:
+    unit_bytes = {"bfloat16": 2, "float32": 4}.get(region.dtype, 1)
+    per_unit = 2 if region.dtype == "float4_e2m1fn_x2" else 1
+    return per_unit / unit_bytes
+
+
+def label(layout: Layout, region: Region, row: int, within: int) -> str:
+    """Human label of a byte: region, row, element index and quantization block."""
+    if region.per_page:
+        return f"{region.name} (+{within})"
+    elem = int(within * elements_per_byte(region))
+    text = f"row {row} {region.name}[{elem}]"
+    if region.block:
+        text += f" block {elem // region.block}"
+    return text

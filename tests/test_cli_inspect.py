@@ -1,0 +1,116 @@
+"""kvformats dump / diff / check / diagram / show --json, and their usage errors (exit 2, nothing written)."""
+
+import json
+
+import pytest
+import torch
+
+import kvformats as kvf
+from kvformats.cli import main
+from kvformats.io import save_caches
+
+
+@pytest.fixture
+def files(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    a, b = kvf.Fp8DsMla(page_size=4), kvf.Mxfp4Indexer(page_size=4)
+    ca, cb = a.allocate(3), b.allocate(2)
+    a.encode(torch.randn(6, 512, generator=g), ca, torch.arange(6))
+    b.encode(torch.randn(5, 128, generator=g), cb, torch.arange(5))
+    save_caches(tmp_path / "one.safetensors", {"swa": (a, ca), "idx": (b, cb)})
+    ca2 = ca.clone()
+    ca2[1, 3] ^= 0x01  # page 1 row 0 nope[3]
+    save_caches(tmp_path / "two.safetensors", {"swa": (a, ca2), "idx": (b, cb)})
+    bad = ca.clone()
+    bad[2, 4 * 576 + 1] = 0xFF  # page 2 row 0 scale byte 1
+    save_caches(tmp_path / "bad.safetensors", {"swa": (a, bad)})
+    return tmp_path
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_dump_page_and_slot(files, capsys):
+    code, out, _ = run(capsys, "dump", files / "one.safetensors", "--tensor", "swa", "--page", 1)
+    assert code == 0 and "row 0 nope[0] block 0" in out and "scale_pad" in out and "page_pad" in out
+    code, out, _ = run(capsys, "dump", files / "one.safetensors", "--tensor", "swa", "--slot", 5, "--json")
+    rec = json.loads(out)
+    assert code == 0 and rec["slot"] == 5 and rec["page"] == 1 and rec["row"] == 1
+    assert [r["name"] for r in rec["regions"]] == ["nope", "rope", "scale", "scale_pad"]
+    decoded = kvf.Fp8DsMla(page_size=4)  # values beside bytes equal what decode returns
+    from kvformats.io import load_cache
+    entry = load_cache(files / "one.safetensors", "swa")
+    want = decoded.decode(entry.cache, torch.tensor([5]))[0, :448].float()
+    assert torch.equal(torch.tensor(rec["regions"][0]["values"]), want)
+    code, out, _ = run(capsys, "dump", files / "one.safetensors", "--tensor", "idx", "--rows", "0:1", "--json")
+    assert code == 0 and {line["row"] for line in json.loads(out)["lines"]} == {0}
+
+
+def test_diff_exit_codes_and_report(files, capsys):
+    code, out, _ = run(capsys, "diff", files / "one.safetensors", files / "one.safetensors", "--tensor", "swa")
+    assert code == 0 and out.startswith("equal")
+    code, out, _ = run(capsys, "diff", files / "one.safetensors", files / "two.safetensors", "--tensor", "swa", "--json")
+    report = json.loads(out)
+    assert code == 1 and not report["equal"]
+    assert report["regions"]["nope"]["bytes_differ"] == 1
+    first = report["first"][0]
+    assert (first["region"], first["page"], first["row"], first["byte"], first["block"]) == ("nope", 1, 0, 3, 0)
+    code, out, _ = run(capsys, "diff", files / "one.safetensors", files / "two.safetensors", "--tensor", "swa",
+                       "--page", 2)
+    assert code == 0
+    code, out, _ = run(capsys, "diff", files / "one.safetensors", files / "two.safetensors", "--tensor", "swa")
+    assert code == 1 and "nope: page 1 row 0 byte 3" in out
+
+
+def test_check_reports_rules(files, capsys):
+    code, out, _ = run(capsys, "check", files / "one.safetensors")
+    assert code == 0 and "swa:" in out and "idx:" in out
+    code, out, _ = run(capsys, "check", files / "bad.safetensors", "--json")
+    report = json.loads(out)
+    assert code == 1 and not report["ok"]
+    swa = report["tensors"][0]
+    assert swa["rules"]["ue8m0_not_ff"]["first_pages"] == [2]
+    assert swa["bad_pages"][0]["page"] == 2
+
+
+def test_diagram_and_show_json(tmp_path, capsys):
+    code, out, _ = run(capsys, "diagram", "fp8_ds_mla", "--param", "page_size=2", "-o", tmp_path / "d.svg")
+    assert code == 0 and (tmp_path / "d.svg").read_text().startswith("<svg")
+    assert "page: 1728 B" in (tmp_path / "d.svg").read_text()
+    code, out, _ = run(capsys, "show", "fp8_indexer", "--json")
+    spec = json.loads(out)
+    assert code == 0 and spec["row_bytes"] == 132 and spec["page_bytes"] == 8448
+
+
+@pytest.mark.parametrize("argv", [
+    ["dump", "{d}/missing.safetensors"],
+    ["dump", "{d}/one.safetensors"],  # two caches, none named
+    ["dump", "{d}/one.safetensors", "--tensor", "nope"],
+    ["dump", "{d}/one.safetensors", "--tensor", "swa", "--page", "3"],
+    ["dump", "{d}/one.safetensors", "--tensor", "swa", "--slot", "12"],
+    ["dump", "{d}/one.safetensors", "--tensor", "swa", "--slot", "-1"],
+    ["dump", "{d}/one.safetensors", "--tensor", "swa", "--rows", "3:9"],
+    ["diff", "{d}/one.safetensors", "{d}/missing.safetensors", "--tensor", "swa"],
+    ["check", "{d}/foreign.safetensors"],
+    ["diagram", "no_such_format"],
+    ["diagram", "fp8_ds_mla", "--param", "head_dim=100"],
+])
+def test_usage_errors_exit_2_with_one_line(files, capsys, argv):
+    from safetensors.torch import save_file
+    save_file({"x": torch.zeros(2)}, str(files / "foreign.safetensors"))
+    before = sorted(p.name for p in files.iterdir())
+    code, out, err = run(capsys, *[a.format(d=files) for a in argv])
+    assert code == 2 and out == ""
+    assert err.startswith("kvformats: error: ") and err.count("\n") == 1
+    assert sorted(p.name for p in files.iterdir()) == before
+
+
+def test_diff_of_different_formats_is_a_usage_error(files, capsys):
+    a, b = kvf.Fp8Indexer(page_size=4), kvf.Fp8Indexer(page_size=8)
+    save_caches(files / "p4.safetensors", {"x": (a, a.allocate(2))})
+    save_caches(files / "p8.safetensors", {"x": (b, b.allocate(1))})
+    code, _, err = run(capsys, "diff", files / "p4.safetensors", files / "p8.safetensors")
+    assert code == 2 and "only caches of one layout compare" in err

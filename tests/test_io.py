@@ -1,0 +1,90 @@
+"""Cache files: round trips of every format (strided pages too), and clear refusals."""
+
+import json
+import struct
+
+import pytest
+import torch
+
+import kvformats as kvf
+from kvformats.io import CacheFileError, load_cache, load_caches, read_metadata, save_cache, save_caches
+
+
+def filled(layout, pages=3, page_stride=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cache = layout.allocate(pages, page_stride=page_stride)
+    n = min(5, pages * layout.page_size)
+    slots = torch.randperm(pages * layout.page_size, generator=g)[:n]
+    if layout.name == "compressor_state":
+        w = layout.width
+        layout.encode((torch.randn(n, w, generator=g), torch.randn(n, w, generator=g)), cache, slots,
+                      positions=torch.arange(n), ape=torch.randn(layout.ratio, w, generator=g))
+    else:
+        layout.encode(torch.randn(n, layout.head_dim, generator=g), cache, slots)
+    return cache
+
+
+SMALL = {"fp8_ds_mla": {"page_size": 4}, "fp8_indexer": {"page_size": 4}, "mxfp4_indexer": {"page_size": 4},
+         "compressor_state": {"head_dim": 8, "page_size": 4}}
+
+
+@pytest.mark.parametrize("name", kvf.list_formats())
+@pytest.mark.parametrize("padded", [False, True])
+def test_round_trip_keeps_bytes_and_page_stride(tmp_path, name, padded):
+    layout = kvf.get_format(name, **SMALL[name])
+    page = layout.cache_shape(1)[1:]
+    elems = page[0] if len(page) == 1 else page[0] * page[1]
+    stride = elems + 24 if padded else None
+    cache = filled(layout, page_stride=stride)
+    save_cache(tmp_path / "c.safetensors", layout, cache)
+    entry = load_cache(tmp_path / "c.safetensors")
+    assert entry.layout == layout
+    assert entry.cache.stride() == cache.stride()
+    assert torch.equal(entry.cache.view(torch.uint8) if entry.cache.dtype != torch.uint8 else entry.cache,
+                       cache.view(torch.uint8) if cache.dtype != torch.uint8 else cache)
+
+
+def test_many_layers_in_one_file(tmp_path):
+    a, b = kvf.Fp8DsMla(page_size=2), kvf.Mxfp4Indexer(page_size=4)
+    ca, cb = filled(a), filled(b, seed=1)
+    save_caches(tmp_path / "m.safetensors", {"layer0.swa": (a, ca), "layer0.indexer": (b, cb)})
+    got = load_caches(tmp_path / "m.safetensors")
+    assert sorted(got) == ["layer0.indexer", "layer0.swa"]
+    assert torch.equal(got["layer0.swa"].cache, ca) and torch.equal(got["layer0.indexer"].cache, cb)
+    meta = read_metadata(tmp_path / "m.safetensors")
+    assert meta["tensors"]["layer0.swa"]["format"] == "fp8_ds_mla"
+    with pytest.raises(CacheFileError, match="holds 2 caches"):
+        load_cache(tmp_path / "m.safetensors")
+    with pytest.raises(CacheFileError, match="expected mxfp4_indexer"):
+        load_caches(tmp_path / "m.safetensors", expect=b)
+
+
+def test_missing_truncated_foreign_and_tampered_files(tmp_path):
+    layout = kvf.Fp8Indexer(page_size=4)
+    path = tmp_path / "c.safetensors"
+    save_cache(path, layout, filled(layout))
+    with pytest.raises(CacheFileError, match="no such cache file"):
+        load_caches(tmp_path / "nope.safetensors")
+    data = path.read_bytes()
+    for cut in (4, 20, len(data) // 2, len(data) - 1):
+        (tmp_path / "t.safetensors").write_bytes(data[:cut])
+        with pytest.raises(CacheFileError):
+            load_caches(tmp_path / "t.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(CacheFileError):
+        load_caches(tmp_path / "junk.safetensors")
+    from safetensors.torch import save_file
+    save_file({"x": torch.zeros(3)}, str(tmp_path / "foreign.safetensors"))
+    with pytest.raises(CacheFileError, match="not a kvformats cache file"):
+        load_caches(tmp_path / "foreign.safetensors")
+    # a fingerprint that does not match this library's definition is refused
+    header_len = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + header_len])
+    meta = json.loads(header["__metadata__"]["kvformats"])
+    meta["tensors"]["cache"]["fingerprint"] = "0" * 64
+    header["__metadata__"]["kvformats"] = json.dumps(meta)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    (tmp_path / "fp.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + data[8 + header_len:])
+    with pytest.raises(CacheFileError, match="different definition"):
+        load_caches(tmp_path / "fp.safetensors")
