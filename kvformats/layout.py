@@ -290,6 +290,44 @@ class Layout:
 
         return ops.gather(self, cache, slots, backend=backend, check=check)
 
+    @property
+    def decode_dtype(self) -> torch.dtype | None:
+        """dtype of the rows ``decode`` returns (None when it returns several tensors)."""
+        return torch.float32
+
+    def dequantize_gather(self, cache: torch.Tensor, out: torch.Tensor, *, block_table: torch.Tensor,
+                          seq_lens: torch.Tensor, gather_lens: torch.Tensor | None = None,
+                          block_table_base_offsets: torch.Tensor | None = None, offset: int = 0,
+                          backend: str = "auto", check: bool = True) -> torch.Tensor:
+        """Decode, for each request b, positions ``seq_lens[b] - gather_lens[b] + i`` (i < gather_len)
+        through ``block_table [R, max_pages]`` (page index ``q // page_size - base[b]``) into
+        ``out[b, offset + i]`` (``out [R, W, head_dim]`` of ``decode_dtype``). Missing pages give
+        zero rows; rows at or beyond gather_len are untouched. Returns ``out``."""
+        from kvformats import paged
+
+        return paged.dequantize_gather(self, cache, out, block_table=block_table, seq_lens=seq_lens,
+                                       gather_lens=gather_lens, block_table_base_offsets=block_table_base_offsets,
+                                       offset=offset, backend=backend, check=check)
+
+    def gather_paged(self, cache: torch.Tensor, *, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
+                     out=None, backend: str = "auto", check: bool = True) -> tuple:
+        """Copy the encoded records of positions ``[cu[r], cu[r+1])`` of each request r (page
+        ``block_table[r, j // page_size]``) into one workspace per segment, in cu order: e.g. for
+        the indexers ``(values uint8 [T, 64 or 128], scales uint8 [T, 4])``; pass ``out`` to fill
+        preallocated workspaces (rows past ``cu[-1]`` untouched; a scales workspace may be int32
+        or float32 ``[T]``, one little-endian word per row). Missing pages give zero rows."""
+        from kvformats import paged
+
+        return paged.gather_paged(self, cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=out,
+                                  backend=backend, check=check)
+
+    def decode_topk(self, cache: torch.Tensor, topk_slots: torch.Tensor, *, backend: str = "auto",
+                    check: bool = True):
+        """Decode a ``[T, K]`` matrix of slots (−1 holes give zero rows) -> ``[T, K, head_dim]``."""
+        from kvformats import paged
+
+        return paged.decode_topk(self, cache, topk_slots, backend=backend, check=check)
+
     def check_encode_input(self, x, device: torch.device, **kwargs) -> tuple[int, dict]:
         """Validate ``encode``'s row input; returns (N, keyword arguments for encode_rows)."""
         from kvformats.checks import check_float_rows

@@ -47,6 +47,9 @@ def gather_reference(layout, cache, slots):
 
 
 def register_reference_ops(fmt: str) -> None:
-    """Register the generic reference encode/decode/gather for format ``fmt``."""
+    """Register the generic reference encode/decode/gather and paged ops for format ``fmt``."""
+    from kvformats.paged import register_reference_paged_ops
+
     for op, fn in zip(OPS, (encode_reference, decode_reference, gather_reference)):
         registry.register_op(fmt, op, "reference")(fn)
+    register_reference_paged_ops(fmt)

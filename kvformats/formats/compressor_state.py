@@ -43,6 +43,10 @@ class CompressorState(Layout):
         return self.ratio == 4
 
     @property
+    def decode_dtype(self) -> None:
+        return None  # decode returns (kv, score_state)
+
+    @property
     def width(self) -> int:
         """W, the width of the kv half and of the score half."""
         return (2 if self.overlap else 1) * self.head_dim

@@ -48,6 +48,10 @@ class Fp8DsMla(Layout):
                               f"rope_dim={self.rope_dim}")
 
     @property
+    def decode_dtype(self) -> torch.dtype:
+        return torch.bfloat16
+
+    @property
     def nope_dim(self) -> int:
         return self.head_dim - self.rope_dim
 
