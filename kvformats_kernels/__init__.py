@@ -1,5 +1,31 @@
-"""Triton kernels for kvformats, imported lazily on the first CUDA call.
+"""Triton kernels for kvformats, imported lazily by ``kvformats.registry`` on the first CUDA call.
 
-This version ships no kernels yet: every op runs on the reference backend, and
-``backend="triton"`` raises BackendUnavailableError.
+If Triton imports, every format's encode / decode / gather is registered as the "triton"
+backend; if not, nothing is registered and ``backend="triton"`` raises
+BackendUnavailableError. Each implementation takes the same arguments as the reference
+(``kvformats.ops``), already validated there, and never synchronises with the host, so it
+can be captured in a CUDA graph. Bytes equal the reference's bytes exactly.
 """
+
+from __future__ import annotations
+
+try:
+    import triton  # noqa: F401
+except ImportError:  # pragma: no cover - exercised only where Triton is absent
+    AVAILABLE = False
+else:
+    AVAILABLE = True
+
+if AVAILABLE:
+    from kvformats.registry import register_op
+    from kvformats_kernels import fp8_ds_mla, indexer, state
+
+    IMPLEMENTATIONS = {
+        "fp8_ds_mla": fp8_ds_mla,
+        "fp8_indexer": indexer,
+        "mxfp4_indexer": indexer,
+        "compressor_state": state,
+    }
+    for _fmt, _module in IMPLEMENTATIONS.items():
+        for _op in ("encode", "decode", "gather"):
+            register_op(_fmt, _op, "triton")(getattr(_module, _op))

@@ -1,0 +1,51 @@
+"""Launchers of the indexer key formats (fp8_indexer, mxfp4_indexer): encode, decode, gather."""
+
+from __future__ import annotations
+
+import torch
+
+from kvformats_kernels import _common as cm
+from kvformats_kernels import indexer_jit as jit
+from kvformats_kernels.rows import gather  # noqa: F401  (re-exported: the generic byte gather)
+
+_KERNELS = {  # format -> (encode kernel, decode kernel, values region, scales region)
+    "fp8_indexer": (jit.fp8_encode_kernel, jit.fp8_decode_kernel, "values", "scale"),
+    "mxfp4_indexer": (jit.mxfp4_encode_kernel, jit.mxfp4_decode_kernel, "values", "scales"),
+}
+
+
+def _geometry(layout) -> dict:
+    _, _, values, scales = _KERNELS[layout.name]
+    val_off, val_stride, _ = cm.region(layout, values)
+    scale_off, scale_stride, _ = cm.region(layout, scales)
+    return dict(PAGE_SIZE=layout.page_size, VAL_OFF=val_off, VAL_STRIDE=val_stride, SCALE_OFF=scale_off,
+                SCALE_STRIDE=scale_stride, NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks),
+                QB=layout.head_dim // layout.num_blocks)
+
+
+def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """Quantize ``x [N, head_dim]`` into the rows at ``slots [N]``; slots outside
+    [0, capacity) are skipped."""
+    n = x.shape[0]
+    if n == 0 or cache.shape[0] == 0:
+        return
+    x, is_bf16 = cm.rows_input(x)
+    u8, stride = cm.byte_cache(layout, cache)
+    cfg = cm.config("indexer", "encode")
+    _KERNELS[layout.name][0][(cm.grid_rows(n, cfg["block_m"]),)](
+        x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
+        **_geometry(layout), **cm.rule_constants(layout.scale_rule),
+        IS_BF16=is_bf16, BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
+
+
+def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """float32 ``[N, head_dim]`` rows at ``slots``; zero rows for invalid slots."""
+    n = slots.shape[0]
+    out = torch.empty((n, layout.head_dim), dtype=torch.float32, device=cache.device)
+    if n > 0:
+        u8, stride = cm.byte_cache(layout, cache)
+        cfg = cm.config("indexer", "decode")
+        _KERNELS[layout.name][1][(cm.grid_rows(n, cfg["block_m"]),)](
+            u8, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride, **_geometry(layout),
+            BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
+    return out

@@ -1,0 +1,215 @@
+"""Element codecs as Triton device functions, built from integer bit operations only.
+
+The Triton CPU interpreter does not round like the GPU (its fp32 -> bf16 truncates, its
+fp32 -> float8e4nv breaks ties away from zero and can drop a binade), and a libm ``log2`` may
+differ from torch in the last ulp. Every rounding here is therefore done on the float32 bit
+pattern with integer arithmetic, which is exact on the GPU and under ``TRITON_INTERPRET=1``
+alike. Each helper mirrors one function of ``kvformats.numerics`` and is checked against it
+bit for bit (tests/kernels).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def f32_bits(x):
+    """float32 tensor -> its int32 bit pattern."""
+    return x.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def bits_f32(b):
+    """int32 bit pattern -> float32 tensor."""
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def bf16_rne_bits(x):
+    """float32 -> bfloat16 bit pattern (int32 in [0, 0xFFFF]), round to nearest even.
+
+    Exact for subnormals and overflow (rounds to inf); NaN -> 0x7FC0 (torch's canonical NaN).
+    Adding 0x7FFF + lsb to the two's-complement pattern rounds the magnitude: a carry never
+    reaches the sign bit of a finite value.
+    """
+    b = f32_bits(x)
+    rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+    return tl.where((b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rounded)
+
+
+@triton.jit
+def bf16_rne_bits_nonan(x):
+    """bf16_rne_bits for inputs known not to be NaN (infinities allowed): no NaN select."""
+    b = f32_bits(x)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+
+
+@triton.jit
+def bf16_bits_f32(h):
+    """bfloat16 bit pattern (any int, low 16 bits used) -> float32 (exact)."""
+    return bits_f32(h.to(tl.int32) << 16)
+
+
+@triton.jit
+def bf16_round(x):
+    """float32 -> the float32 value of its bf16 rounding (RNE)."""
+    return bf16_bits_f32(bf16_rne_bits(x))
+
+
+@triton.jit
+def e4m3_bits(y):
+    """float32 -> float8_e4m3fn byte (int32 in [0, 255]): clamp to ±448, round to nearest even.
+
+    The sign of zero survives (-0.0 and negatives that round to zero give 0x80), as in torch's
+    cast. Above 2^-6 (e4m3's least normal) rounding keeps 3 of the 23 mantissa bits: add just
+    under half an e4m3 ulp plus the kept lsb, shift, and rebias the exponent (127 - 7 = 120),
+    a carry moving into the next binade as it should. Below 2^-6 the step is 2^-9:
+    ``|y| * 2^9 + 2^23`` is rounded to an integer by the float32 add itself (round to nearest
+    even, exact in IEEE arithmetic on the GPU and in numpy alike), so its low bits are the code.
+    """
+    b = f32_bits(y)
+    mag = tl.minimum(b & 0x7FFFFFFF, 0x43E00000)  # |y| clamped to 448 (as bits: monotone)
+    normal = (mag + (0x7FFFF - (120 << 23)) + ((mag >> 20) & 1)) >> 20
+    sub = f32_bits(bits_f32(mag) * 512.0 + 8388608.0) - 0x4B000000
+    code = tl.where(mag < 0x3C800000, sub, normal)
+    return code | ((b >> 24) & 0x80)
+
+
+@triton.jit
+def e4m3_half_value(byte):
+    """float8_e4m3fn byte (int tensor, low 8 bits) -> float32 value * 2^-8, exact, for every byte
+    but the NaN bytes 0x7F / 0xFF (which give ±1.875; callers test the byte).
+
+    Every e4m3fn value v, subnormals included, is the float16 2^-8 v whose bits are the byte's
+    sign at bit 15 and its other 7 bits at bits 13..7; float16 -> float32 is exact.
+    """
+    b = byte.to(tl.int32)
+    h = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.int16)
+    return h.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def e4m3_value(byte):
+    """float8_e4m3fn byte (int tensor, low 8 bits) -> float32 (exact; 0x7F/0xFF -> NaN)."""
+    v = e4m3_half_value(byte) * 256.0
+    return tl.where((byte.to(tl.int32) & 0x7F) == 0x7F, bits_f32(f32_bits(v) | 0x7FC00000), v)
+
+
+@triton.jit
+def pow2_bits(k):
+    """int32 k -> bit pattern of float32 2^k: subnormal below -126, 0 below -149, inf above 127."""
+    k = k.to(tl.int32)
+    normal = (tl.minimum(tl.maximum(k, -126), 128) + 127) << 23
+    sub = 1 << (tl.minimum(tl.maximum(k, -149), -127) + 149)
+    out = tl.where(k >= -126, normal, sub)
+    return tl.where(k < -149, 0, out)
+
+
+@triton.jit
+def pow2(k):
+    """int32 k -> float32 2^k (see pow2_bits)."""
+    return bits_f32(pow2_bits(k))
+
+
+@triton.jit
+def ue8m0_value(s):
+    """ue8m0 byte (int tensor, low 8 bits) -> float32 2^(s - 127); 0xFF -> NaN."""
+    s = s.to(tl.int32) & 0xFF
+    return bits_f32(tl.where(s == 0xFF, 0x7FC00000, pow2_bits(s - 127)))
+
+
+@triton.jit
+def _round_down_limit(m):
+    """How many mantissa fields j of q = 2^m (1 + j 2^-23) make float32 log2(q) round down to m.
+
+    log2(q) rounds down to m iff log2(1 + j 2^-23) < half the float32 gap above m, so the limit
+    grows with the binade of |m|: for a = m (m >= 0) or -m - 1 (m < 0), the limit is
+    ceil(ln 2 * 2^(t-1)) with t = floor(log2 a): 1 for a < 4, then 2, 3, 6, 12, 23, 45.
+    Equal to kvformats.numerics' table for every m in [-127, 128] (checked in tests/kernels).
+    """
+    a = tl.where(m < 0, -m - 1, m)
+    return (1 + (a >= 4).to(tl.int32) + (a >= 8).to(tl.int32) + 3 * (a >= 16).to(tl.int32)
+            + 6 * (a >= 32).to(tl.int32) + 11 * (a >= 64).to(tl.int32) + 22 * (a >= 128).to(tl.int32))
+
+
+@triton.jit
+def ceil_log2(q, NORMAL_ONLY: tl.constexpr = False):
+    """``ceil(log2(q))`` as float32 arithmetic gives it, for float32 q >= 0 -> int32.
+
+    Mirrors kvformats.numerics.ceil_log2: one above a power of two only when the mantissa field
+    reaches the round-down limit of its binade; subnormal q are taken at q * 2^64 and the
+    exponent lowered by 64 (q = 0 gives -191); +inf gives 128, NaN 129. Exact integer work:
+    the subnormal mantissa is normalised by an exact int -> float conversion.
+    NORMAL_ONLY: the caller guarantees q >= 2^-126 (a floor), so that path is left out.
+    """
+    b = f32_bits(q) & 0x7FFFFFFF
+    if NORMAL_ONLY:
+        m = (b >> 23) - 127
+        return m + ((b & 0x7FFFFF) >= _round_down_limit(m)).to(tl.int32)
+    field = b >> 23
+    j = b & 0x7FFFFF
+    # subnormal: q = j * 2^-149; float(j) = j exactly, so q * 2^64 has float(j)'s mantissa
+    # and exponent (exponent of float(j)) - 149 + 64.
+    jb = f32_bits(j.to(tl.float32))
+    tiny = field == 0
+    m = tl.where(tiny, (jb >> 23) - 127 - 85, field - 127)
+    m = tl.where(tiny & (j == 0), -127, m)
+    man = tl.where(tiny, jb & 0x7FFFFF, j)
+    e = m + (man >= _round_down_limit(m)).to(tl.int32)
+    return tl.where(tiny, e - 64, e)
+
+
+@triton.jit
+def e2m1_code(y):
+    """float32 -> e2m1 nibble (int32 0..15) with tokenspeed's thresholds: a magnitude equal to
+    a threshold takes the smaller code; sign bit only on a non-zero code of a negative value.
+
+    From 1 up, e2m1 is a float with one mantissa bit (codes 2..7 = 1, 1.5, 2, 3, 4, 6), so
+    rounding half down is adding just under half an ulp (2^21 - 1) to the float32 pattern and
+    keeping exponent and top mantissa bit (2 * 127 - 2 = 252 rebiases); below 1 the grid
+    0, 0.5 is two threshold compares. Compares on bit patterns order like the magnitudes.
+    """
+    b = f32_bits(y)
+    mag = b & 0x7FFFFFFF
+    big = tl.minimum((mag + ((1 << 21) - 1 - (252 << 22))) >> 22, 7)
+    small = (mag > 0x3E800000).to(tl.int32) + (mag > 0x3F400000).to(tl.int32)  # 0.25, 0.75
+    code = tl.where(mag >= 0x3F800000, big, small)
+    return code | tl.where((b < 0) & (code != 0), 8, 0)
+
+
+@triton.jit
+def e2m1_value(n):
+    """e2m1 nibble (int tensor, low 4 bits) -> float32 (0.5 steps below 2, then 3, 4, 6);
+    nibble 8 is -0.0. Built as float32 bits: codes 2..7 are 2^(c/2 - 1) (1 + (c & 1) / 2),
+    code 1 is 0.5."""
+    c = n.to(tl.int32)
+    m = c & 7
+    mag = tl.where(m >= 2, ((m + 252) << 22), tl.where(m == 1, 0x3F000000, 0))
+    return bits_f32(mag | ((c & 8) << 28))
+
+
+@triton.jit
+def block_exponent(amax, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
+                   E_MIN: tl.constexpr, E_MAX: tl.constexpr):
+    """A ScaleRule's exponent of blocks with absolute maximum ``amax`` (float32) -> int32.
+
+    FLOOR and ELEM_MAX are float32 values; the division is correctly rounded (div_rn), as
+    torch's is, so the exponent matches ``ScaleRule.exponents`` bit for bit.
+    """
+    if FLOOR_ON_SCALE:
+        q = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, ELEM_MAX, tl.float32)), FLOOR)
+        NORMAL: tl.constexpr = FLOOR >= 1.1754943508222875e-38
+    else:
+        q = tl.math.div_rn(tl.maximum(amax, FLOOR), tl.full(amax.shape, ELEM_MAX, tl.float32))
+        NORMAL: tl.constexpr = FLOOR / ELEM_MAX >= 1.2e-38  # the quotient of the floor stays normal
+    return tl.minimum(tl.maximum(ceil_log2(q, NORMAL), E_MIN), E_MAX)
+
+
+@triton.jit
+def load_f32(ptrs, mask, IS_BF16: tl.constexpr):
+    """Load bf16 / fp16 / fp32 values as float32, exactly. bf16 arrives as int16 bit patterns
+    (the interpreter's own bf16 -> fp32 conversion flushes subnormals)."""
+    if IS_BF16:
+        return bf16_bits_f32(tl.load(ptrs, mask=mask, other=0))
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)

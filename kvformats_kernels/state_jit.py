@@ -1,0 +1,45 @@
+"""Triton kernels of compressor_state (formats.md §5): float32 rows [kv | score + ape]."""
+
+import triton
+import triton.language as tl
+
+from kvformats_kernels import numerics_jit as nj
+from kvformats_kernels.rows_jit import locate
+
+
+@triton.jit
+def encode_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, slots_ptr, cache_ptr, n_rows,
+                  kv_stride, score_stride, pos_stride, ape_stride, slot_stride, capacity, page_stride,
+                  PAGE_SIZE: tl.constexpr, ROW_STRIDE: tl.constexpr, KV_OFF: tl.constexpr,
+                  SCORE_OFF: tl.constexpr, W: tl.constexpr, RATIO: tl.constexpr, KV_BF16: tl.constexpr,
+                  SCORE_BF16: tl.constexpr, APE_BF16: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
+    """cache row = [kv | score + ape[p mod RATIO]] in float32 (offsets and strides in floats)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    m = ok[:, None] & (cols < W)[None, :]
+    mx = in_range[:, None] & (cols < W)[None, :]  # inputs are read regardless of the slot: no wait on it
+    kv = nj.load_f32((kv_ptr + rows * kv_stride)[:, None] + cols[None, :], mx, KV_BF16)
+    score = nj.load_f32((score_ptr + rows * score_stride)[:, None] + cols[None, :], mx, SCORE_BF16)
+    p = tl.load(pos_ptr + rows * pos_stride, mask=in_range, other=0).to(tl.int64)
+    r = p % RATIO
+    r = tl.where(r < 0, r + RATIO, r)  # floor modulo, as torch's % on negative positions
+    ape = nj.load_f32((ape_ptr + r * ape_stride)[:, None] + cols[None, :], mx, APE_BF16)
+    at = (cache_ptr + page * page_stride + row * ROW_STRIDE)[:, None] + cols[None, :]
+    tl.store(at + KV_OFF, kv, mask=m)
+    tl.store(at + SCORE_OFF, score + ape, mask=m)
+
+
+@triton.jit
+def gather_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
+                  PAGE_SIZE: tl.constexpr, ROW_STRIDE: tl.constexpr, ROW_OFF: tl.constexpr,
+                  ROW_ELEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
+    """out[n] = the 32-bit words of the row at slots[n]; zeros for invalid slots."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    live = (cols < ROW_ELEMS)[None, :]
+    src = (cache_ptr + page * page_stride + row * ROW_STRIDE + ROW_OFF)[:, None] + cols[None, :]
+    v = tl.load(src, mask=ok[:, None] & live, other=0)
+    tl.store((out_ptr + rows * ROW_ELEMS)[:, None] + cols[None, :], v, mask=in_range[:, None] & live)
