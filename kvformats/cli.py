@@ -7,8 +7,8 @@
     kvformats docs --write | --check [--root R] write or check the generated docs pages
     kvformats dump | diff | check | diagram     look inside cache files (kvformats.cli_inspect)
 
-Exit status: 0 success, 1 spec/docs drift found (or a demo bound violated), 2 usage error (unknown format, bad parameter); a
-usage error prints one line on stderr and writes nothing.
+Exit status: 0 success, 1 spec/docs drift found (or a demo bound violated), 2 usage error
+(unknown format, bad parameter); a usage error prints one line on stderr and writes nothing.
 """
 
 from __future__ import annotations
@@ -134,6 +134,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _write_or_check(sub, name: str, help_text: str, fn) -> argparse.ArgumentParser:
+    """A subcommand that either regenerates derived files (--write) or reports drift (--check)."""
+    cmd = sub.add_parser(name, help=help_text)
+    mode = cmd.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--check", action="store_true")
+    cmd.set_defaults(fn=fn)
+    return cmd
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvformats", description="Byte-exact quantized KV-cache formats of DeepSeek V4 serving.")
     p.add_argument("--version", action="version", version=f"kvformats {kvf.__version__}")
@@ -145,12 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--param", action="append", metavar="KEY=VALUE", help="layout parameter (int); repeatable")
     show.add_argument("--json", action="store_true", help="the layout's spec JSON (as in spec/formats)")
     show.set_defaults(fn=cmd_show)
-    spec = sub.add_parser("spec", help="write or check the generated format specs")
-    mode = spec.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true")
-    mode.add_argument("--check", action="store_true")
+    spec = _write_or_check(sub, "spec", "write or check the generated format specs", cmd_spec)
     spec.add_argument("--dir", default="spec/formats", help="spec directory (default spec/formats)")
-    spec.set_defaults(fn=cmd_spec)
     demo = sub.add_parser("demo", help="round-trip random rows through every format")
     demo.add_argument("--rows", type=int, default=4096)
     demo.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -158,12 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--save", default="kvformats-demo.safetensors", metavar="FILE",
                       help="cache file written at the end (default kvformats-demo.safetensors; '' to skip)")
     demo.set_defaults(fn=cmd_demo)
-    docs = sub.add_parser("docs", help="write or check the generated pages under docs/")
-    mode = docs.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true")
-    mode.add_argument("--check", action="store_true")
+    docs = _write_or_check(sub, "docs", "write or check the generated pages under docs/", cmd_docs)
     docs.add_argument("--root", default=".", help="repository root (default .)")
-    docs.set_defaults(fn=cmd_docs)
     from kvformats.cli_inspect import add_parsers
 
     add_parsers(sub)

@@ -46,7 +46,8 @@ class Fp8Indexer(Layout):
 
     def _segments(self):
         return (
-            Segment("values", (Field("values", "float8_e4m3fn", self.head_dim, doc="x / scale", scale="scale", block=QUANT_BLOCK),)),
+            Segment("values", (Field("values", "float8_e4m3fn", self.head_dim, doc="x / scale",
+                                     scale="scale", block=QUANT_BLOCK),)),
             Segment("scales", (Field("scale", "float32", self.num_blocks, role="scale",
                                      doc="power-of-two multiplier per 128 dims"),)),
         )

@@ -48,7 +48,8 @@ class Mxfp4Indexer(Layout):
     def _segments(self):
         return (
             Segment("values", (Field("values", "float4_e2m1fn_x2", self.head_dim,
-                                     doc="e2m1 codes, element 2k in the low nibble", scale="scales", block=QUANT_BLOCK),)),
+                                     doc="e2m1 codes, element 2k in the low nibble",
+                                     scale="scales", block=QUANT_BLOCK),)),
             Segment("scales", (Field("scales", "float8_e8m0fnu", self.num_blocks, role="scale",
                                      doc="e + 127 per 32-block"),)),
         )
