@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from kvformats import registry
+from kvformats.blocktable import table_slots
 from kvformats.checks import INDEX_DTYPES, capturing, check_cache, check_slots, check_tensor
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.rowio import read_rows
@@ -29,19 +30,6 @@ PAGED_OPS = ("dequantize_gather", "gather_paged", "decode_topk")
 
 def _check_table(layout, cache, block_table, requests: int | None = None) -> None:
     check_tensor("block_table", block_table, dtypes=INDEX_DTYPES, shape=(requests, None), device=cache.device)
-
-
-def _table_slots(layout, cache, block_table, req, pos, base=None) -> torch.Tensor:
-    """Slots of positions ``pos`` of requests ``req`` (same shape); −1 where the page is missing."""
-    bs = layout.page_size
-    pidx = torch.div(pos, bs, rounding_mode="floor")
-    if base is not None:
-        pidx = pidx - base.long()[req]
-    inside = (pos >= 0) & (pidx >= 0) & (pidx < block_table.shape[1])
-    entry = block_table.long()[req.clamp(0, max(block_table.shape[0] - 1, 0)),
-                               pidx.clamp(0, max(block_table.shape[1] - 1, 0))]
-    ok = inside & (entry >= 0) & (entry < cache.shape[0])
-    return torch.where(ok, entry * bs + pos % bs, torch.full_like(pos, -1))
 
 
 # ----- dequantize_gather ------------------------------------------------------------------------
@@ -85,7 +73,7 @@ def dequantize_gather_reference(layout, cache, out, block_table, seq_lens, gathe
     live = i[None, :] < glen[:, None]  # rows at or beyond gather_len stay untouched
     req, col = live.nonzero(as_tuple=True)
     pos = seq_lens.long()[req] - glen[req] + col
-    slots = _table_slots(layout, cache, block_table, req, pos, base)
+    slots = table_slots(block_table, req, pos, layout.page_size, base, cache.shape[0])
     out[req, offset + col] = layout.decode_rows(read_rows(layout, cache, slots)).to(out.dtype)
 
 
@@ -142,7 +130,7 @@ def gather_paged_reference(layout, cache, views, block_table, cu_seq_lens):
     t = torch.arange(rows_out, device=cache.device)
     t = t[t < cu[-1]]  # rows not covered by cu_seq_lens stay untouched
     req = torch.searchsorted(cu[1:], t, right=True)
-    slots = _table_slots(layout, cache, block_table, req, t - cu[req])
+    slots = table_slots(block_table, req, t - cu[req], layout.page_size, num_pages=cache.shape[0])
     rows = read_rows(layout, cache, slots)
     at = 0
     for seg, view in zip(layout.segments, views):

@@ -255,8 +255,10 @@ def vector_e() -> dict:
 def build_all() -> dict[str, dict]:
     """Every vector, by file name."""
     import adversarial
+    import vector_f
 
-    vecs = [*vectors_a(), vector_b(), vector_c(), vector_d(), vector_e(), *adversarial.build(vector)]
+    vecs = [*vectors_a(), vector_b(), vector_c(), vector_d(), vector_e(), vector_f.build(vector, tensor, hx, int64s),
+            *adversarial.build(vector)]
     return {f"{v['id']}.json": v for v in vecs}
 
 

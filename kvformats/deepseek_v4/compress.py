@@ -1,0 +1,215 @@
+"""Compressor state and the compressed caches it fills (formats.md §5, §2.4, §3.4, §4.5).
+
+* ``save_compressor_state``: one state row per token, ``[kv | score + ape[p % ratio]]``, through
+  the compressor_state codec (ape in checkpoint order).
+* ``compress_kv_insert`` (``csa_compress_kv_insert``, ``hca_compress_kv_insert``): at every token
+  that completes a group ((p + 1) % ratio == 0), pool the state window (``pooling``), rotate the
+  RoPE tail of the un-rounded float32 result at ``(p // ratio) * ratio`` and write it as an
+  fp8_ds_mla row through that codec.
+* ``indexer_compress_insert``: the same on the indexer state (ratio 4, head 128), then the
+  Hadamard rotation, then an fp8_indexer or mxfp4_indexer row.
+
+A row is written only when the state slot, the group end and the target slot are all valid;
+nothing else in either cache changes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvformats.checks import check_slots
+from kvformats.deepseek_v4 import _checks as C
+from kvformats.deepseek_v4 import _dispatch as D
+from kvformats.blocktable import table_slots
+from kvformats.deepseek_v4.pooling import pool_reference
+from kvformats.deepseek_v4.transforms import hadamard_reference, rope_tail
+from kvformats.errors import InputError
+from kvformats.registry import get_format
+from kvformats.rowio import write_rows
+
+INDEX_FORMATS = ("fp8_indexer", "mxfp4_indexer")
+
+
+# ----- save -------------------------------------------------------------------------------------
+def save_compressor_state(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, state_cache: torch.Tensor, *,
+                          ratio: int, positions: torch.Tensor, slots: torch.Tensor | None = None,
+                          req_indices: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                          block_table_base_offsets: torch.Tensor | None = None, backend: str = "auto",
+                          check: bool = True) -> None:
+    """Store ``[kv | score + ape[p % ratio]]`` (float32) for each token at its state slot.
+
+    ``kv``, ``score``: ``[N, W]`` float (``W = 2 * head_dim`` for ratio 4, ``head_dim`` for 128);
+    ``ape``: ``[ratio, W]`` in checkpoint order; ``state_cache``: float32 ``[pages, rows, 2W]``.
+    Slots come from ``slots [N]`` or, when it is None, from the state group's ``block_table``
+    (``req_indices [N]``, optional base offsets): slot of position p = ``table[r, p // rows - base]
+    * rows + p % rows``, −1 when missing. Negative slots are skipped.
+    """
+    device = state_cache.device if isinstance(state_cache, torch.Tensor) else None
+    C.check_tensor("kv", kv, dtypes=C.FLOAT_DTYPES, shape=(None, None), device=device)
+    C.check_int("ratio", ratio, allowed=C.RATIOS)
+    coff = 2 if ratio == 4 else 1
+    if kv.shape[1] % coff:
+        raise InputError(f"kv width must be a multiple of 2 for ratio 4 (W = 2 * head_dim), got {kv.shape[1]}")
+    layout = C.state_layout(state_cache, ratio, kv.shape[1] // coff)
+    n, kwargs = layout.check_encode_input((kv, score), device, positions=positions, ape=ape)
+    if slots is None:
+        if block_table is None or req_indices is None:
+            raise InputError("pass slots=, or block_table= and req_indices= to derive the state slots")
+        C.check_index("req_indices", req_indices, n, device)
+        C.check_table(block_table, None, device, block_table_base_offsets)
+        slots = table_slots(block_table, req_indices, positions, layout.page_size,
+                            block_table_base_offsets, state_cache.shape[0])
+    elif block_table is not None or req_indices is not None:
+        raise InputError("pass either slots= or block_table= with req_indices=, not both")
+    check_slots(layout, slots, n, state_cache, check_range=check, unique=check)
+    D.resolve("save_compressor_state", backend, device)(layout, kv, score, ape, state_cache, positions, slots)
+
+
+@D.reference("save_compressor_state")
+def save_compressor_state_reference(layout, kv, score, ape, state_cache, positions, slots) -> None:
+    write_rows(layout, state_cache, slots, layout.encode_rows((kv, score), positions=positions, ape=ape))
+
+
+# ----- compressed KV (fp8_ds_mla) ---------------------------------------------------------------
+def _check_window_args(state_cache, ratio, positions, req_indices, state_slots, block_table, base,
+                       rms_weight, rms_eps, cos_sin, target_slots, target_name):
+    """Shared validation of the compress inserts; returns (state layout, T, rope_dim, eps)."""
+    device = state_cache.device if isinstance(state_cache, torch.Tensor) else None
+    C.check_tensor("rms_weight", rms_weight, dtypes=C.FLOAT_DTYPES, shape=(None,), device=device)
+    state = C.state_layout(state_cache, ratio, rms_weight.shape[0])
+    n = C.check_index("positions", positions, None, device)
+    C.check_index("req_indices", req_indices, n, device)
+    C.check_index("state_slots", state_slots, n, device)
+    C.check_index(target_name, target_slots, n, device)
+    C.check_table(block_table, None, device, base)
+    rope_dim = C.check_cos_sin(cos_sin, device)
+    if rope_dim > rms_weight.shape[0]:
+        raise InputError(f"rope_dim {rope_dim} (cos_sin_cache columns) exceeds head_dim {rms_weight.shape[0]}")
+    return state, n, rope_dim, C.check_float("rms_eps", rms_eps)
+
+
+def _group_end(ratio: int, positions, state_slots, target_slots) -> torch.Tensor:
+    """Tokens that write a row: valid state slot, last token of a group, valid target slot."""
+    p = positions.long()
+    return (p >= 0) & ((p + 1) % ratio == 0) & (state_slots >= 0) & (target_slots >= 0)
+
+
+def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, ratio: int, positions: torch.Tensor,
+                       req_indices: torch.Tensor, state_slots: torch.Tensor, block_table: torch.Tensor,
+                       rms_weight: torch.Tensor, rms_eps: float, cos_sin_cache: torch.Tensor,
+                       kv_slots: torch.Tensor, kv_page_size: int,
+                       block_table_base_offsets: torch.Tensor | None = None, backend: str = "auto",
+                       check: bool = True) -> None:
+    """Compress the state windows of group-ending tokens into fp8_ds_mla rows of ``kv_cache``.
+
+    Args:
+        state_cache: float32 ``[pages, rows, 2W]`` compressor state (``W = 2h`` for ratio 4).
+        kv_cache: uint8 ``[pages, >= kv_page_size * row_bytes]`` fp8_ds_mla cache of head_dim
+            ``h = rms_weight.numel()`` and rope_dim ``cos_sin_cache.shape[1]``.
+        ratio: 4 (CSA) or 128 (HCA).
+        positions, req_indices, state_slots, kv_slots: int ``[T]``; a token writes iff
+            ``(p + 1) % ratio == 0`` and both slots are >= 0.
+        block_table: int ``[R, max_pages]`` of the state group (+ optional base offsets ``[R]``),
+            used to find the window positions' state rows.
+        rms_weight ``[h]``, rms_eps: the compressor's norm.
+
+    Row written: ``Fp8DsMla.encode(rope_tail(pool(window), (p // ratio) * ratio))``.
+    """
+    state, n, rope_dim, eps = _check_window_args(state_cache, ratio, positions, req_indices, state_slots,
+                                                 block_table, block_table_base_offsets, rms_weight, rms_eps,
+                                                 cos_sin_cache, kv_slots, "kv_slots")
+    kv_layout = C.ds_mla_layout(kv_cache, rms_weight.shape[0], rope_dim, kv_page_size)
+    if kv_cache.device != state_cache.device:
+        raise InputError(f"kv_cache must be on the state cache's device {state_cache.device}, got {kv_cache.device}")
+    if check:
+        write = _group_end(ratio, positions, state_slots, kv_slots)
+        C.check_written_slots(kv_layout, kv_cache, kv_slots, write, "kv_slots")
+        C.check_positions_in_table(positions.long() // ratio * ratio, cos_sin_cache, write, "rope positions")
+    D.resolve("compress_kv_insert", backend, kv_cache.device)(
+        state_cache, kv_cache, kv_layout, ratio, positions, req_indices, state_slots, block_table,
+        block_table_base_offsets, rms_weight, eps, cos_sin_cache, kv_slots)
+
+
+def csa_compress_kv_insert(state_cache, kv_cache, **kwargs) -> None:
+    """``compress_kv_insert`` with ratio 4 (overlapping windows of 8 positions)."""
+    ratio = kwargs.pop("ratio", 4)
+    if ratio != 4:
+        raise InputError(f"CSA compress insert requires ratio 4, got {ratio!r}")
+    compress_kv_insert(state_cache, kv_cache, ratio=4, **kwargs)
+
+
+def hca_compress_kv_insert(state_cache, kv_cache, **kwargs) -> None:
+    """``compress_kv_insert`` with ratio 128 (windows of 128 positions, no overlap)."""
+    ratio = kwargs.pop("ratio", 128)
+    if ratio != 128:
+        raise InputError(f"HCA compress insert requires ratio 128, got {ratio!r}")
+    compress_kv_insert(state_cache, kv_cache, ratio=128, **kwargs)
+
+
+def _pooled_rows(state_cache, ratio, positions, req_indices, state_slots, block_table, base, weight, eps,
+                 cos_sin, target_slots):
+    """(index of writing tokens, their rotated float32 pooled rows)."""
+    idx = _group_end(ratio, positions, state_slots, target_slots).nonzero().squeeze(1)
+    p = positions.long()[idx]
+    normed = pool_reference(state_cache, ratio, p, req_indices[idx], block_table, base, weight, eps)
+    return idx, rope_tail(normed, p // ratio * ratio, cos_sin)
+
+
+@D.reference("compress_kv_insert")
+def compress_kv_insert_reference(state_cache, kv_cache, kv_layout, ratio, positions, req_indices, state_slots,
+                                 block_table, base, weight, eps, cos_sin, kv_slots) -> None:
+    idx, x = _pooled_rows(state_cache, ratio, positions, req_indices, state_slots, block_table, base, weight,
+                          eps, cos_sin, kv_slots)
+    if idx.numel():
+        write_rows(kv_layout, kv_cache, kv_slots[idx], kv_layout.encode_rows(x))
+
+
+# ----- CSA indexer ------------------------------------------------------------------------------
+def indexer_compress_insert(state_cache: torch.Tensor, index_cache: torch.Tensor, *, index_format: str,
+                            positions: torch.Tensor, req_indices: torch.Tensor, state_slots: torch.Tensor,
+                            block_table: torch.Tensor, rms_weight: torch.Tensor, rms_eps: float,
+                            cos_sin_cache: torch.Tensor, index_slots: torch.Tensor, index_page_size: int = 64,
+                            ratio: int = 4, block_table_base_offsets: torch.Tensor | None = None,
+                            backend: str = "auto", check: bool = True) -> None:
+    """Compress the indexer state windows of group-ending tokens into indexer-cache rows.
+
+    Same arguments as ``compress_kv_insert`` (the indexer compressor's state ``[pages, 4, 4h]``
+    and norm), with ``index_format`` "mxfp4_indexer" or "fp8_indexer" and ``index_cache`` of
+    that format (head_dim ``h``, ``index_page_size`` rows per page). Row written:
+    ``encode(hadamard_transform(rope_tail(pool(window), (p // 4) * 4)))`` — the rotation takes
+    bf16 in and gives bf16 out (formats.md §3.4, §4.5). ``h`` must be a power of two.
+    """
+    if ratio != 4:
+        raise InputError(f"the CSA indexer compresses with ratio 4, got {ratio!r}")
+    if index_format not in INDEX_FORMATS:
+        raise InputError(f"index_format must be one of {', '.join(INDEX_FORMATS)}, got {index_format!r}")
+    state, n, rope_dim, eps = _check_window_args(state_cache, ratio, positions, req_indices, state_slots,
+                                                 block_table, block_table_base_offsets, rms_weight, rms_eps,
+                                                 cos_sin_cache, index_slots, "index_slots")
+    h = rms_weight.shape[0]
+    if h & (h - 1):
+        raise InputError(f"the indexer head dim (rms_weight size) must be a power of two for the Hadamard "
+                         f"rotation, got {h}")
+    C.check_int("index_page_size", index_page_size, minimum=1)
+    layout = get_format(index_format, head_dim=h, page_size=index_page_size)
+    C.check_cache(layout, index_cache)
+    if index_cache.device != state_cache.device:
+        raise InputError(f"index_cache must be on the state cache's device {state_cache.device}, "
+                         f"got {index_cache.device}")
+    if check:
+        write = _group_end(ratio, positions, state_slots, index_slots)
+        C.check_written_slots(layout, index_cache, index_slots, write, "index_slots")
+        C.check_positions_in_table(positions.long() // ratio * ratio, cos_sin_cache, write, "rope positions")
+    D.resolve("indexer_compress_insert", backend, index_cache.device)(
+        state_cache, index_cache, layout, positions, req_indices, state_slots, block_table,
+        block_table_base_offsets, rms_weight, eps, cos_sin_cache, index_slots)
+
+
+@D.reference("indexer_compress_insert")
+def indexer_compress_insert_reference(state_cache, index_cache, layout, positions, req_indices, state_slots,
+                                      block_table, base, weight, eps, cos_sin, index_slots) -> None:
+    idx, x = _pooled_rows(state_cache, 4, positions, req_indices, state_slots, block_table, base, weight,
+                          eps, cos_sin, index_slots)
+    if idx.numel():
+        rotated = hadamard_reference(x, x.shape[-1] ** -0.5)
+        write_rows(layout, index_cache, index_slots[idx], layout.encode_rows(rotated))

@@ -1,0 +1,340 @@
+"""Index helpers of the sparse attention path (formats.md §6.3, §1.3): slot mappings and the
+index rows FlashMLA reads. Pure tensor arithmetic, no host synchronisation in the references.
+
+Where tokenspeed leaves a result undefined this module defines it (see each docstring):
+rows of invalid tokens are written (−1 entries, length 0) rather than left as they were; a −1
+inside the top-k range stays −1 instead of receiving the workspace offset; a missing page
+(negative entry, page index outside the table) gives −1 instead of wrapping to the last page;
+a sliding-window position before the gathered range gives −1 instead of pointing at another
+request's rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvformats.deepseek_v4 import _checks as C
+from kvformats.deepseek_v4 import _dispatch as D
+from kvformats.blocktable import request_of_token, table_slots
+from kvformats.errors import InputError
+
+ALIGN = 128  # index rows are padded to a multiple of 128 entries (sparse-prefill alignment)
+
+
+def _roundup(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def _device(t):
+    return t.device if isinstance(t, torch.Tensor) else None
+
+
+def _valid_tokens(req, requests: int, is_valid_token):
+    ok = (req >= 0) & (req < requests)
+    return ok if is_valid_token is None else ok & is_valid_token.bool()
+
+
+# ----- slot mappings ----------------------------------------------------------------------------
+def table_slot_mapping(*, positions, req_indices, block_table, page_size: int, entry_stride: int = 1,
+                       block_table_base_offsets=None, is_valid_token=None, backend: str = "auto"):
+    """int64 ``[T]`` slots of a cache group (formats.md §1.3): logical row ``p // entry_stride``
+    (1 for SWA/state groups, ``ratio`` for compressed groups), page ``table[r, row // page_size
+    - base[r]]``, slot ``page * page_size + row % page_size``; −1 for missing pages and invalid
+    tokens. (Compressed groups: every token of a group maps to the group's slot; the compress
+    inserts write only at the group's last token.)"""
+    dev = _device(positions)
+    n = C.check_index("positions", positions, None, dev)
+    C.check_index("req_indices", req_indices, n, dev)
+    C.check_table(block_table, None, dev, block_table_base_offsets)
+    if is_valid_token is not None:
+        C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(n,), device=dev)
+    C.check_int("page_size", page_size, minimum=1)
+    C.check_int("entry_stride", entry_stride, minimum=1)
+    return D.resolve("table_slot_mapping", backend, dev)(positions, req_indices, block_table, page_size,
+                                                          entry_stride, block_table_base_offsets, is_valid_token)
+
+
+@D.reference("table_slot_mapping")
+def table_slot_mapping_reference(positions, req, table, page_size, stride, base, is_valid):
+    p = positions.long()
+    slots = table_slots(table, req, torch.div(p, stride, rounding_mode="floor"), page_size, base)
+    ok = _valid_tokens(req, table.shape[0], is_valid) & (p >= 0)
+    return torch.where(ok, slots, torch.full_like(slots, -1))
+
+
+def compressed_slot_mapping(*, num_tokens: int, query_start_loc, seq_lens, block_table, page_size: int, ratio: int,
+                            block_table_base_offsets=None, out=None, backend: str = "auto"):
+    """int64 ``[num_tokens]``: the compressed-cache slot of each group-ending token, −1 elsewhere.
+
+    Request r (``query_start_loc [R + 1]``, ``seq_lens [R]``, ``block_table [R, P]``) owns tokens
+    ``[qsl[r], qsl[r+1])``; token t is at ``p = seq_lens[r] - (qsl[r+1] - qsl[r]) + (t - qsl[r])``.
+    If ``(p + 1) % ratio == 0``: ``c = p // ratio``, slot ``table[r, c // page_size - base[r]] *
+    page_size + c % page_size`` (−1 when that page is missing). Tokens outside every request: −1.
+    ``out`` (int64 ``[>= num_tokens]``) is filled with −1 entirely, then the first num_tokens
+    entries are written; the returned tensor is a view of it.
+    """
+    dev = _device(block_table)
+    C.check_int("num_tokens", num_tokens)
+    r = C.check_table(block_table, None, dev, block_table_base_offsets)
+    C.check_index("query_start_loc", query_start_loc, r + 1, dev)
+    C.check_index("seq_lens", seq_lens, r, dev)
+    C.check_int("page_size", page_size, minimum=1)
+    C.check_int("ratio", ratio, minimum=1)
+    C.check_sorted("query_start_loc", query_start_loc)
+    if out is not None:
+        C.check_tensor("out", out, dtypes=(torch.int64,), shape=(None,), device=dev)
+        if out.shape[0] < num_tokens:
+            raise InputError(f"out must hold at least num_tokens = {num_tokens} entries, got {out.shape[0]}")
+    fn = D.resolve("compressed_slot_mapping", backend, dev)
+    return fn(num_tokens, query_start_loc, seq_lens, block_table, page_size, ratio, block_table_base_offsets, out)
+
+
+def _token_positions(query_start_loc, seq_lens, t_abs, requests):
+    """(request, inside, position) of absolute token indices."""
+    req, inside = request_of_token(query_start_loc, t_abs, requests)
+    qsl = query_start_loc.long()
+    if requests == 0:
+        return req, inside, torch.zeros_like(t_abs)
+    qlen = qsl[req + 1] - qsl[req]
+    return req, inside, seq_lens.long()[req] - qlen + (t_abs - qsl[req])
+
+
+@D.reference("compressed_slot_mapping")
+def compressed_slot_mapping_reference(num_tokens, qsl, seq_lens, table, page_size, ratio, base, out):
+    t = torch.arange(num_tokens, device=table.device)
+    req, inside, p = _token_positions(qsl, seq_lens, t, table.shape[0])
+    slots = table_slots(table, req, torch.div(p, ratio, rounding_mode="floor"), page_size, base)
+    ok = inside & (p >= 0) & ((p + 1) % ratio == 0)
+    slots = torch.where(ok, slots, torch.full_like(slots, -1))
+    if out is None:
+        return slots
+    out.fill_(-1)
+    out[:num_tokens] = slots
+    return out[:num_tokens]
+
+
+# ----- top-k / sparse index rows ----------------------------------------------------------------
+def global_topk_indices_and_lens(*, topk_indices, req_indices, block_table, page_size: int, is_valid_token=None,
+                                 backend: str = "auto"):
+    """Map local compressed indices to global compressed-cache slots.
+
+    ``topk_indices`` int32 ``[T, K]`` (−1 = none), ``req_indices [T]``, ``block_table [R, P]``.
+    Returns ``(global int32 [T, K], lens int32 [T])``: ``i >= 0`` becomes ``table[r, i // page_size]
+    * page_size + i % page_size`` (−1 if that page is missing), −1 stays −1; ``lens`` counts the
+    entries ``i >= 0``. Invalid tokens (``is_valid_token`` False or request out of range) get an
+    all −1 row and length 0 (tokenspeed leaves their row unwritten).
+    """
+    dev = _device(topk_indices)
+    C.check_tensor("topk_indices", topk_indices, dtypes=(torch.int32,), shape=(None, None), device=dev)
+    n = topk_indices.shape[0]
+    C.check_index("req_indices", req_indices, n, dev)
+    C.check_table(block_table, None, dev)
+    C.check_int("page_size", page_size, minimum=1)
+    if is_valid_token is not None:
+        C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(n,), device=dev)
+    fn = D.resolve("global_topk_indices_and_lens", backend, dev)
+    return fn(topk_indices, req_indices, block_table, page_size, is_valid_token)
+
+
+@D.reference("global_topk_indices_and_lens")
+def global_topk_indices_and_lens_reference(topk, req, table, page_size, is_valid):
+    ok = _valid_tokens(req.long(), table.shape[0], is_valid)
+    glob = table_slots(table, req, topk.long(), page_size)
+    glob = torch.where(ok[:, None], glob, torch.full_like(glob, -1)).to(torch.int32)
+    lens = torch.where(ok, (topk >= 0).sum(dim=1), torch.zeros_like(ok, dtype=torch.int64))
+    return glob, lens.to(torch.int32)
+
+
+def _swa_entries(j, start, swa_len, p, gather_start, row_base):
+    """Workspace rows of the sliding window (entry j - start of the window); −1 before the gather."""
+    pos = p[:, None] - swa_len[:, None] + 1 + (j[None, :] - start[:, None])
+    ok = pos >= gather_start[:, None]
+    return torch.where(ok, row_base[:, None] + pos - gather_start[:, None], torch.full_like(pos, -1))
+
+
+def _check_workspace_args(window_size, ratio, workspace_width, compressed_base):
+    C.check_int("window_size", window_size, minimum=1)
+    C.check_int("ratio", ratio, minimum=0)
+    C.check_int("workspace_width", workspace_width, minimum=1)
+    C.check_int("compressed_base", compressed_base)
+
+
+def combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_lens, window_size: int, ratio: int,
+                             topk: int, workspace_width: int, compressed_base: int, backend: str = "auto"):
+    """Sparse-prefill index rows ``[top-k compressed | sliding window]`` into the per-request
+    workspace (rows ``[compressed | SWA]``, flattened with row stride ``workspace_width``).
+
+    Token row t (absolute token ``qsl[0] + t`` of request b, position p as in
+    ``compressed_slot_mapping``) gets ``topk_len = min((p + 1) // ratio, topk)`` entries
+    ``topk_indices[t, j] + b * workspace_width`` (a −1 stays −1), then ``swa_len = min(p + 1,
+    window_size)`` entries ``b * workspace_width + compressed_base + (q - gather_start)`` for the
+    window positions q, ``gather_start = seq_lens[b] - gather_lens[b]`` (a q before gather_start
+    gives −1), then −1. Returns ``(int32 [T, roundup(topk + window_size, 128)], lens int32 [T] =
+    topk_len + swa_len)``; rows outside every request: all −1, length 0.
+    """
+    dev = _device(topk_indices)
+    C.check_tensor("topk_indices", topk_indices, dtypes=C.INDEX_DTYPES, shape=(None, None), device=dev)
+    r = C.check_index("seq_lens", seq_lens, None, dev)
+    C.check_index("query_start_loc", query_start_loc, r + 1, dev)
+    C.check_index("gather_lens", gather_lens, r, dev)
+    _check_workspace_args(window_size, ratio, workspace_width, compressed_base)
+    C.check_int("ratio", ratio, minimum=1)
+    C.check_int("topk", topk)
+    if topk_indices.shape[1] < topk:
+        raise InputError(f"topk_indices must have at least topk = {topk} columns, got {topk_indices.shape[1]}")
+    C.check_sorted("query_start_loc", query_start_loc)
+    fn = D.resolve("combine_topk_swa_indices", backend, dev)
+    return fn(topk_indices, query_start_loc, seq_lens, gather_lens, window_size, ratio, topk, workspace_width,
+              compressed_base)
+
+
+@D.reference("combine_topk_swa_indices")
+def combine_topk_swa_indices_reference(topk_idx, qsl, seq_lens, gather_lens, window, ratio, topk, ww, cb):
+    n, dev = topk_idx.shape[0], topk_idx.device
+    width = _roundup(topk + window, ALIGN)
+    req, inside, p = _token_positions(qsl, seq_lens, qsl.long()[0] + torch.arange(n, device=dev), seq_lens.shape[0])
+    topk_len = torch.div(p + 1, ratio, rounding_mode="floor").clamp(0, topk)
+    swa_len = (p + 1).clamp(0, window)
+    row_base = req * ww
+    j = torch.arange(width, device=dev)
+    tk = torch.full((n, width), -1, dtype=torch.int64, device=dev)
+    tk[:, :topk] = topk_idx[:, :topk]
+    tk = torch.where(tk >= 0, tk + row_base[:, None], tk)
+    gather_start = seq_lens.long()[req] - gather_lens.long()[req] if seq_lens.shape[0] else p
+    sw = _swa_entries(j, topk_len, swa_len, p, gather_start, row_base + cb)
+    out = torch.where(j < topk_len[:, None], tk, torch.where(j < (topk_len + swa_len)[:, None], sw, -1))
+    out = torch.where(inside[:, None], out, -1)
+    return out.to(torch.int32), torch.where(inside, topk_len + swa_len, 0).to(torch.int32)
+
+
+def combine_dense_swa_indices(*, positions, req_indices, seq_lens, compressed_lens, gather_lens, window_size: int,
+                              ratio: int, workspace_width: int, compressed_base: int, backend: str = "auto"):
+    """Dense-prefill index rows ``[all compressed entries | sliding window]`` into the workspace.
+
+    Token t of request r at ``positions[t]`` = p: ``compressed_len = min((p + 1) // ratio,
+    compressed_lens[r], compressed_base)`` (0 when ratio <= 1; the cap at compressed_base keeps
+    compressed entries out of the SWA rows) entries ``r * workspace_width + j``, then the window
+    entries as in ``combine_topk_swa_indices``, then −1. Returns ``(int32 [T, roundup(max(
+    compressed_base + window_size, 1), 128)], lens int32 [T])``; tokens with a request index
+    outside ``[0, R)``: all −1, length 0.
+    """
+    dev = _device(positions)
+    n = C.check_index("positions", positions, None, dev)
+    C.check_index("req_indices", req_indices, n, dev)
+    r = C.check_index("seq_lens", seq_lens, None, dev)
+    C.check_index("compressed_lens", compressed_lens, r, dev)
+    C.check_index("gather_lens", gather_lens, r, dev)
+    _check_workspace_args(window_size, ratio, workspace_width, compressed_base)
+    fn = D.resolve("combine_dense_swa_indices", backend, dev)
+    return fn(positions, req_indices, seq_lens, compressed_lens, gather_lens, window_size, ratio, workspace_width,
+              compressed_base)
+
+
+@D.reference("combine_dense_swa_indices")
+def combine_dense_swa_indices_reference(positions, req, seq_lens, compressed_lens, gather_lens, window, ratio,
+                                        ww, cb):
+    n, dev, rq = positions.shape[0], positions.device, seq_lens.shape[0]
+    width = _roundup(max(cb + window, 1), ALIGN)
+    ok = _valid_tokens(req.long(), rq, None)
+    r = req.long().clamp(0, max(rq - 1, 0))
+    p = positions.long()
+    if ratio <= 1 or rq == 0:
+        comp_len = torch.zeros_like(p)
+    else:
+        comp_len = torch.minimum(torch.div(p + 1, ratio, rounding_mode="floor"), compressed_lens.long()[r])
+        comp_len = comp_len.clamp(0, cb)
+    swa_len = (p + 1).clamp(0, window)
+    row_base = r * ww
+    gather_start = seq_lens.long()[r] - gather_lens.long()[r] if rq else p
+    j = torch.arange(width, device=dev)
+    sw = _swa_entries(j, comp_len, swa_len, p, gather_start, row_base + cb)
+    out = torch.where(j < comp_len[:, None], row_base[:, None] + j,
+                      torch.where(j < (comp_len + swa_len)[:, None], sw, -1))
+    out = torch.where(ok[:, None], out, -1)
+    return out.to(torch.int32), torch.where(ok, comp_len + swa_len, 0).to(torch.int32)
+
+
+def decode_swa_indices_and_lens(*, query_start_loc, seq_lens, req_indices, block_table, window_size: int,
+                                page_size: int, block_table_base_offsets=None, is_valid_token=None, out_indices=None,
+                                out_lens=None, backend: str = "auto"):
+    """SWA-cache slots of each decode token's window -> ``(int32 [T, window_size], lens int32 [T])``.
+
+    Token t of request r = ``req_indices[t]`` is at ``p = seq_lens[r] - (qsl[r+1] - qsl[r]) +
+    (t - qsl[r])``; its window is ``max(p - window + 1, 0) .. p`` (``swa_len`` positions), entry j
+    = the slot of window position j through ``block_table`` (with base offsets), −1 for a
+    missing page; entries >= swa_len are −1. Invalid tokens get an all −1 row and length 0
+    (tokenspeed leaves their row unwritten). ``out_indices`` (int32 ``[>= T, window_size]``) and
+    ``out_lens`` (int32 ``[>= T]``) receive the first T rows when given.
+    """
+    dev = _device(req_indices)
+    n = C.check_index("req_indices", req_indices, None, dev)
+    r = C.check_table(block_table, None, dev, block_table_base_offsets)
+    C.check_index("query_start_loc", query_start_loc, r + 1, dev)
+    C.check_index("seq_lens", seq_lens, r, dev)
+    C.check_int("window_size", window_size, minimum=1)
+    C.check_int("page_size", page_size, minimum=1)
+    if is_valid_token is not None:
+        C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(n,), device=dev)
+    for name, out, shape in (("out_indices", out_indices, (None, window_size)), ("out_lens", out_lens, (None,))):
+        if out is not None:
+            C.check_tensor(name, out, dtypes=(torch.int32,), shape=shape, device=dev)
+            if out.shape[0] < n:
+                raise InputError(f"{name} must have at least T = {n} rows, got {out.shape[0]}")
+    fn = D.resolve("decode_swa_indices_and_lens", backend, dev)
+    return fn(query_start_loc, seq_lens, req_indices, block_table, window_size, page_size, block_table_base_offsets,
+              is_valid_token, out_indices, out_lens)
+
+
+@D.reference("decode_swa_indices_and_lens")
+def decode_swa_indices_and_lens_reference(qsl, seq_lens, req, table, window, page_size, base, is_valid,
+                                          out_indices, out_lens):
+    n, dev, rq = req.shape[0], req.device, table.shape[0]
+    ok = _valid_tokens(req.long(), rq, is_valid)
+    r = req.long().clamp(0, max(rq - 1, 0))
+    t = torch.arange(n, device=dev)
+    if rq:
+        q0 = qsl.long()
+        p = seq_lens.long()[r] - (q0[r + 1] - q0[r]) + (t - q0[r])
+    else:
+        p = torch.full_like(t, -1)
+    start = (p - window + 1).clamp_min(0)
+    swa_len = (p - start + 1).clamp_min(0)
+    j = torch.arange(window, device=dev)
+    slots = table_slots(table, r, start[:, None] + j[None, :], page_size, base)
+    idx = torch.where(ok[:, None] & (j[None, :] < swa_len[:, None]), slots, -1).to(torch.int32)
+    lens = torch.where(ok, swa_len, 0).to(torch.int32)
+    if out_indices is not None:
+        out_indices[:n] = idx
+        idx = out_indices[:n]
+    if out_lens is not None:
+        out_lens[:n] = lens
+        lens = out_lens[:n]
+    return idx, lens
+
+
+def dense_prefill_local_compressed_indices(*, positions, ratio: int, width: int, out=None, backend: str = "auto"):
+    """int32 ``[T, width]``: ``j`` where ``j < min((p + 1) // ratio, width)``, else −1 (the local
+    compressed rows a dense-prefill token may attend). ``out`` (int32 ``[>= T, >= width]``)
+    receives ``out[:T, :width]`` and that view is returned."""
+    dev = _device(positions)
+    n = C.check_index("positions", positions, None, dev)
+    C.check_int("ratio", ratio, minimum=1)
+    C.check_int("width", width)
+    if out is not None:
+        C.check_tensor("out", out, dtypes=(torch.int32,), shape=(None, None), device=dev)
+        if out.shape[0] < n or out.shape[1] < width:
+            raise InputError(f"out must be at least [{n}, {width}], got {tuple(out.shape)}")
+    fn = D.resolve("dense_prefill_local_compressed_indices", backend, dev)
+    return fn(positions, ratio, width, out)
+
+
+@D.reference("dense_prefill_local_compressed_indices")
+def dense_prefill_local_compressed_indices_reference(positions, ratio, width, out):
+    p = positions.long()
+    count = torch.div(p + 1, ratio, rounding_mode="floor").clamp(0, width)
+    j = torch.arange(width, device=p.device)
+    idx = torch.where(j[None, :] < count[:, None], j[None, :], -1).to(torch.int32)
+    if out is None:
+        return idx
+    out[:p.shape[0], :width] = idx
+    return out[:p.shape[0], :width]

@@ -1,0 +1,148 @@
+"""Query-side and output-side transforms (formats.md §4.6, §6.2).
+
+* ``prepare_indexer_q_mxfp4`` / ``prepare_indexer_q_fp8``: RoPE at each token's own position ->
+  bf16 -> Hadamard-128 -> bf16 -> MXFP4 (through the mxfp4_indexer codec) or plain FP8, and the
+  head weights ``weights * softmax_scale * head_scale``.
+* ``inv_rope_fp8_quant``: inverse RoPE of the attention output, then FP8 with a power-of-two scale
+  per 128 elements, in the two scale layouts DeepGEMM reads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvformats import numerics as nx
+from kvformats.deepseek_v4 import _checks as C
+from kvformats.deepseek_v4 import _dispatch as D
+from kvformats.deepseek_v4.transforms import hadamard_reference, rope_tail
+from kvformats.errors import InputError
+from kvformats.formats import Mxfp4Indexer
+
+INDEX_HEAD_DIM = 128
+_MXFP4 = Mxfp4Indexer(head_dim=INDEX_HEAD_DIM, page_size=1)
+OUT_SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-10, floor_on="absmax")
+
+
+def _check_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale):
+    """Shared validation of the query preps; returns weights as ``[T, H]``."""
+    device = index_q.device if isinstance(index_q, torch.Tensor) else None
+    C.check_tensor("index_q", index_q, dtypes=C.FLOAT_DTYPES, shape=(None, None, INDEX_HEAD_DIM), device=device)
+    t, h, _ = index_q.shape
+    C.check_index("positions", positions, t, device)
+    rope_dim = C.check_cos_sin(cos_sin, device)
+    if rope_dim > INDEX_HEAD_DIM:
+        raise InputError(f"rope_dim {rope_dim} exceeds the indexer head dim {INDEX_HEAD_DIM}")
+    if isinstance(weights, torch.Tensor) and weights.dim() == 3 and weights.shape[2] == 1:
+        weights = weights.squeeze(2)
+    C.check_tensor("weights", weights, dtypes=C.FLOAT_DTYPES, shape=(t, h), device=device)
+    C.check_float("softmax_scale", softmax_scale, minimum=float("-inf"))
+    C.check_float("head_scale", head_scale, minimum=float("-inf"))
+    C.check_positions_in_table(positions, cos_sin)
+    return weights
+
+
+def _rotated(index_q, positions, cos_sin) -> torch.Tensor:
+    """bf16 ``[T, H, 128]``: Hadamard(bf16(rope_p(q)))."""
+    return hadamard_reference(rope_tail(index_q, positions, cos_sin), INDEX_HEAD_DIM ** -0.5)
+
+
+def _head_weights(weights, softmax_scale, head_scale) -> torch.Tensor:
+    return weights.float() * softmax_scale * head_scale
+
+
+def prepare_indexer_q_mxfp4(index_q: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                            weights: torch.Tensor, softmax_scale: float, head_scale: float, *,
+                            backend: str = "auto"):
+    """Indexer queries for DeepGEMM's MXFP4 logits.
+
+    ``index_q [T, H, 128]`` (bf16; other float dtypes are rounded to bf16 after RoPE),
+    ``positions [T]``, ``weights [T, H]`` or ``[T, H, 1]``. Returns
+    ``((q_packed uint8 [T, H, 64], q_scale int32 [T, H]), weights_out float32 [T, H])``:
+    packed e2m1 nibbles (element 2k low) and the four ue8m0 block scales as one little-endian
+    int32 (block 0 in the low byte); ``weights_out = (weights * softmax_scale) * head_scale``.
+    """
+    weights = _check_q(index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale)
+    fn = D.resolve("prepare_indexer_q_mxfp4", backend, index_q.device)
+    return fn(index_q, positions, cos_sin_cache, weights, float(softmax_scale), float(head_scale))
+
+
+@D.reference("prepare_indexer_q_mxfp4")
+def prepare_indexer_q_mxfp4_reference(index_q, positions, cos_sin, weights, softmax_scale, head_scale):
+    t, h, d = index_q.shape
+    rows = _MXFP4.encode_rows(_rotated(index_q, positions, cos_sin).reshape(t * h, d))
+    packed = rows[:, :d // 2].reshape(t, h, d // 2)
+    scales = rows[:, d // 2:].contiguous().view(torch.int32).reshape(t, h)
+    return (packed, scales), _head_weights(weights, softmax_scale, head_scale)
+
+
+def prepare_indexer_q_fp8(index_q: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                          weights: torch.Tensor, softmax_scale: float, head_scale: float, *,
+                          backend: str = "auto"):
+    """Indexer queries for DeepGEMM's FP8 logits (tokenspeed HEAD, SM90 path).
+
+    Same inputs as ``prepare_indexer_q_mxfp4``. Returns ``(q_fp8 float8_e4m3fn [T, H, 128],
+    weights_out float32 [T, H])`` with ``q_fp8 = fp8(Hadamard(bf16(rope_p(q))))`` and no scale.
+    Values beyond ±448 saturate to ±448 (tokenspeed's unclamped cast would give NaN there).
+    """
+    weights = _check_q(index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale)
+    fn = D.resolve("prepare_indexer_q_fp8", backend, index_q.device)
+    return fn(index_q, positions, cos_sin_cache, weights, float(softmax_scale), float(head_scale))
+
+
+@D.reference("prepare_indexer_q_fp8")
+def prepare_indexer_q_fp8_reference(index_q, positions, cos_sin, weights, softmax_scale, head_scale):
+    q = nx.e4m3_encode(_rotated(index_q, positions, cos_sin).float()).view(torch.float8_e4m3fn)
+    return q, _head_weights(weights, softmax_scale, head_scale)
+
+
+def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *, n_groups: int,
+                       heads_per_group: int, quant_group_size: int = 128, tma_aligned_scales: bool = True,
+                       backend: str = "auto"):
+    """Inverse-RoPE the attention output and quantize it to FP8 for the output projection.
+
+    ``o [T, n_groups * heads_per_group, D]`` (bf16/fp16/fp32; D = nope + rope_dim with the RoPE
+    dims last, rope_dim = ``cos_sin_cache.shape[1]``). Per (token, head): inverse GPT-J rotation
+    of the tail at p in float32 (not re-rounded); per ``quant_group_size`` elements
+    ``e = ceil(log2(max(amax, 1e-10) / 448))``, bytes ``fp8(clamp(x * 2^-e, ±448))``.
+
+    Returns ``(q, scales)``: ``q`` float8_e4m3fn ``[T, G, Hg * D]``, a transposed view of a
+    contiguous ``[G, T, Hg * D]`` buffer. ``scales`` are stored token-fastest with T padded to a
+    multiple of 4 (padding zero): with ``tma_aligned_scales`` int32 ``[T, G, Hg]`` (each word packs
+    the ``e + 127`` bytes of one head's groups, group c in byte c; needs D / group == 4), else
+    float32 ``[T, G, Hg * D / group]`` holding ``2^e``.
+    """
+    device = o.device if isinstance(o, torch.Tensor) else None
+    C.check_int("n_groups", n_groups, minimum=1)
+    C.check_int("heads_per_group", heads_per_group, minimum=1)
+    C.check_int("quant_group_size", quant_group_size, minimum=1)
+    C.check_tensor("o", o, dtypes=C.FLOAT_DTYPES, shape=(None, n_groups * heads_per_group, None), device=device)
+    d = o.shape[2]
+    C.check_index("positions", positions, o.shape[0], device)
+    rope_dim = C.check_cos_sin(cos_sin_cache, device)
+    if d % quant_group_size or rope_dim >= d:
+        raise InputError(f"head dim {d} must be a multiple of quant_group_size {quant_group_size} and exceed "
+                         f"rope_dim {rope_dim}")
+    if tma_aligned_scales and d // quant_group_size != 4:
+        raise InputError(f"tma_aligned_scales packs 4 group exponents per head into an int32: needs "
+                         f"D / quant_group_size == 4, got {d} / {quant_group_size}")
+    C.check_positions_in_table(positions, cos_sin_cache)
+    fn = D.resolve("inv_rope_fp8_quant", backend, o.device)
+    return fn(o, positions, cos_sin_cache, n_groups, heads_per_group, quant_group_size, bool(tma_aligned_scales))
+
+
+@D.reference("inv_rope_fp8_quant")
+def inv_rope_fp8_quant_reference(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned):
+    t, heads, d = o.shape
+    blocks = rope_tail(o, positions, cos_sin, inverse=True).reshape(t, heads, d // group, group)
+    e = OUT_SCALE_RULE.exponents(blocks)  # [T, heads, D / group]
+    values = nx.e4m3_quantize_blocks(blocks, e).view(torch.float8_e4m3fn)
+    buf = values.reshape(t, n_groups, heads_per_group * d).transpose(0, 1).contiguous()
+    t_pad = -(-t // 4) * 4
+    if tma_aligned:
+        words = nx.ue8m0_encode(e).contiguous().view(torch.int32).reshape(t, heads)
+    else:
+        words = nx.pow2(e).reshape(t, heads * (d // group))
+    per_group = words.shape[1] // n_groups
+    store = torch.zeros((n_groups, per_group, t_pad), dtype=words.dtype, device=o.device)
+    store[:, :, :t] = words.reshape(t, n_groups, per_group).permute(1, 2, 0)
+    return buf.transpose(0, 1), store.permute(2, 0, 1)[:t]

@@ -1,0 +1,72 @@
+"""SWA insert (tokenspeed's ``fused_qnorm_rope_kv_insert``, formats.md §2.4, §6.1).
+
+For every token t: ``q[t, h] <- rope_p(q[t, h] * rsqrt(mean(q[t, h]^2) + eps))`` in float32,
+written back in q's dtype (weightless RMSNorm per head). For tokens t < len(slots) with
+``0 <= slots[t] < capacity``: the kv row, its RoPE tail rotated at the token's own position p and
+rounded to bf16, is written as an fp8_ds_mla row. Other slots are skipped silently (this is the
+one op that tolerates slots beyond the cache: the CUDA kernel does, and engines rely on it for
+CUDA-graph padding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvformats.checks import capturing
+from kvformats.deepseek_v4 import _checks as C
+from kvformats.deepseek_v4 import _dispatch as D
+from kvformats.deepseek_v4.transforms import rms_norm, rope_tail
+from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.rowio import locate, write_rows
+
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def swa_insert(q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
+               positions: torch.Tensor, cos_sin_cache: torch.Tensor, rms_eps: float, *, page_size: int = 64,
+               backend: str = "auto", check: bool = True) -> torch.Tensor:
+    """Normalise and rotate ``q`` in place and insert ``kv`` into the SWA cache. Returns ``q``.
+
+    Args:
+        q: ``[T, H, D]`` bf16 or fp32, contiguous; mutated in place.
+        kv: ``[T, D]`` same dtype as q (the kv latent before RoPE).
+        kv_cache: uint8 fp8_ds_mla cache ``[pages, >= page_size * row_bytes]`` (head_dim D, rope
+            dim ``cos_sin_cache.shape[1]``).
+        slots: int ``[S]`` with ``S <= T``; tokens t >= S only get q processed.
+        positions: int ``[T]``; cos_sin_cache: float32 ``[max_pos, rope_dim]``.
+
+    fp16 activations are refused: tokenspeed's fp16 variant stores the RoPE tail as fp16, which is
+    not the fp8_ds_mla format (formats.md §13.3). Repeated non-negative slots raise (outside capture).
+    """
+    device = kv_cache.device if isinstance(kv_cache, torch.Tensor) else None
+    if not isinstance(q, torch.Tensor) or q.dtype not in ACTIVATION_DTYPES:
+        raise InputTypeError(f"q must be a bf16 or fp32 tensor [T, H, D] (fp16 is not supported), got {describe(q)}")
+    C.check_tensor("q", q, dtypes=ACTIVATION_DTYPES, shape=(None, None, None), device=device)
+    if not q.is_contiguous():
+        raise InputError(f"q must be contiguous (it is written in place), got strides {q.stride()}")
+    t, _, d = q.shape
+    C.check_tensor("kv", kv, dtypes=(q.dtype,), shape=(t, d), device=device)
+    C.check_index("positions", positions, t, device)
+    s = C.check_index("slots", slots, None, device)
+    if s > t:
+        raise InputError(f"slots must have at most T = {t} entries (one per token), got {s}")
+    rope_dim = C.check_cos_sin(cos_sin_cache, device)
+    layout = C.ds_mla_layout(kv_cache, d, rope_dim, page_size)
+    eps = C.check_float("rms_eps", rms_eps)
+    if check:
+        C.check_positions_in_table(positions, cos_sin_cache)
+        if s and not capturing(slots):
+            live = slots[locate(layout, kv_cache, slots)[0]]
+            if torch.unique(live).numel() != live.numel():
+                raise InputError("slots repeat a target row; each non-negative slot may appear once per call")
+    D.resolve("swa_insert", backend, device)(q, kv, kv_cache, layout, slots, positions, cos_sin_cache, eps)
+    return q
+
+
+@D.reference("swa_insert")
+def swa_insert_reference(q, kv, kv_cache, layout, slots, positions, cos_sin, eps) -> None:
+    q.copy_(rope_tail(rms_norm(q, None, eps), positions, cos_sin))
+    s = slots.shape[0]
+    if s:
+        x = rope_tail(kv[:s], positions[:s], cos_sin).to(kv.dtype)  # the kernel rounds to the activation dtype
+        write_rows(layout, kv_cache, slots, layout.encode_rows(x))

@@ -1,0 +1,61 @@
+"""Element-wise transforms of DeepSeek V4 attention: GPT-J RoPE on the tail dims, the Sylvester
+Hadamard rotation of the indexer, and RMSNorm.
+
+RoPE is ``kvformats.rope`` (re-exported here): interleaved pairs on the last ``rope_dim`` dims,
+float32 math, a float32 ``cos_sin_cache [max_positions, rope_dim]`` of ``[cos | sin]`` rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvformats.checks import FLOAT_DTYPES
+from kvformats.deepseek_v4 import _dispatch as D
+from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.rope import cos_sin_cache, rope_tail
+
+__all__ = ["cos_sin_cache", "hadamard_transform", "rms_norm", "rope_tail"]
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def hadamard_transform(x: torch.Tensor, scale: float | None = None, *, backend: str = "auto") -> torch.Tensor:
+    """Natural-order (Sylvester) Walsh-Hadamard transform of the last dim -> bfloat16, same shape.
+
+    ``y_j = scale * sum_i (-1)^popcount(i & j) * bf16(x)_i`` with ``scale = D^-0.5`` by default
+    (formats.md §4.4). The input is rounded to bf16 first; the sums run in float32 as an in-place
+    butterfly (stages h = 1, 2, 4, ... D/2, each ``(a, b) -> (a + b, a - b)``), the product with
+    the float32 scale follows, and the result is rounded to bf16. ``D`` must be a power of two.
+    """
+    if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
+        raise InputTypeError(f"x must be a bf16, fp16 or fp32 tensor, got {describe(x)}")
+    d = x.shape[-1] if x.dim() else 0
+    if not _is_pow2(d):
+        raise InputError(f"hadamard_transform needs a power-of-two last dim, got {describe(x)}")
+    scale = d ** -0.5 if scale is None else float(scale)
+    return D.resolve("hadamard_transform", backend, x.device)(x, scale)
+
+
+@D.reference("hadamard_transform")
+def hadamard_reference(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """The butterfly of ``hadamard_transform`` on validated input."""
+    shape, d = x.shape, x.shape[-1]
+    y = x.to(torch.bfloat16).to(torch.float32).reshape(-1, d)
+    h = 1
+    while h < d:
+        pairs = y.view(-1, d // (2 * h), 2, h)
+        a, b = pairs[:, :, 0], pairs[:, :, 1]
+        y = torch.stack((a + b, a - b), dim=2).view(-1, d)
+        h *= 2
+    return (y * scale).to(torch.bfloat16).reshape(shape)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim in float32, no mean subtraction:
+    ``x * rsqrt(sum(x^2) / D + eps) * weight`` (``weight=None``: weightless) -> float32."""
+    xf = x.float()
+    var = xf.square().sum(dim=-1, keepdim=True) / float(x.shape[-1])
+    out = xf * torch.rsqrt(var + eps)
+    return out if weight is None else out * weight.float()
