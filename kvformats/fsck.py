@@ -18,6 +18,39 @@ from kvformats.layout import Layout, Region
 
 CHUNK_BYTES = 64 << 20
 MAX_LISTED_PAGES = 20
+_ONES = {4: 0x1111111111111111, 8: 0x0101010101010101}  # the lowest bit of every nibble / byte
+_HIGH = {4: 0x8888888888888888 - (1 << 64), 8: 0x8080808080808080 - (1 << 64)}  # as int64
+
+
+def _words(raw: torch.Tensor) -> torch.Tensor | None:
+    """An int64 view of region bytes ``[..., nbytes]`` when alignment allows, else None."""
+    try:
+        return raw.view(torch.int64)
+    except RuntimeError:
+        return None
+
+
+def has_field(words: torch.Tensor, value: int, width: int) -> torch.Tensor:
+    """Per 8-byte word: does any ``width``-bit field (4 or 8) equal ``value``? SWAR: xor turns
+    matching fields into zero fields, and ``(x - ones) & ~x & high`` is non-zero exactly when some
+    field of x is zero (a borrow can only start at the lowest zero field)."""
+    pattern = 0
+    for shift in range(0, 64, width):
+        pattern |= value << shift
+    x = words ^ (pattern - (1 << 64) if pattern >= 1 << 63 else pattern)
+    return ((x - _ONES[width]) & ~x & _HIGH[width]) != 0
+
+
+def _bad_codes(raw: torch.Tensor, kind: str) -> torch.Tensor:
+    """Bytes holding an e4m3 NaN code (kind "e4m3") or an e2m1 negative-zero nibble ("e2m1")."""
+    words = _words(raw)
+    if kind == "e4m3":
+        if words is not None:
+            return has_field(words & 0x7F7F7F7F7F7F7F7F, 0x7F, 8)
+        return (raw & 0x7F) == 0x7F
+    if words is not None:
+        return has_field(words, 0x8, 4)
+    return ((raw & 0xF) == 0x8) | ((raw >> 4) == 0x8)
 
 
 def scale_exponent_range(layout: Layout) -> tuple[int, int] | None:
@@ -39,7 +72,7 @@ def _violations(layout: Layout, region: Region, raw: torch.Tensor, written: torc
     rows = lambda bad: (bad.reshape(*bad.shape[:2], -1).any(-1))  # noqa: E731 - [P, rows]
     found = {}
     if region.role == "pad":
-        found["pad_zero"] = rows(raw != 0)
+        found["pad_zero"] = raw.amax(-1) != 0
     elif region.dtype == "float8_e8m0fnu":
         found["ue8m0_not_ff"] = rows(raw == 0xFF)
         if erange is not None:
@@ -53,9 +86,9 @@ def _violations(layout: Layout, region: Region, raw: torch.Tensor, written: torc
             bad |= (exp < erange[0]) | (exp > erange[1])
         found["scale_pow2_range"] = rows(bad) & written
     elif region.dtype == "float8_e4m3fn":
-        found["e4m3_not_nan"] = rows((raw & 0x7F) == 0x7F)
+        found["e4m3_not_nan"] = rows(_bad_codes(raw, "e4m3"))
     elif region.dtype == "float4_e2m1fn_x2":
-        found["e2m1_no_negative_zero"] = rows(((raw & 0xF) == 0x8) | ((raw >> 4) == 0x8))
+        found["e2m1_no_negative_zero"] = rows(_bad_codes(raw, "e2m1"))
     elif region.dtype in ("bfloat16", "float32"):
         values = raw.contiguous().view(getattr(torch, region.dtype))
         found[f"{region.dtype}_finite"] = rows(~torch.isfinite(values))
@@ -76,7 +109,7 @@ def check(layout: Layout, cache: torch.Tensor) -> dict:
         written = torch.zeros(raws[layout.regions[0].name].shape[:2], dtype=torch.bool, device=cache.device)
         for r in layout.regions:
             if not r.per_page:
-                written |= (raws[r.name] != 0).any(-1)
+                written |= raws[r.name].amax(-1) != 0
         for r in layout.regions:
             for name, bad in _violations(layout, r, raws[r.name], written, erange).items():
                 entry = rules.setdefault(name, {"bad_pages": 0, "first_pages": []})

@@ -125,3 +125,28 @@ def test_diagram_names_every_region(name):
             assert f">{region.name}: [{region.row_offset}, {region.row_offset + region.nbytes})" in svg
     assert f"page: {layout.page_bytes} B" in svg
     assert layout_svg(layout) == svg
+
+
+@pytest.mark.parametrize("kind, width, value", [("e4m3", 8, 0x7F), ("e2m1", 4, 0x8)])
+def test_word_wise_code_checks_equal_byte_wise(kind, width, value):
+    from kvformats.fsck import _bad_codes
+
+    g = torch.Generator().manual_seed(1)
+    raw = torch.randint(0, 256, (64, 8, 16), dtype=torch.uint8, generator=g)
+    raw[raw == 0x7F] = 0  # start clean of e4m3 NaN codes, then plant codes at every byte position
+    for i in range(16):
+        raw[i, i % 8, i] = 0xFF if kind == "e4m3" else 0x80 | (i % 8)
+        raw[16 + i, i % 8, i] = 0x7F if kind == "e4m3" else 0x08 | ((i % 7 + 1) << 4)
+    if kind == "e2m1":
+        raw[(raw & 0xF) == 8] ^= 1
+        raw[(raw >> 4) == 8] ^= 0x10
+        for i in range(16):
+            raw[i, i % 8, i] = 0x80 | (i % 8)
+            raw[16 + i, i % 8, i] = 0x08 | ((i % 7) << 4)
+    bytewise = ((raw & 0x7F) == 0x7F) if kind == "e4m3" else (((raw & 0xF) == 8) | ((raw >> 4) == 8))
+    wordwise = _bad_codes(raw, kind)
+    assert wordwise.shape == (64, 8, 2)
+    assert torch.equal(wordwise, bytewise.reshape(64, 8, 2, 8).any(-1))
+    assert int(bytewise.sum()) >= 32  # the planted codes are there
+    odd = raw[:, :, 1:9]  # a view no int64 word fits: the byte-wise path
+    assert torch.equal(_bad_codes(odd, kind), bytewise[:, :, 1:9])
