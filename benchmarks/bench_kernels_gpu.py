@@ -12,6 +12,11 @@ taken in random order; random: a random permutation of all slots), prints
 - the fewest bytes the op must move, GB/s and % of the device-to-device copy bandwidth
   measured in the same run (from the graph time), and the reference backend's do_bench median.
 ``--sweep`` first tries launch configurations at 131,072 prefill rows and keeps the fastest.
+
+Then the paged ops (``--paged``, on by default): dequantize_gather of every decodable byte
+format for one request of 131,072 rows and for 8 requests of 16,384 (pages in random order,
+the whole sequence gathered); gather_paged of both indexers at 131,072 rows (8 x 16,384);
+decode_topk at [T=4096, K=512] random slots with 10 % −1 holes.
 """
 
 from __future__ import annotations
@@ -153,10 +158,13 @@ def allocate(layout, cache_gib: float):
 
 
 SWEEP = {
-    ("fp8_ds_mla", "encode"): [dict(block_m=b, num_warps=w) for b, w in itertools.product((4, 8, 16), (4, 8))],
+    ("fp8_ds_mla", "encode"): [dict(block_m=b, num_warps=w, flat=f)
+                               for b, w, f in itertools.product((4, 8, 16), (4, 8), (0, 1))],
     ("fp8_ds_mla", "decode"): [dict(block_m=b, num_warps=w) for b, w in itertools.product((4, 8, 16), (4, 8))],
-    ("gather", "bytes"): [dict(tile_bytes=t, num_warps=w) for t, w in itertools.product((8192, 16384, 32768), (4, 8))],
-    ("indexer", "encode"): [dict(block_m=b, num_warps=w) for b, w in itertools.product((8, 16, 32), (4, 8))],
+    ("gather", "bytes"): [dict(tile_bytes=t, num_warps=w, max_unit=u)
+                          for t, w, u in itertools.product((8192, 16384), (4, 8), (1, 4, 8))],
+    ("indexer", "encode"): [dict(block_m=b, num_warps=w, flat=f)
+                            for b, w, f in itertools.product((8, 16, 32), (4, 8), (0, 1))],
     ("indexer", "decode"): [dict(block_m=b, num_warps=w) for b, w in itertools.product((8, 16, 32), (4, 8))],
     ("state", "copy"): [dict(block_m=m, block_w=bw, num_warps=w)
                         for (m, bw), w in itertools.product(((1, 2048), (2, 1024), (4, 512)), (4, 8))],
@@ -164,11 +172,98 @@ SWEEP = {
 SWEEP_USES = {  # config key -> (format, op) timed to choose it
     ("fp8_ds_mla", "encode"): [("fp8_ds_mla", "encode")],
     ("fp8_ds_mla", "decode"): [("fp8_ds_mla", "decode")],
-    ("gather", "bytes"): [("fp8_ds_mla", "gather"), ("fp8_indexer", "gather"), ("mxfp4_indexer", "gather")],
+    ("gather", "bytes"): [("fp8_ds_mla", "gather"), ("fp8_indexer", "gather"), ("mxfp4_indexer", "gather"),
+                          ("fp8_indexer", "gather_paged"), ("mxfp4_indexer", "gather_paged")],
     ("indexer", "encode"): [("fp8_indexer", "encode"), ("mxfp4_indexer", "encode")],
     ("indexer", "decode"): [("fp8_indexer", "decode"), ("mxfp4_indexer", "decode")],
     ("state", "copy"): [("compressor_state", "encode"), ("compressor_state", "gather")],
 }
+SWEEP[("fp8_ds_mla", "paged")] = [dict(block_m=b, num_warps=w) for b, w in itertools.product((4, 8, 16, 32), (4, 8))]
+SWEEP[("indexer", "paged")] = [dict(block_m=b, num_warps=w) for b, w in itertools.product((8, 16, 32, 64), (4, 8))]
+SWEEP_USES[("fp8_ds_mla", "paged")] = [("fp8_ds_mla", "dequantize_gather")]
+SWEEP_USES[("indexer", "paged")] = [("fp8_indexer", "dequantize_gather"), ("mxfp4_indexer", "dequantize_gather")]
+PAGED_FORMATS = ("fp8_ds_mla", "fp8_indexer", "mxfp4_indexer")
+
+
+# ----- paged ops ----------------------------------------------------------------------------------
+def paged_sets(layout, pages: int, requests: int, length: int, g: torch.Generator, count: int = 2):
+    """``count`` (table, seq_lens, cu_seq_lens) sets: each request's pages distinct, in random order."""
+    ps = layout.page_size
+    per = -(-length // ps)
+    out = []
+    for _ in range(count):
+        perm = torch.randperm(pages, generator=g)[: requests * per].reshape(requests, per)
+        seq = torch.full((requests,), length, dtype=torch.int64)
+        cu = torch.arange(requests + 1, dtype=torch.int64) * length
+        out.append((perm.to(torch.int32).cuda(), seq.cuda(), cu.cuda()))
+    return out
+
+
+def out_bytes(layout) -> int:
+    return {"fp8_ds_mla": 2, "fp8_indexer": 4, "mxfp4_indexer": 4}[layout.name] * layout.head_dim
+
+
+def paged_cases(layout, impl, cache, pages, g):
+    """(label, rows, min bytes, [kernel fns], reference fn) of each paged case for this format."""
+    cases = []
+    for requests, length in ((1, 131072), (8, 16384)):
+        sets = paged_sets(layout, pages, requests, length, g)
+        outs = [torch.empty((requests, length, layout.head_dim), dtype=layout.decode_dtype, device="cuda")
+                for _ in sets]
+        fns = [(lambda t=t, s=s, o=o: impl.dequantize_gather(layout, cache, o, t, s, None, None, 0))
+               for (t, s, _), o in zip(sets, outs)]
+        ref = (lambda t=sets[0][0], s=sets[0][1], o=outs[0]:
+               kvf_paged().dequantize_gather_reference(layout, cache, o, t, s, None, None, 0))
+        n = requests * length
+        cases.append((f"dequantize_gather {requests}x{length}", n, n * (layout.row_bytes + out_bytes(layout)), fns, ref))
+    if layout.name != "fp8_ds_mla":
+        requests, length = 8, 16384
+        sets = paged_sets(layout, pages, requests, length, g)
+        n = requests * length
+        views = [[torch.empty((n, seg.record_bytes), dtype=torch.uint8, device="cuda") for seg in layout.segments]
+                 for _ in sets]
+        fns = [(lambda t=t, c=c, v=v: impl.gather_paged(layout, cache, v, t, c)) for (t, _, c), v in zip(sets, views)]
+        ref = (lambda t=sets[0][0], c=sets[0][2], v=views[0]: kvf_paged().gather_paged_reference(layout, cache, v, t, c))
+        cases.append((f"gather_paged {requests}x{length}", n, 2 * n * layout.row_bytes, fns, ref))
+    topk = torch.randint(0, pages * layout.page_size, (4096, 512), device="cuda")
+    topk[torch.rand(topk.shape, device="cuda") < 0.1] = -1
+    n = topk.numel()
+    live = int((topk >= 0).sum())
+    cases.append(("decode_topk 4096x512", n, live * layout.row_bytes + n * (out_bytes(layout) + 8),
+                  [lambda: impl.decode_topk(layout, cache, topk)],
+                  lambda: kvf_paged().decode_topk_reference(layout, cache, topk)))
+    return cases
+
+
+def kvf_paged():
+    from kvformats import paged
+
+    return paged
+
+
+def run_paged(args, bw, log, g):
+    import kvformats_kernels as kk
+
+    log()
+    log("| format | paged op | rows | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB |")
+    log("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for fmt in PAGED_FORMATS:
+        layout = kvf.get_format(fmt)
+        impl = kk.IMPLEMENTATIONS[fmt]
+        cache, pages = allocate(layout, args.cache_gib)
+        for label, n, nbytes, fns, ref in paged_cases(layout, impl, cache, pages, g):
+            try:
+                eager = bench(fns[0])
+            except Exception as err:  # keep the rest of the table
+                log(f"| {fmt} | {label} | failed: {type(err).__name__}: {str(err)[:300]} |")
+                continue
+            graph_us = graph_per_call_us(fns, max(len(fns), 4 // len(fns) * len(fns)))
+            ref_us = bench(ref, rep_ms=20) * 1e3 if args.reference else float("nan")
+            gbs = nbytes / graph_us / 1e3
+            log(f"| {fmt} | {label} | {n} | {eager * 1e3:.1f} | {graph_us:.2f} | {gbs:.0f} | {100 * gbs / bw:.0f} | "
+                f"{ref_us:.0f} | {nbytes / 1e6:.2f} |")
+        del cache
+        torch.cuda.empty_cache()
 
 
 def sweep(setups, log):
@@ -178,16 +273,32 @@ def sweep(setups, log):
         best = None
         for cfg in candidates:
             cm.CONFIG[key] = cfg
-            total = 0.0
-            for fmt, op in SWEEP_USES[key]:
-                layout, impl, cache, sets = setups[fmt]
-                fns = [op_fns(layout, impl, cache, x, kw, slots)[op] for x, kw, slots in sets]
-                total += graph_per_call_us(fns, graph_calls(131072, len(fns))) / 1e3
+            try:
+                total = sweep_one(setups, key)
+            except Exception as err:  # a configuration that does not compile is skipped
+                log(f"sweep {key} {cfg}: failed: {type(err).__name__}: {str(err)[:200]}")
+                continue
             log(f"sweep {key} {cfg}: {total * 1e3:.1f} us")
             if best is None or total < best[0]:
                 best = (total, cfg)
-        cm.CONFIG[key] = best[1]
-        log(f"sweep {key} -> {best[1]}")
+        if best is not None:
+            cm.CONFIG[key] = best[1]
+        log(f"sweep {key} -> {cm.CONFIG[key]}")
+
+
+def sweep_one(setups, key) -> float:
+    """Summed per-call ms of the ops that share configuration ``key`` (as currently set)."""
+    total = 0.0
+    for fmt, op in SWEEP_USES[key]:
+        layout, impl, cache, sets, paged_fns = setups[fmt]
+        if op == "dequantize_gather":
+            fns = paged_fns[0]
+        elif op == "gather_paged":
+            fns = paged_fns[1]
+        else:
+            fns = [op_fns(layout, impl, cache, x, kw, slots)[op] for x, kw, slots in sets]
+        total += graph_per_call_us(fns, graph_calls(131072, len(fns))) / 1e3
+    return total
 
 
 def main():
@@ -196,6 +307,10 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--cache-gib", type=float, default=4.0)
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    ap.add_argument("--no-reference", dest="reference", action="store_false")
+    ap.add_argument("--no-paged", dest="paged", action="store_false")
+    ap.add_argument("--no-codecs", dest="codecs", action="store_false")
     args = ap.parse_args()
     import kvformats_kernels as kk
     from kvformats_kernels import _common as cm
@@ -226,7 +341,11 @@ def main():
             layout = kvf.get_format(fmt)
             cache, pages = allocate(layout, min(args.cache_gib, 2.0))
             impl = kk.IMPLEMENTATIONS[fmt]
-            setups[fmt] = (layout, impl, cache, input_sets(layout, impl, cache, pages, 131072, "prefill", g))
+            cases = paged_cases(layout, impl, cache, pages, g) if fmt in PAGED_FORMATS else []
+            paged_fns = ([c[3] for c in cases if c[0].startswith("dequantize_gather 1x")]
+                         + [c[3] for c in cases if c[0].startswith("gather_paged")])
+            setups[fmt] = (layout, impl, cache, input_sets(layout, impl, cache, pages, 131072, "prefill", g),
+                           paged_fns)
         sweep(setups, log)
         del setups
         torch.cuda.empty_cache()
@@ -235,11 +354,11 @@ def main():
     log()
     log("| format | op | rows | slots | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB |")
     log("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for fmt in fmts:
+    for fmt in fmts if args.codecs else ():
         layout = kvf.get_format(fmt)
         impl = kk.IMPLEMENTATIONS[fmt]
         cache, pages = allocate(layout, args.cache_gib)
-        for n, pattern in itertools.product(SIZES, ("prefill", "random")):
+        for n, pattern in itertools.product(map(int, args.sizes.split(",")), ("prefill", "random")):
             sets = input_sets(layout, impl, cache, pages, n, pattern, g)
             x, kw, slots = sets[0]
             refs = reference_fns(layout, cache, x, kw, slots)
@@ -249,12 +368,14 @@ def main():
                 graph_us = graph_per_call_us(fns, graph_calls(n, len(fns)))
                 nbytes = min_bytes(layout, op, x, n)
                 gbs = nbytes / graph_us / 1e3
-                ref_ms = bench(refs[op], rep_ms=20)
+                ref_ms = bench(refs[op], rep_ms=20) if args.reference else float("nan")
                 log(f"| {fmt} | {op} | {n} | {pattern} | {eager * 1e3:.1f} | {graph_us:.2f} | {gbs:.0f} | "
                     f"{100 * gbs / bw:.0f} | {ref_ms * 1e3:.0f} | {nbytes / 1e6:.2f} |")
             del sets
         del cache
         torch.cuda.empty_cache()
+    if args.paged:
+        run_paged(args, bw, log, g)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
 

@@ -152,8 +152,8 @@ def decode_topk_reference(layout, cache, topk_slots):
     decoded = layout.decode_rows(read_rows(layout, cache, topk_slots.reshape(-1)))
     shape = tuple(topk_slots.shape)
     if isinstance(decoded, tuple):
-        return tuple(d.reshape(*shape, -1) for d in decoded)
-    return decoded.reshape(*shape, -1)
+        return tuple(d.reshape(*shape, d.shape[-1]) for d in decoded)
+    return decoded.reshape(*shape, decoded.shape[-1])  # explicit width: [0, K] inputs have no -1 to infer
 
 
 def register_reference_paged_ops(fmt: str) -> None:

@@ -1,7 +1,8 @@
 """Triton kernels for kvformats, imported lazily by ``kvformats.registry`` on the first CUDA call.
 
-If Triton imports, every format's encode / decode / gather is registered as the "triton"
-backend; if not, nothing is registered and ``backend="triton"`` raises
+If Triton imports, every format's encode / decode / gather and the paged ops
+(dequantize_gather, gather_paged: byte formats; decode_topk: all) are registered as the
+"triton" backend; if not, nothing is registered and ``backend="triton"`` raises
 BackendUnavailableError. Each implementation takes the same arguments as the reference
 (``kvformats.ops``), already validated there, and never synchronises with the host, so it
 can be captured in a CUDA graph. Bytes equal the reference's bytes exactly.
@@ -17,6 +18,7 @@ else:
     AVAILABLE = True
 
 if AVAILABLE:
+    from kvformats.paged import PAGED_OPS
     from kvformats.registry import register_op
     from kvformats_kernels import fp8_ds_mla, indexer, state
 
@@ -26,6 +28,11 @@ if AVAILABLE:
         "mxfp4_indexer": indexer,
         "compressor_state": state,
     }
+    # Triton 3.6 (the H200's) fails to compile gather_paged at fp8_ds_mla's record sizes
+    # (TritonGPURemoveLayoutConversions, 2026-12-02), so that one op stays on the reference there.
+    NOT_ON_GPU = {("fp8_ds_mla", "gather_paged")}
     for _fmt, _module in IMPLEMENTATIONS.items():
-        for _op in ("encode", "decode", "gather"):
-            register_op(_fmt, _op, "triton")(getattr(_module, _op))
+        for _op in ("encode", "decode", "gather", *PAGED_OPS):
+            # compressor_state has no single-dtype decode / byte workspaces
+            if hasattr(_module, _op) and (_fmt, _op) not in NOT_ON_GPU:
+                register_op(_fmt, _op, "triton")(getattr(_module, _op))

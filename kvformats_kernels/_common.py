@@ -13,9 +13,11 @@ import torch
 CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on an H200 (benchmarks/)
     ("fp8_ds_mla", "encode"): {"block_m": 16, "num_warps": 4},
     ("fp8_ds_mla", "decode"): {"block_m": 16, "num_warps": 4},
-    ("gather", "bytes"): {"tile_bytes": 16384, "num_warps": 4},
+    ("fp8_ds_mla", "paged"): {"block_m": 32, "num_warps": 4},
+    ("gather", "bytes"): {"tile_bytes": 8192, "num_warps": 4, "max_unit": 8},
     ("indexer", "encode"): {"block_m": 32, "num_warps": 4},
     ("indexer", "decode"): {"block_m": 16, "num_warps": 4},
+    ("indexer", "paged"): {"block_m": 16, "num_warps": 4},
     ("state", "copy"): {"block_m": 1, "block_w": 2048, "num_warps": 4},
 }
 
@@ -76,3 +78,39 @@ def rule_constants(rule) -> dict:
     """A ScaleRule as kernel constexprs (floor and element max rounded to float32 as torch does)."""
     return dict(FLOOR=f32(rule.floor), ELEM_MAX=f32(rule.element_max), FLOOR_ON_SCALE=rule.floor_on == "scale",
                 E_MIN=rule.exponent_min, E_MAX=rule.exponent_max)
+
+
+MAX_GRID_Y = 65535  # CUDA's limit on grid axis 1: requests beyond it go in further launches
+
+
+def launch_paged(kernel, caches: tuple, out: torch.Tensor, table: torch.Tensor, seq_lens: torch.Tensor,
+                 gather_lens, base, offset: int, num_pages: int, strides: tuple, geo: dict, cfg: dict) -> None:
+    """Launch a dequantize_gather kernel over (row blocks of the workspace, requests).
+
+    ``out [R, W, D]`` may have any strides; with a non-unit element stride the kernel writes a
+    contiguous copy (holding the untouched rows too), copied back after. Nothing reads device
+    memory on the host: the grid spans the workspace width, and rows at or beyond a request's
+    gather_len are masked off inside the kernel."""
+    requests, width = out.shape[0], out.shape[1] - offset
+    if requests == 0 or width <= 0:
+        return
+    target = out if out.stride(2) == 1 or out.shape[2] == 1 else out.contiguous()
+    block_m = cfg["block_m"]
+    for r0 in range(0, requests, MAX_GRID_Y):
+        grid = (grid_rows(width, block_m), min(requests - r0, MAX_GRID_Y))
+        kernel[grid](*caches, table, seq_lens, seq_lens if gather_lens is None else gather_lens,
+                     seq_lens if base is None else base, target, table.stride(0), table.stride(1), table.shape[1],
+                     num_pages, *strides, target.stride(0), target.stride(1), offset, width, r0, **geo,
+                     HAS_GLEN=gather_lens is not None, HAS_BASE=base is not None, BLOCK_M=block_m,
+                     num_warps=cfg["num_warps"])
+    if target is not out:
+        out.copy_(target)
+
+
+def topk(decode, layout, cache: torch.Tensor, topk_slots: torch.Tensor):
+    """``decode`` of the flattened ``[T, K]`` slots, reshaped to ``[T, K, ...]`` (each tensor)."""
+    decoded = decode(layout, cache, topk_slots.reshape(-1))
+    shape = tuple(topk_slots.shape)
+    if isinstance(decoded, tuple):
+        return tuple(d.reshape(*shape, d.shape[-1]) for d in decoded)
+    return decoded.reshape(*shape, decoded.shape[-1])

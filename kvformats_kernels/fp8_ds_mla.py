@@ -1,4 +1,5 @@
-"""fp8_ds_mla launchers: encode, decode, gather (registered as the "triton" backend)."""
+"""fp8_ds_mla launchers: encode, decode, gather, and the paged dequantize_gather / decode_topk
+(registered as the "triton" backend)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import torch
 
 from kvformats_kernels import _common as cm
 from kvformats_kernels import fp8_ds_mla_jit as jit
-from kvformats_kernels.rows import gather  # noqa: F401  (re-exported: the generic byte gather)
+from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
 
 def _geometry(layout) -> dict:
@@ -17,6 +18,21 @@ def _geometry(layout) -> dict:
     return dict(PAGE_SIZE=layout.page_size, NOPE_OFF=nope_off, NOPE_STRIDE=nope_stride,
                 ROPE_OFF=rope_off, ROPE_STRIDE=rope_stride, SCALE_OFF=scale_off, SCALE_STRIDE=scale_stride,
                 NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks), QB=qb, ROPE=layout.rope_dim)
+
+
+def _decode_geometry(layout, u8: torch.Tensor, stride: int) -> tuple[dict, torch.Tensor, int]:
+    """Decode constants, an int16 alias of the cache for the RoPE tail (or the bytes), and the
+    page stride in int16 words. The tail is read as int16 words when every address is even."""
+    geo = _geometry(layout)
+    if geo["ROPE"] == geo["QB"]:  # one [NB + 1, QB] tile per row (decode_body)
+        geo["NB_P2"] = cm.next_pow2(layout.num_blocks + 1)
+    even = all(v % 2 == 0 for v in (u8.data_ptr(), stride, geo["ROPE_OFF"], geo["ROPE_STRIDE"]))
+    rope16, stride16 = u8, 0
+    if even and u8.shape[0] > 0:
+        span = (u8.shape[0] - 1) * stride + layout.min_page_bytes
+        rope16, stride16 = u8.as_strided((span,), (1,), u8.storage_offset()).view(torch.int16), stride // 2
+    geo.update(ROPE_P2=cm.next_pow2(layout.rope_dim), ROPE16=bool(even and u8.shape[0] > 0))
+    return geo, rope16, stride16
 
 
 def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
@@ -34,7 +50,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
         **_geometry(layout), PAD_OFF=pad_off, PAD_STRIDE=pad_stride, PAD_BYTES=pad_bytes,
         PAD_P2=cm.next_pow2(pad_bytes), ROPE_P2=cm.next_pow2(layout.rope_dim),
         **cm.rule_constants(layout.scale_rule),
-        IS_BF16=is_bf16, BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
+        IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -43,9 +59,23 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     out = torch.empty((n, layout.head_dim), dtype=torch.int16, device=cache.device)
     if n > 0:
         u8, stride = cm.byte_cache(layout, cache)
+        geo, rope16, stride16 = _decode_geometry(layout, u8, stride)
         cfg = cm.config("fp8_ds_mla", "decode")
         jit.decode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
-            u8, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride,
-            **_geometry(layout), ROPE_P2=cm.next_pow2(layout.rope_dim), HEAD_DIM=layout.head_dim,
-            BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
+            u8, rope16, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride, stride16,
+            **geo, HEAD_DIM=layout.head_dim, BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
     return out.view(torch.bfloat16)
+
+
+def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
+    """bf16 ``out [R, W, head_dim]``: see kvformats.paged.dequantize_gather (validated there)."""
+    u8, stride = cm.byte_cache(layout, cache)
+    geo, rope16, stride16 = _decode_geometry(layout, u8, stride)
+    cfg = cm.config("fp8_ds_mla", "paged")
+    cm.launch_paged(jit.paged_decode_kernel, (u8, rope16), out.view(torch.int16), block_table, seq_lens,
+                    gather_lens, base, offset, cache.shape[0], (stride, stride16), geo, cfg)
+
+
+def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:
+    """bf16 ``[T, K, head_dim]`` rows at ``topk_slots [T, K]``; zero rows for −1 holes."""
+    return cm.topk(decode, layout, cache, topk_slots)

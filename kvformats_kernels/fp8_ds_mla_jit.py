@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
-from kvformats_kernels.rows_jit import locate
+from kvformats_kernels.rows_jit import locate, request_rows
 
 
 @triton.jit
@@ -20,7 +20,7 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
                   PAD_P2: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                   ROPE: tl.constexpr, ROPE_P2: tl.constexpr,
                   FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
-                  E_MIN: tl.constexpr, E_MAX: tl.constexpr, IS_BF16: tl.constexpr, BLOCK_M: tl.constexpr):
+                  E_MIN: tl.constexpr, E_MAX: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
@@ -35,7 +35,7 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
                      IS_BF16)
     if not IS_BF16:
         xq = nj.bf16_round(xq)
-    e = nj.block_exponent(tl.max(tl.abs(xq), axis=2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
+    e = nj.tile_exponent(tl.max(tl.abs(xq), axis=2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT)
     codes = nj.e4m3_bits(xq * nj.pow2(-e)[:, :, None])
     nope_at = cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE
     tl.store(nope_at[:, None, None] + elem[None, :, :], codes.to(tl.uint8), mask=m3)
@@ -64,37 +64,101 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
 
 
 @triton.jit
-def decode_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
-                  PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
+def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride, page_stride16,
+                PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
+                ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
+                SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
+                NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
+                ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Decode the rows at (page, row) [BM] (zeros where not ok) into the int16 (bf16 bits) rows
+    ``out_row`` [BM pointers] where live: e4m3 * 2^(s-127) rounded to bf16, then the tail.
+
+    When the RoPE tail is one quantization block wide (DeepSeek V4: 7 x 64 + 64), a row is one
+    [NB + 1, QB] tile whose last block is the tail, so each row leaves in one contiguous store.
+    ROPE16: the tail is read as int16 words (its offsets and the page stride are even)."""
+    base = page * page_stride
+    if ROPE == QB:
+        NBR: tl.constexpr = NB + 1  # NB_P2 is then next_pow2(NB + 1) (see the launcher)
+        blk = tl.arange(0, NB_P2)
+        c = tl.arange(0, QB)
+        elem = blk[:, None] * QB + c[None, :]
+        nope = (blk < NB)[None, :, None]
+        tail = (blk == NB)[None, :, None]
+        b = tl.load((cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE)[:, None, None] + elem[None, :, :],
+                    mask=ok[:, None, None] & nope, other=0)
+        s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
+                    mask=ok[:, None] & (blk < NB)[None, :], other=127)
+        v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
+        nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
+        bits = tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
+        if ROPE16:
+            at = page * page_stride16 + (ROPE_OFF // 2) + row * (ROPE_STRIDE // 2)
+            r = tl.load(rope16_ptr + at[:, None, None] + c[None, None, :], mask=ok[:, None, None] & tail,
+                        other=0).to(tl.int32)
+        else:
+            at = (cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE)[:, None, None] + 2 * c[None, None, :]
+            lo = tl.load(at, mask=ok[:, None, None] & tail, other=0).to(tl.int32)
+            hi = tl.load(at + 1, mask=ok[:, None, None] & tail, other=0).to(tl.int32)
+            r = lo | (hi << 8)
+        bits = tl.where(tail, r, bits)
+        tl.store(out_row[:, None, None] + elem[None, :, :], bits.to(tl.int16),
+                 mask=live[:, None, None] & (blk < NBR)[None, :, None])
+    else:
+        blk = tl.arange(0, NB_P2)
+        elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
+        inb = (blk < NB)[None, :, None]
+        b = tl.load((cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE)[:, None, None] + elem[None, :, :],
+                    mask=ok[:, None, None] & inb, other=0)
+        s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
+                    mask=ok[:, None] & (blk < NB)[None, :], other=127)
+        # NaN only from a NaN byte (0x7F / 0xFF) or a NaN scale (0xFF): decided on the bytes, so
+        # the per-element rounding needs no NaN test.
+        v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
+        nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
+        bits = tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
+        tl.store(out_row[:, None, None] + elem[None, :, :], bits.to(tl.int16), mask=live[:, None, None] & inb)
+        k = tl.arange(0, 2 * ROPE_P2)
+        pairs = tl.load((cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE)[:, None] + k[None, :],
+                        mask=ok[:, None] & (k < 2 * ROPE)[None, :], other=0).to(tl.int32)
+        lo, hi = tl.split(tl.reshape(pairs, (BLOCK_M, ROPE_P2, 2)))
+        j = tl.arange(0, ROPE_P2)
+        tl.store(out_row[:, None] + (NB * QB) + j[None, :], (lo | (hi << 8)).to(tl.int16),
+                 mask=live[:, None] & (j < ROPE)[None, :])
+
+
+@triton.jit
+def decode_kernel(cache_ptr, rope16_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
+                  page_stride16, PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
                   ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
                   SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                   NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                  ROPE: tl.constexpr, ROPE_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_M: tl.constexpr):
-    """out (int16 bits of bf16) [N, HEAD_DIM]: e4m3 * 2^(s-127) rounded to bf16, then the tail."""
+    """out (int16 bits of bf16) [N, HEAD_DIM]: the rows at slots; zero rows for invalid slots."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
-    base = page * page_stride
-    out_row = out_ptr + rows * HEAD_DIM
+    decode_body(cache_ptr, rope16_ptr, page, row, ok, out_ptr + rows * HEAD_DIM, in_range, page_stride,
+                page_stride16, PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
+                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, BLOCK_M)
 
-    blk = tl.arange(0, NB_P2)
-    elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
-    live = (blk < NB)[None, :, None]
-    b = tl.load((cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE)[:, None, None] + elem[None, :, :],
-                mask=ok[:, None, None] & live, other=0)
-    s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
-                mask=ok[:, None] & (blk < NB)[None, :], other=127)
-    # NaN only from a NaN byte (0x7F / 0xFF) or a NaN scale (0xFF): decided on the bytes, so
-    # the per-element rounding needs no NaN test.
-    v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
-    nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
-    bits = tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
-    tl.store(out_row[:, None, None] + elem[None, :, :], bits.to(tl.int16), mask=in_range[:, None, None] & live)
 
-    k = tl.arange(0, 2 * ROPE_P2)
-    pairs = tl.load((cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE)[:, None] + k[None, :],
-                    mask=ok[:, None] & (k < 2 * ROPE)[None, :], other=0).to(tl.int32)
-    lo, hi = tl.split(tl.reshape(pairs, (BLOCK_M, ROPE_P2, 2)))
-    j = tl.arange(0, ROPE_P2)
-    tl.store(out_row[:, None] + (NB * QB) + j[None, :], (lo | (hi << 8)).to(tl.int16),
-             mask=in_range[:, None] & (j < ROPE)[None, :])
+@triton.jit
+def paged_decode_kernel(cache_ptr, rope16_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr,
+                        t_stride0, t_stride1, table_cols, num_pages, page_stride, page_stride16,
+                        out_stride0, out_stride1, offset, width, req0,
+                        PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
+                        ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
+                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
+                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
+                        ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr,
+                        HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """dequantize_gather: out[req, offset + i] = the decoded row of position
+    seq_len - gather_len + i of request req (program axis 1, plus req0) through the table."""
+    req = tl.program_id(1).to(tl.int64) + req0
+    i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    live, ok, page, row = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr, glen_ptr,
+                                       base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
+    out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
+    decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride, page_stride16,
+                PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
+                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, BLOCK_M)

@@ -6,7 +6,7 @@ import torch
 
 from kvformats_kernels import _common as cm
 from kvformats_kernels import indexer_jit as jit
-from kvformats_kernels.rows import gather  # noqa: F401  (re-exported: the generic byte gather)
+from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
 _KERNELS = {  # format -> (encode kernel, decode kernel, values region, scales region)
     "fp8_indexer": (jit.fp8_encode_kernel, jit.fp8_decode_kernel, "values", "scale"),
@@ -35,7 +35,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     _KERNELS[layout.name][0][(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
         **_geometry(layout), **cm.rule_constants(layout.scale_rule),
-        IS_BF16=is_bf16, BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
+        IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -49,3 +49,16 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
             u8, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride, **_geometry(layout),
             BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
     return out
+
+
+def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
+    """float32 ``out [R, W, head_dim]``: see kvformats.paged.dequantize_gather (validated there)."""
+    u8, stride = cm.byte_cache(layout, cache)
+    cm.launch_paged(jit.paged_decode_kernel, (u8,), out, block_table, seq_lens, gather_lens, base, offset,
+                    cache.shape[0], (stride,), dict(_geometry(layout), MXFP4=layout.name == "mxfp4_indexer"),
+                    cm.config("indexer", "paged"))
+
+
+def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:
+    """float32 ``[T, K, head_dim]`` rows at ``topk_slots [T, K]``; zero rows for −1 holes."""
+    return cm.topk(decode, layout, cache, topk_slots)

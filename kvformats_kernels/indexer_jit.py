@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
-from kvformats_kernels.rows_jit import locate
+from kvformats_kernels.rows_jit import locate, request_rows
 
 
 @triton.jit
@@ -14,7 +14,7 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
                       SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                       NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                       FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
-                        E_MIN: tl.constexpr, E_MAX: tl.constexpr, IS_BF16: tl.constexpr, BLOCK_M: tl.constexpr):
+                        E_MIN: tl.constexpr, E_MAX: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr):
     """e = ceil_log2(max(amax / 448, 1e-10)); bytes e4m3(x * 2^-e); scale = float32 2^e (LE)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
@@ -24,7 +24,7 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
     m3 = ok[:, None, None] & (blk < NB)[None, :, None]
     x = nj.load_f32((x_ptr + rows * x_stride)[:, None, None] + elem[None, :, :],
                     in_range[:, None, None] & (blk < NB)[None, :, None], IS_BF16)  # overlaps the slot load
-    e = nj.block_exponent(tl.max(tl.abs(x), axis=2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
+    e = nj.tile_exponent(tl.max(tl.abs(x), axis=2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT)
     codes = nj.e4m3_bits(x * nj.pow2(-e)[:, :, None])
     tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
              codes.to(tl.uint8), mask=m3)
@@ -36,27 +36,37 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
 
 
 @triton.jit
-def fp8_decode_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
-                      PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                      SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                      NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr):
-    """out float32 [N, NB*QB] = e4m3 value * float32 scale; zero rows for invalid slots."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+def fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
+                    VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
+                    SCALE_STRIDE: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
+    """float32 rows ``out_row`` [BM pointers] (where live) = e4m3 value * float32 scale of the
+    rows at (page, row); zeros where not ok."""
     base = page * page_stride
     blk = tl.arange(0, NB_P2)
     elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
-    live = (blk < NB)[None, :, None]
+    inb = (blk < NB)[None, :, None]
     b = tl.load((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
-                mask=ok[:, None, None] & live, other=0)
+                mask=ok[:, None, None] & inb, other=0)
     scale_at = (cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + 4 * blk[None, :]
     m2 = ok[:, None] & (blk < NB)[None, :]
     bits = tl.zeros((BLOCK_M, NB_P2), tl.int32)
     for i in tl.static_range(4):
         bits = bits | (tl.load(scale_at + i, mask=m2, other=0).to(tl.int32) << (8 * i))
     v = nj.e4m3_value(b) * nj.bits_f32(bits)[:, :, None]
-    tl.store((out_ptr + rows * (NB * QB))[:, None, None] + elem[None, :, :], v,
-             mask=in_range[:, None, None] & live)
+    tl.store(out_row[:, None, None] + elem[None, :, :], v, mask=live[:, None, None] & inb)
+
+
+@triton.jit
+def fp8_decode_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
+                      PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
+                      SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
+                      NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr):
+    """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    fp8_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
+                    VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M)
 
 
 @triton.jit
@@ -65,7 +75,7 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                         FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
-                        E_MIN: tl.constexpr, E_MAX: tl.constexpr, IS_BF16: tl.constexpr, BLOCK_M: tl.constexpr):
+                        E_MIN: tl.constexpr, E_MAX: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr):
     """e = ceil_log2(max(amax, 1e-4) / 6); nibbles by threshold (element 2k low); scale e + 127."""
     HQ: tl.constexpr = QB // 2
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -77,7 +87,7 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
     live = (blk < NB)[None, :, None]
     x = nj.load_f32((x_ptr + rows * x_stride)[:, None, None] + elem[None, :, :], in_range[:, None, None] & live,
                     IS_BF16)  # overlaps the slot load
-    e = nj.block_exponent(tl.max(tl.abs(x), axis=2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
+    e = nj.tile_exponent(tl.max(tl.abs(x), axis=2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT)
     codes = nj.e2m1_code(x * nj.pow2(-e)[:, :, None])
     lo, hi = tl.split(tl.reshape(codes, (BLOCK_M, NB_P2, HQ, 2)))  # element 2k, element 2k + 1
     tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + pair[None, :, :],
@@ -88,24 +98,57 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
 
 
 @triton.jit
-def mxfp4_decode_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
-                        PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr):
-    """out float32 [N, NB*QB] = e2m1 value * 2^(s-127); zero rows for invalid slots."""
+def mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
+                      VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
+                      SCALE_STRIDE: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
+                      BLOCK_M: tl.constexpr):
+    """float32 rows ``out_row`` (where live) = e2m1 value * 2^(s-127) of the rows at (page, row)."""
     HQ: tl.constexpr = QB // 2
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
     blk = tl.arange(0, NB_P2)
     pair = blk[:, None] * HQ + tl.arange(0, HQ)[None, :]
-    live = (blk < NB)[None, :, None]
+    inb = (blk < NB)[None, :, None]
     b = tl.load((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + pair[None, :, :],
-                mask=ok[:, None, None] & live, other=0)
+                mask=ok[:, None, None] & inb, other=0)
     s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
                 mask=ok[:, None] & (blk < NB)[None, :], other=127)
     sc = nj.ue8m0_value(s)[:, :, None]
     v = tl.join(nj.e2m1_value(b) * sc, nj.e2m1_value(b.to(tl.int32) >> 4) * sc)  # low nibble first
     elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
-    tl.store((out_ptr + rows * (NB * QB))[:, None, None] + elem[None, :, :], tl.reshape(v, (BLOCK_M, NB_P2, QB)),
-             mask=in_range[:, None, None] & live)
+    tl.store(out_row[:, None, None] + elem[None, :, :], tl.reshape(v, (BLOCK_M, NB_P2, QB)),
+             mask=live[:, None, None] & inb)
+
+
+@triton.jit
+def mxfp4_decode_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
+                        PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
+                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
+                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr):
+    """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    mxfp4_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
+                      VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M)
+
+
+@triton.jit
+def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr,
+                        t_stride0, t_stride1, table_cols, num_pages, page_stride,
+                        out_stride0, out_stride1, offset, width, req0,
+                        PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
+                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
+                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, MXFP4: tl.constexpr,
+                        HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """dequantize_gather of either indexer format (MXFP4 picks the body): float32
+    out[req, offset + i] = the decoded row of position seq_len - gather_len + i of request req."""
+    req = tl.program_id(1).to(tl.int64) + req0
+    i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    live, ok, page, row = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr, glen_ptr,
+                                       base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
+    out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
+    if MXFP4:
+        mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
+                          VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M)
+    else:
+        fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
+                        VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M)

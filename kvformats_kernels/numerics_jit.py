@@ -213,3 +213,17 @@ def load_f32(ptrs, mask, IS_BF16: tl.constexpr):
         return bf16_bits_f32(tl.load(ptrs, mask=mask, other=0))
     else:
         return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def tile_exponent(amax, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
+                  E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLAT: tl.constexpr):
+    """block_exponent of a [BM, NB] tile of block maxima. FLAT: computed on a 1-D reshape, so
+    that (if the compiler keeps that layout) each block's exponent is worked out by one thread
+    instead of by every thread holding a slice of the block, then broadcast back."""
+    if FLAT:
+        flat = tl.reshape(amax, (amax.shape[0] * amax.shape[1],))
+        e = block_exponent(flat, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
+        return tl.reshape(e, (amax.shape[0], amax.shape[1]))
+    else:
+        return block_exponent(amax, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)

@@ -1,4 +1,12 @@
-"""Gather launcher shared by the byte formats (fp8_ds_mla, fp8_indexer, mxfp4_indexer)."""
+"""Record-copy launchers shared by the byte formats (fp8_ds_mla, fp8_indexer, mxfp4_indexer):
+``gather`` by slots and ``gather_paged`` by block table + cu_seq_lens.
+
+Bytes move in the widest unit (int64, int32, int16 or uint8) that divides every address
+involved: the cache's and the outputs' start, the page stride, the segment offsets, the record
+sizes and the output row strides. That is decided here, from the layout and the tensors'
+metadata (no host synchronisation), so the kernels issue 8- or 16-byte accesses where the
+geometry allows and fall back to narrower ones where it does not.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,63 @@ import torch
 
 from kvformats.errors import LayoutError
 from kvformats_kernels import _common as cm
-from kvformats_kernels.rows_jit import gather_bytes_kernel
+from kvformats_kernels import rows_jit as jit
+
+UNITS = (torch.int64, torch.int32, torch.int16, torch.uint8)
+
+
+def pick_unit(values) -> torch.dtype:
+    """The widest unit dtype (at most CONFIG's ``max_unit`` bytes) whose size divides every
+    value (byte counts and addresses)."""
+    widest = cm.config("gather", "bytes").get("max_unit", 8)
+    return next(u for u in UNITS if u.itemsize <= widest and all(int(v) % u.itemsize == 0 for v in values))
+
+
+def unit_cache(layout, cache: torch.Tensor, unit: torch.dtype) -> tuple[torch.Tensor, int]:
+    """(1-D ``unit`` alias of the cache's pages, page stride in units)."""
+    u8, stride = cm.byte_cache(layout, cache)
+    if cache.shape[0] == 0:
+        return u8.reshape(-1)[:0].view(torch.uint8), 0
+    span = (cache.shape[0] - 1) * stride + layout.min_page_bytes
+    flat = u8.as_strided((span,), (1,), u8.storage_offset())
+    return flat.view(unit), stride // unit.itemsize
+
+
+def _pieces(rec: int) -> list[int]:
+    """A record of ``rec`` units as (P0, P1, P2, P2 rounded up to a power of two)."""
+    p0 = 1 << (rec.bit_length() - 1) if rec else 0
+    rest = rec - p0
+    p1 = 1 << (rest.bit_length() - 1) if rest else 0
+    p2 = rest - p1
+    return [p0, p1, p2, cm.next_pow2(p2) if p2 else 1]
+
+
+def _segment_constants(layout, unit: torch.dtype) -> dict:
+    segs = layout.segments
+    if len(segs) > 2:
+        raise LayoutError(f"the Triton byte kernels handle layouts of at most 2 segments; "
+                          f"{layout.name} has {len(segs)}")
+    w = unit.itemsize
+    out = {}
+    for i in range(2):
+        if i < len(segs):
+            rec = segs[i].record_bytes // w
+            vals = [layout.segment_offsets[segs[i].name] // w, rec, *_pieces(rec)]
+        else:
+            vals = [0, 0, 0, 0, 0, 1]
+        out.update(zip((f"S{i}_OFF", f"S{i}_REC", f"S{i}_A", f"S{i}_B", f"S{i}_C", f"S{i}_CP"), vals))
+    return out
+
+
+def _layout_bytes(layout, cache: torch.Tensor) -> list[int]:
+    u8, stride = cm.byte_cache(layout, cache)
+    segs = layout.segments
+    return [u8.data_ptr(), stride, *(layout.segment_offsets[s.name] for s in segs), *(s.record_bytes for s in segs)]
+
+
+def _block_m(unit: torch.dtype, row_bytes: int) -> tuple[int, int]:
+    cfg = cm.config("gather", "bytes")
+    return cm.rows_per_tile(cfg["tile_bytes"], cm.next_pow2(row_bytes)), cfg["num_warps"]
 
 
 def gather(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -15,22 +79,34 @@ def gather(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     out = torch.empty((n, layout.row_bytes), dtype=torch.uint8, device=cache.device)
     if n == 0:
         return out
-    segs = layout.segments
-    if len(segs) > 2:
-        raise LayoutError(f"the Triton gather handles layouts of at most 2 segments; {layout.name} has {len(segs)}")
-    u8, stride = cm.byte_cache(layout, cache)
-    geo = []
-    for i in range(2):
-        if i < len(segs):
-            rec = segs[i].record_bytes
-            geo += [layout.segment_offsets[segs[i].name], rec, cm.next_pow2(rec)]
-        else:
-            geo += [0, 0, 1]
-    cfg = cm.config("gather", "bytes")
-    block_m = cm.rows_per_tile(cfg["tile_bytes"], cm.next_pow2(layout.row_bytes))
-    gather_bytes_kernel[(cm.grid_rows(n, block_m),)](
-        u8, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride,
-        PAGE_SIZE=layout.page_size, ROW_BYTES=layout.row_bytes,
-        SEG0_OFF=geo[0], SEG0_REC=geo[1], SEG0_P2=geo[2], SEG1_OFF=geo[3], SEG1_REC=geo[4], SEG1_P2=geo[5],
-        BLOCK_M=block_m, num_warps=cfg["num_warps"])
+    unit = pick_unit([*_layout_bytes(layout, cache), layout.row_bytes]) if cache.shape[0] else torch.uint8
+    src, stride = unit_cache(layout, cache, unit)
+    block_m, warps = _block_m(unit, layout.row_bytes)
+    jit.gather_bytes_kernel[(cm.grid_rows(n, block_m),)](
+        src, slots, out.view(unit), n, slots.stride(0), cm.capacity(layout, cache), stride,
+        PAGE_SIZE=layout.page_size, ROW=layout.row_bytes // unit.itemsize, **_segment_constants(layout, unit),
+        BLOCK_M=block_m, num_warps=warps)
     return out
+
+
+def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, cu_seq_lens: torch.Tensor) -> None:
+    """Fill the per-segment workspace views (uint8 ``[T, record_bytes]``) with the records of
+    each request's positions, in cu order; rows past ``cu[-1]`` untouched."""
+    t_rows = views[0].shape[0]
+    requests = cu_seq_lens.shape[0] - 1
+    if t_rows == 0 or requests <= 0:
+        return
+    row_strides = [v.stride(0) if v.shape[0] > 1 else v.shape[1] for v in views]
+    facts = [*(v.data_ptr() for v in views), *row_strides]
+    unit = pick_unit([*_layout_bytes(layout, cache), *facts]) if cache.shape[0] else torch.uint8
+    src, stride = unit_cache(layout, cache, unit)
+    outs = [v.view(unit) for v in views]
+    while len(outs) < 2:
+        outs.append(outs[0])
+    block_m, warps = _block_m(unit, layout.row_bytes)
+    jit.gather_paged_kernel[(cm.grid_rows(t_rows, block_m),)](
+        src, block_table, cu_seq_lens, outs[0], outs[1], t_rows, requests, cu_seq_lens.stride(0),
+        block_table.stride(0), block_table.stride(1), block_table.shape[1], cache.shape[0], stride,
+        outs[0].stride(0), outs[1].stride(0),
+        PAGE_SIZE=layout.page_size, STEPS=max(1, requests.bit_length()), **_segment_constants(layout, unit),
+        BLOCK_M=block_m, num_warps=warps)

@@ -1,4 +1,11 @@
-"""Triton kernels shared by the byte formats: locating slots and gathering encoded rows."""
+"""Triton kernels shared by the byte formats: locating rows (by slot, by block table, by
+cu_seq_lens) and copying encoded records.
+
+Records move in *units*: the widest integer type (8, 4, 2 or 1 bytes) dividing every offset,
+stride and record size involved, chosen by the launcher (rows.py); all offsets here count
+units. A record of REC units is copied as up to three power-of-two pieces (72 = 64 + 8), so
+no lane of a tile is masked off for padding to the next power of two.
+"""
 
 import triton
 import triton.language as tl
@@ -19,27 +26,126 @@ def locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE: tl.constex
 
 
 @triton.jit
-def _copy_record(cache_ptr, out_ptr, src, dst, ok, in_range, REC: tl.constexpr, REC_P2: tl.constexpr):
-    """Copy one REC-byte record per row from ``cache + src`` to ``out + dst`` (zeros where not
-    ok): one masked tile load, then one store, so a row's bytes are all in flight at once."""
-    cols = tl.arange(0, REC_P2)
-    live = (cols < REC)[None, :]
-    b = tl.load(cache_ptr + src[:, None] + cols[None, :], mask=ok[:, None] & live, other=0)
-    tl.store(out_ptr + dst[:, None] + cols[None, :], b, mask=in_range[:, None] & live)
+def table_page(table_ptr, t_stride0, t_stride1, table_cols, num_pages, req, pos, live, PAGE_SIZE: tl.constexpr):
+    """Page and row of positions ``pos`` (int64 [BM]) of requests ``req`` through the block table:
+    (ok, page, row); not ok (page 0, row 0) where the row is not live, pos < 0, the page index is
+    outside the table, or the entry is < 0 or >= num_pages (no base offsets: gather_paged)."""
+    safe = tl.where(live & (pos >= 0), pos, 0)
+    pidx = safe // PAGE_SIZE
+    inside = live & (pos >= 0) & (pidx < table_cols)
+    entry = tl.load(table_ptr + req * t_stride0 + pidx * t_stride1, mask=inside, other=-1).to(tl.int64)
+    ok = inside & (entry >= 0) & (entry < num_pages)
+    keep = ok.to(tl.int64)  # multiply, not tl.where: Triton 3.6 mis-layouts these selects (see cu_rows)
+    return ok, entry * keep, (safe % PAGE_SIZE) * keep
+
+
+@triton.jit
+def request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr, glen_ptr, base_ptr,
+                 req, i, width, HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """dequantize_gather addressing for request ``req`` (scalar) and gather rows ``i`` (int64 [BM]):
+    (live: i < gather_len and i < width, the workspace rows after the offset (unchecked inside
+    CUDA-graph capture, so the kernel never writes past them), ok: the row's page exists, page,
+    row). Position
+    ``q = seq_len - gather_len + i``; page index ``q // PAGE_SIZE - base[req]``."""
+    seq = tl.load(seq_ptr + req).to(tl.int64)
+    glen = seq
+    if HAS_GLEN:
+        glen = tl.load(glen_ptr + req).to(tl.int64)
+    live = (i < glen) & (i < width)
+    pos = seq - glen + i
+    base = 0
+    if HAS_BASE:
+        base = tl.load(base_ptr + req).to(tl.int64)
+    safe = tl.where(live & (pos >= 0), pos, 0)
+    pidx = safe // PAGE_SIZE - base
+    inside = live & (pos >= 0) & (pidx >= 0) & (pidx < table_cols)
+    pidx = tl.where(inside, pidx, 0)
+    entry = tl.load(table_ptr + req * t_stride0 + pidx * t_stride1, mask=inside, other=-1).to(tl.int64)
+    ok = inside & (entry >= 0) & (entry < num_pages)
+    return live, ok, tl.where(ok, entry, 0), tl.where(ok, safe % PAGE_SIZE, 0)
+
+
+@triton.jit
+def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr):
+    """For output rows ``t`` (int64 [BM]) of gather_paged: (covered: t < T and t < cu[R],
+    request r with cu[r] <= t < cu[r + 1], position t - cu[r]). A branch-free binary search
+    over cu[1..R] (STEPS = bit length of R iterations); no host read of cu[-1]."""
+    lo = tl.zeros(t.shape, tl.int64)
+    hi = tl.zeros(t.shape, tl.int64) + requests
+    in_range = t < T_rows
+    for _ in tl.static_range(STEPS):
+        active = in_range & (lo < hi)
+        mid = (lo + hi) // 2
+        v = tl.load(cu_ptr + (mid + 1) * cu_stride, mask=active, other=0).to(tl.int64)
+        right = (active & (v <= t)).to(tl.int64)
+        left = (active & (v > t)).to(tl.int64)
+        # arithmetic rather than tl.where: Triton 3.6 fails to compile a select here (layouts)
+        lo = lo + right * (mid + 1 - lo)
+        hi = hi - left * (hi - mid)
+    covered = in_range & (lo < requests)
+    req = lo * covered.to(tl.int64)
+    start = tl.load(cu_ptr + req * cu_stride, mask=covered, other=0).to(tl.int64)
+    return covered, req, t - start
+
+
+@triton.jit
+def _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, AT: tl.constexpr, N: tl.constexpr, N_P2: tl.constexpr):
+    cols = tl.arange(0, N_P2)
+    m = (cols < N)[None, :]
+    v = tl.load(src_ptr + (src + AT)[:, None] + cols[None, :], mask=ok[:, None] & m, other=0)
+    tl.store(dst_ptr + (dst + AT)[:, None] + cols[None, :], v, mask=live[:, None] & m)
+
+
+@triton.jit
+def copy_record(src_ptr, dst_ptr, src, dst, ok, live, P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr,
+                P2_P2: tl.constexpr):
+    """Copy one record of P0 + P1 + P2 units per row from ``src_ptr + src`` to ``dst_ptr + dst``
+    (zeros where not ok, nothing where not live). P0, P1 are powers of two (or 0); P2 is the
+    rest (rounded up to P2_P2 lanes)."""
+    if P0 > 0:
+        _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, 0, P0, P0)
+    if P1 > 0:
+        _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, P0, P1, P1)
+    if P2 > 0:
+        _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, P0 + P1, P2, P2_P2)
 
 
 @triton.jit
 def gather_bytes_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
-                        PAGE_SIZE: tl.constexpr, ROW_BYTES: tl.constexpr,
-                        SEG0_OFF: tl.constexpr, SEG0_REC: tl.constexpr, SEG0_P2: tl.constexpr,
-                        SEG1_OFF: tl.constexpr, SEG1_REC: tl.constexpr, SEG1_P2: tl.constexpr,
-                        BLOCK_M: tl.constexpr):
-    """out[n] = the encoded row at slots[n] (segment records in page order); zeros if invalid."""
+                        PAGE_SIZE: tl.constexpr, ROW: tl.constexpr,
+                        S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_A: tl.constexpr, S0_B: tl.constexpr,
+                        S0_C: tl.constexpr, S0_CP: tl.constexpr,
+                        S1_OFF: tl.constexpr, S1_REC: tl.constexpr, S1_A: tl.constexpr, S1_B: tl.constexpr,
+                        S1_C: tl.constexpr, S1_CP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """out[n] = the encoded row at slots[n] (segment records in page order); zeros if invalid.
+    Everything in units (see the module docstring)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
-    dst = rows * ROW_BYTES
-    _copy_record(cache_ptr, out_ptr, base + SEG0_OFF + row * SEG0_REC, dst, ok, in_range, SEG0_REC, SEG0_P2)
-    if SEG1_REC > 0:
-        _copy_record(cache_ptr, out_ptr, base + SEG1_OFF + row * SEG1_REC, dst + SEG0_REC, ok, in_range,
-                     SEG1_REC, SEG1_P2)
+    dst = rows * ROW
+    copy_record(cache_ptr, out_ptr, base + S0_OFF + row * S0_REC, dst, ok, in_range, S0_A, S0_B, S0_C, S0_CP)
+    if S1_REC > 0:
+        copy_record(cache_ptr, out_ptr, base + S1_OFF + row * S1_REC, dst + S0_REC, ok, in_range,
+                    S1_A, S1_B, S1_C, S1_CP)
+
+
+@triton.jit
+def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, t_rows, requests, cu_stride,
+                        t_stride0, t_stride1, table_cols, num_pages, page_stride, v0_stride, v1_stride,
+                        PAGE_SIZE: tl.constexpr, STEPS: tl.constexpr,
+                        S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_A: tl.constexpr, S0_B: tl.constexpr,
+                        S0_C: tl.constexpr, S0_CP: tl.constexpr,
+                        S1_OFF: tl.constexpr, S1_REC: tl.constexpr, S1_A: tl.constexpr, S1_B: tl.constexpr,
+                        S1_C: tl.constexpr, S1_CP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """views[s][t] = segment s's record of position t - cu[r] of the request r holding row t;
+    zeros for a missing page; rows not covered by cu_seq_lens untouched. Units as above."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    covered, req, pos = cu_rows(cu_ptr, cu_stride, requests, t, t_rows, STEPS)
+    ok, page, row = table_page(table_ptr, t_stride0, t_stride1, table_cols, num_pages, req, pos, covered,
+                               PAGE_SIZE)
+    base = page * page_stride
+    copy_record(cache_ptr, v0_ptr, base + S0_OFF + row * S0_REC, t * v0_stride, ok, covered,
+                S0_A, S0_B, S0_C, S0_CP)
+    if S1_REC > 0:
+        copy_record(cache_ptr, v1_ptr, base + S1_OFF + row * S1_REC, t * v1_stride, ok, covered,
+                    S1_A, S1_B, S1_C, S1_CP)

@@ -62,3 +62,8 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor):
     """``(kv [N, W], score_state [N, W])`` float32 views of the gathered rows."""
     values = _gather_words(layout, cache, slots).view(torch.float32)
     return values[:, :layout.width], values[:, layout.width:]
+
+
+def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor):
+    """``(kv [T, K, W], score_state [T, K, W])`` at ``topk_slots [T, K]``; zero rows for −1 holes."""
+    return cm.topk(decode, layout, cache, topk_slots)
