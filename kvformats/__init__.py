@@ -16,15 +16,16 @@ from kvformats.errors import (
     KVFormatError,
     LayoutError,
 )
-from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
+from kvformats.formats import CompressorState, Fp8DsMla, Fp8DsMlaV32, Fp8Indexer, Mxfp4Indexer
 from kvformats.layout import Field, Layout, Region, Segment
+from kvformats.profiles import PROFILE_NAMES, Profile, supported_profiles
 from kvformats.registry import get_format, list_formats
 
 __version__ = "0.1.0"
 SPEC_VERSION = "1"
 
 __all__ = [
-    "BackendUnavailableError", "CompressorState", "Field", "Fp8DsMla", "Fp8Indexer", "InputError",
-    "InputTypeError", "KVFormatError", "Layout", "LayoutError", "Mxfp4Indexer", "Region", "Segment",
-    "get_format", "list_formats", "SPEC_VERSION", "__version__",
+    "BackendUnavailableError", "CompressorState", "Field", "Fp8DsMla", "Fp8DsMlaV32", "Fp8Indexer", "InputError",
+    "InputTypeError", "KVFormatError", "Layout", "LayoutError", "Mxfp4Indexer", "PROFILE_NAMES", "Profile",
+    "Region", "Segment", "get_format", "list_formats", "supported_profiles", "SPEC_VERSION", "__version__",
 ]

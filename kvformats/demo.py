@@ -69,10 +69,10 @@ def _case(layout, n: int, device: str, gen: torch.Generator):
     enc = lambda: layout.encode(x, cache, slots)  # noqa: E731
     dec = lambda: layout.decode(cache, slots).float()  # noqa: E731
     x32 = x.float()
-    if layout.name == "fp8_ds_mla":
+    if layout.name in ("fp8_ds_mla", "fp8_ds_mla_v32"):
         nope = layout.nope_dim
         bound = torch.zeros_like(x32)
-        bound[:, :nope] = _block_bound(layout, x32[:, :nope], 64, "e4m3")
+        bound[:, :nope] = _block_bound(layout, x32[:, :nope], 64 if layout.name == "fp8_ds_mla" else 128, "e4m3")
     elif layout.name == "mxfp4_indexer":
         bound = _block_bound(layout, x32, 32, "e2m1")
     else:

@@ -62,7 +62,9 @@ def cli_page() -> str:
 
 def expected_docs(repo: Path) -> dict[str, str]:
     """Relative path under docs/ -> generated text."""
-    out = {"reference/cli.md": cli_page()}
+    from kvformats.conformance import conformance_page
+
+    out = {"reference/cli.md": cli_page(), "conformance.md": conformance_page(repo)}
     for name in list_formats():
         out[f"reference/formats/{name}.md"] = format_page(name, repo)
         out[f"diagrams/{name}.svg"] = layout_svg(get_format(name))

@@ -55,16 +55,26 @@ def _bad_codes(raw: torch.Tensor, kind: str) -> torch.Tensor:
 
 def scale_exponent_range(layout: Layout) -> tuple[int, int] | None:
     """(lowest, highest) scale exponent encode can produce from finite input, from the layout's
-    ScaleRule and the dtype encode rounds its input to; None for unscaled formats."""
+    (profile's) ScaleRule and the dtype encode rounds its input to; None for unscaled formats and
+    for rules that store arbitrary (not power-of-two) float32 scales."""
     rule = getattr(layout, "scale_rule", None)
-    if rule is None:
+    if rule is None or not rule.power_of_two:
         return None
     floor = torch.tensor([rule.floor], dtype=torch.float32)
     biggest = torch.tensor([torch.finfo(layout.quant_input_dtype).max], dtype=torch.float32)
-    lo = nx.ceil_log2(floor / rule.element_max if rule.floor_on == "absmax" else floor)
-    hi = nx.ceil_log2(biggest / rule.element_max)
+    if rule.exponent_mode == "floor_minus_emax":
+        lo, hi = nx.floor_log2(floor) - rule.element_emax, nx.floor_log2(biggest) - rule.element_emax
+    else:
+        lo = nx.ceil_log2(floor / rule.element_max if rule.floor_on == "absmax" else floor)
+        hi = nx.ceil_log2(biggest / rule.element_max)
     clamp = (rule.exponent_min, rule.exponent_max)
     return max(int(lo), clamp[0]), min(int(hi), clamp[1])
+
+
+def _signed_zero_allowed(layout: Layout) -> bool:
+    """Whether the layout's profile writes e2m1 negative zero (nibble 0x8) for tiny negatives."""
+    profile = getattr(layout, "numerics", None)
+    return bool(getattr(profile, "e2m1_signed_zero", False))
 
 
 def _violations(layout: Layout, region: Region, raw: torch.Tensor, written: torch.Tensor, erange) -> dict:
@@ -81,13 +91,16 @@ def _violations(layout: Layout, region: Region, raw: torch.Tensor, written: torc
     elif region.dtype == "float32" and region.role == "scale":
         bits = raw.contiguous().view(torch.int32)
         exp = ((bits >> 23) & 0xFF) - 127
-        bad = (bits & 0x807FFFFF) != 0  # sign or mantissa set: not a positive power of two
         if erange is not None:
+            bad = (bits & 0x807FFFFF) != 0  # sign or mantissa set: not a positive power of two
             bad |= (exp < erange[0]) | (exp > erange[1])
-        found["scale_pow2_range"] = rows(bad) & written
+            found["scale_pow2_range"] = rows(bad) & written
+        else:  # arbitrary float32 scales (e.g. vLLM's): positive and finite
+            bad = (bits <= 0) | (exp == 128)
+            found["scale_positive_finite"] = rows(bad) & written
     elif region.dtype == "float8_e4m3fn":
         found["e4m3_not_nan"] = rows(_bad_codes(raw, "e4m3"))
-    elif region.dtype == "float4_e2m1fn_x2":
+    elif region.dtype == "float4_e2m1fn_x2" and not _signed_zero_allowed(layout):
         found["e2m1_no_negative_zero"] = rows(_bad_codes(raw, "e2m1"))
     elif region.dtype in ("bfloat16", "float32"):
         values = raw.contiguous().view(getattr(torch, region.dtype))

@@ -87,14 +87,25 @@ def ceil_log2(q: torch.Tensor) -> torch.Tensor:
     return torch.where(tiny, e - 64, e)
 
 
+EXPONENT_MODES = ("ceil", "floor_minus_emax")
+
+
 @attrs.frozen(kw_only=True)
 class ScaleRule:
-    """How a block's power-of-two scale exponent is chosen.
+    """How a block's scale is chosen.
 
-    ``floor_on="absmax"``: A = max(amax, floor), e = ceil(log2(A / element_max)).
-    ``floor_on="scale"``:  e = ceil(log2(max(amax / element_max, floor))).
+    ``exponent_mode="ceil"`` (every default rule; kernels read these fields):
+      ``floor_on="absmax"``: A = max(amax, floor), e = ceil(log2(A / element_max)).
+      ``floor_on="scale"``:  e = ceil(log2(max(amax / element_max, floor))).
+    ``exponent_mode="floor_minus_emax"`` (OCP MX v1.0): e = floor(log2(max(amax, floor))) -
+      element_emax, exact (no float32 log2); amax = 0 with floor 0 gives exponent_min.
     All in float32 (floor and element_max rounded to float32 first), then clamped to
     [exponent_min, exponent_max].
+
+    ``power_of_two=False`` (vLLM's V3.2 writer, DeepGEMM's FP8 indexer reference): the scale is
+    not rounded at all: ``s = q`` (the float32 ``q`` above, floored as ``floor_on`` says), stored
+    as an arbitrary float32 and applied by float32 division ``x / s``; ``exponents`` then
+    raises and ``scales`` is the entry point.
     """
 
     element_max: float
@@ -102,20 +113,46 @@ class ScaleRule:
     floor_on: str = attrs.field(validator=attrs.validators.in_(("absmax", "scale")))
     exponent_min: int = -127
     exponent_max: int = 128
+    exponent_mode: str = attrs.field(default="ceil", validator=attrs.validators.in_(EXPONENT_MODES))
+    element_emax: int = 0  # emax of the element type, used by "floor_minus_emax" (e2m1: 2, e4m3: 8)
+    power_of_two: bool = True
 
     def exponents(self, blocks: torch.Tensor) -> torch.Tensor:
         """Exponents of ``blocks [..., block]`` (float32) reduced over the last dim -> int32 [...]."""
         return self._exponents_of_amax(absmax(blocks))
 
-    def _exponents_of_amax(self, amax: torch.Tensor) -> torch.Tensor:
+    def _q(self, amax: torch.Tensor) -> torch.Tensor:
         if self.floor_on == "absmax":
-            q = amax.clamp_min(_f32(self.floor)) / _f32(self.element_max)
-        else:
-            q = (amax / _f32(self.element_max)).clamp_min(_f32(self.floor))
-        return ceil_log2(q).clamp(self.exponent_min, self.exponent_max)
+            return amax.clamp_min(_f32(self.floor)) / _f32(self.element_max)
+        return (amax / _f32(self.element_max)).clamp_min(_f32(self.floor))
+
+    def _exponents_of_amax(self, amax: torch.Tensor) -> torch.Tensor:
+        if not self.power_of_two:
+            raise ValueError("this scale rule stores arbitrary float32 scales; use scales_of_amax()")
+        if self.exponent_mode == "floor_minus_emax":
+            e = floor_log2(amax.clamp_min(_f32(self.floor))) - self.element_emax
+            return e.clamp(self.exponent_min, self.exponent_max)
+        return ceil_log2(self._q(amax)).clamp(self.exponent_min, self.exponent_max)
+
+    def scales_of_amax(self, amax: torch.Tensor) -> torch.Tensor:
+        """float32 scales (the multiplier decode applies) for block maxima ``amax [...]``."""
+        if self.power_of_two:
+            return pow2(self._exponents_of_amax(amax))
+        return self._q(amax.to(torch.float32))
 
     def as_dict(self) -> dict:
         return attrs.asdict(self)
+
+
+def floor_log2(a: torch.Tensor) -> torch.Tensor:
+    """Exact ``floor(log2(a))`` of float32 ``a >= 0`` -> int32 (bit operations; subnormals
+    included); 0 gives -1000 (callers clamp), +inf 128."""
+    a = a.to(torch.float32)
+    tiny = a < 2.0**-126
+    scaled = torch.where(tiny, a * 2.0**64, a)
+    m = ((scaled.view(torch.int32) >> 23) & 0xFF) - 127
+    m = torch.where(tiny, m - 64, m)
+    return torch.where(a == 0, torch.full_like(m, -1000), m)
 
 
 def absmax(blocks: torch.Tensor) -> torch.Tensor:
@@ -165,19 +202,32 @@ def e4m3_decode(b: torch.Tensor) -> torch.Tensor:
     return b.view(torch.float8_e4m3fn).to(torch.float32)
 
 
-def e2m1_encode(y: torch.Tensor) -> torch.Tensor:
-    """float32 -> e2m1 nibble codes (uint8 0..15) with tokenspeed's threshold rule.
+E2M1_ROUNDINGS = ("threshold", "rne")
+# Thresholds where the smaller neighbour has an odd code (0.5, 1.5, 3): round-half-even goes up.
+_E2M1_TIES_UP = (0.75, 1.75, 3.5)
 
-    Magnitudes saturate at 6; exact midpoints take the smaller magnitude (0.25 -> 0,
-    0.75 -> 0.5, 1.75 -> 1.5, 3.5 -> 3, 5 -> 4); the sign bit is set only for a non-zero code
-    of a negative value, so -0.0 and tiny negatives give 0x0.
+
+def e2m1_encode(y: torch.Tensor, rounding: str = "threshold", signed_zero: bool = False) -> torch.Tensor:
+    """float32 -> e2m1 nibble codes (uint8 0..15).
+
+    ``rounding="threshold"`` (tokenspeed, DeepGEMM's reference): magnitudes saturate at 6; exact
+    midpoints take the smaller magnitude (0.25 -> 0, 0.75 -> 0.5, 1.75 -> 1.5, 3.5 -> 3, 5 -> 4).
+    ``rounding="rne"`` (PTX ``cvt.rn.satfinite``, OCP, ml_dtypes): midpoints go to the even code
+    (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at 6.
+    ``signed_zero=False``: the sign bit is set only for a non-zero code of a negative value, so
+    -0.0 and tiny negatives give 0x0; ``True``: the sign bit copies the input's (0x8 possible).
     """
+    if rounding not in E2M1_ROUNDINGS:
+        raise ValueError(f"rounding must be one of {E2M1_ROUNDINGS}, got {rounding!r}")
     y = y.to(torch.float32)
     a = y.abs()
     code = torch.zeros(y.shape, dtype=torch.uint8, device=y.device)
     for t in E2M1_THRESHOLDS:
         code += a > t
-    sign = (y < 0) & (code != 0)
+    if rounding == "rne":
+        for t in _E2M1_TIES_UP:
+            code += a == t
+    sign = torch.signbit(y) if signed_zero else (y < 0) & (code != 0)
     return code | (sign.to(torch.uint8) << 3)
 
 
@@ -216,6 +266,14 @@ def e4m3_quantize_blocks(blocks: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return y.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
 
 
-def e2m1_quantize_blocks(blocks: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+def e2m1_quantize_blocks(blocks: torch.Tensor, e: torch.Tensor, rounding: str = "threshold",
+                         signed_zero: bool = False) -> torch.Tensor:
     """``blocks [..., b]`` float32 scaled by 2^-e -> e2m1 nibble codes [..., b]."""
-    return e2m1_encode(blocks * pow2(-e).unsqueeze(-1))
+    return e2m1_encode(blocks * pow2(-e).unsqueeze(-1), rounding, signed_zero)
+
+
+def e4m3_quantize_by_scale(blocks: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``blocks [..., b]`` float32 divided by arbitrary float32 ``scale [...]`` (one correctly
+    rounded float32 division), clamped to ±448, RNE -> e4m3 bytes [..., b]."""
+    y = (blocks.to(torch.float32) / scale.to(torch.float32).unsqueeze(-1))
+    return y.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)

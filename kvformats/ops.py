@@ -17,21 +17,21 @@ def encode(layout, x, cache, slots, *, backend="auto", check=True, **kwargs) -> 
     check_cache(layout, cache)
     n, kwargs = layout.check_encode_input(x, cache.device, **kwargs)
     check_slots(layout, slots, n, cache, check_range=check, unique=check)
-    registry.resolve(layout.name, "encode", backend, cache.device)(layout, x, cache, slots, **kwargs)
+    registry.resolve_for(layout, "encode", backend, cache.device)(layout, x, cache, slots, **kwargs)
 
 
 def decode(layout, cache, slots, *, backend="auto", check=True):
     """Validate, then dequantize the rows at ``slots``."""
     check_cache(layout, cache)
     check_slots(layout, slots, None, cache, check_range=check, unique=False)
-    return registry.resolve(layout.name, "decode", backend, cache.device)(layout, cache, slots)
+    return registry.resolve_for(layout, "decode", backend, cache.device)(layout, cache, slots)
 
 
 def gather(layout, cache, slots, *, backend="auto", check=True) -> torch.Tensor:
     """Validate, then copy the encoded rows at ``slots`` -> uint8 ``[N, row_bytes]``."""
     check_cache(layout, cache)
     check_slots(layout, slots, None, cache, check_range=check, unique=False)
-    return registry.resolve(layout.name, "gather", backend, cache.device)(layout, cache, slots)
+    return registry.resolve_for(layout, "gather", backend, cache.device)(layout, cache, slots)
 
 
 def encode_reference(layout, x, cache, slots, **kwargs) -> None:

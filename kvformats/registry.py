@@ -61,6 +61,26 @@ def _load_kernels() -> None:
         importlib.import_module("kvformats_kernels")
 
 
+# Ops whose bytes depend on the numerics profile. Reads (decode, gather, the paged ops) multiply
+# each element by its stored scale whatever rule chose it, so any backend serves any profile.
+PROFILE_DEPENDENT_OPS = ("encode",)
+
+
+def resolve_for(layout, op: str, backend: str, device) -> Callable:
+    """``resolve`` for a layout object: the Triton kernels honour only each format's default
+    numerics profile in this version, so ``encode`` with another profile resolves to the
+    reference under ``backend="auto"`` and raises BackendUnavailableError under "triton"."""
+    default = getattr(layout, "default_profile", True)
+    if default or op not in PROFILE_DEPENDENT_OPS:
+        return resolve(layout.name, op, backend, device)
+    if backend == "triton":
+        raise BackendUnavailableError(
+            f"the Triton kernels implement only the default numerics profile of {layout.name} "
+            f"({layout.PROFILES.default!r}) in this version, got profile={layout.profile!r}; pass "
+            f"backend='reference' (or 'auto', which uses the reference for non-default profiles)")
+    return resolve(layout.name, op, "reference" if backend == "auto" else backend, device)
+
+
 def resolve(fmt: str, op: str, backend: str, device) -> Callable:
     """The implementation of ``fmt.op`` that ``backend`` selects for tensors on ``device``."""
     if backend not in ("auto", *BACKENDS):

@@ -81,9 +81,28 @@ def _input_rounding(layout) -> str:
     return f"{dtype} (round-to-nearest-even) before the absmax and the scaling"
 
 
+E2M1_RNE_RULE = ("e2m1 round-half-even on a = min(|y|, 6): midpoints 0.25, 1.25, 2.5, 5 go down, "
+                 "0.75, 1.75, 3.5 go up (to the even code); saturating at 6; element 2k in the low nibble")
+
+
+def _element_rounding(data, profile) -> str:
+    if data.dtype == "float4_e2m1fn_x2" and profile is not None and profile.e2m1_rounding == "rne":
+        sign = "sign bit copies the input's (negative zero 0x8 possible)" if profile.e2m1_signed_zero \
+            else "sign only on a non-zero code"
+        return f"{E2M1_RNE_RULE}; {sign}"
+    return ELEMENT_RULES[data.dtype]
+
+
 def _exponent_rule(rule: dict) -> str:
     m, f = rule["element_max"], rule["floor"]
     q = f"max(amax, {f}) / {m}" if rule["floor_on"] == "absmax" else f"max(amax / {m}, {f})"
+    if not rule.get("power_of_two", True):
+        return (f"no exponent: scale s = fl32({q}) stored as an arbitrary float32; elements are "
+                f"fl32(x / s) (one correctly rounded division), clamped to +-{m}")
+    if rule.get("exponent_mode", "ceil") == "floor_minus_emax":
+        return (f"e = clamp(floor(log2(max(amax, {f}))) - {rule['element_emax']}, {rule['exponent_min']}, "
+                f"{rule['exponent_max']}), exact (OCP MX v1.0); amax = 0 gives {rule['exponent_min']}; "
+                f"elements y = x * 2^-e saturate at +-{m}")
     return (f"e = clamp(ceil(fl32(log2(q))), {rule['exponent_min']}, {rule['exponent_max']}) with "
             f"q = fl32({q}); fl32 = float32 rounding (correctly rounded division and log2), so q a "
             f"few ulps above 2^k (k != 0) gives e = k, not k + 1")
@@ -98,17 +117,26 @@ def numerics_spec(layout) -> dict:
                 "note": f"{layout.name} has no scale rule: values are stored as exact float32 copies",
                 "error_bound": "exact: decode returns the stored float32 values bit for bit"}
     rule_dict = rule.as_dict()
+    profile = getattr(layout, "numerics", None)
+    storage = SCALE_STORAGE[scale.dtype]
+    if not rule.power_of_two:
+        storage = "float32 little-endian multiplier (arbitrary, not rounded to a power of two)"
+    extra = {}
+    if profile is not None:
+        extra = {"profile": profile.as_dict(), "profiles": list(layout.PROFILES.names)}
     return {
+        **extra,
         "quantized": True,
         "quant_block": _quant_block(data, scale),
         "element_type": data.dtype,
-        "element_rounding": ELEMENT_RULES[data.dtype],
+        "element_rounding": _element_rounding(data, profile),
         "input_rounding": _input_rounding(layout),
         "scale_rule": rule_dict,
         "scale_exponent": _exponent_rule(rule_dict),
-        "scale_storage": SCALE_STORAGE[scale.dtype],
+        "scale_storage": storage,
         "scale_dtype": scale.dtype,
-        "error_bound": ERROR_BOUNDS[data.dtype],
+        "error_bound": (profile.error_bound if profile is not None and profile.error_bound
+                        else ERROR_BOUNDS[data.dtype]),
     }
 
 

@@ -115,7 +115,17 @@ def bound_compressor_state(layout, x, kwargs, rows, out):
     assert same_bits(score_hat, want)
 
 
-BOUNDS = {"fp8_ds_mla": bound_fp8_ds_mla, "fp8_indexer": bound_fp8_indexer,
+def bound_fp8_ds_mla_v32(layout, x, kwargs, rows, out):
+    n, nope = rows.shape[0], layout.nope_dim
+    xb = x.to(torch.bfloat16)
+    blocks = xb[:, :nope].double().reshape(n, -1, 128)
+    s = rows[:, nope:nope + 4 * layout.num_blocks].contiguous().view(torch.float32).double()
+    err = (blocks - out[:, :nope].double().reshape(n, -1, 128)).abs()
+    assert bool((err <= torch.maximum(blocks.abs() / 16, (s * 2.0**-10).unsqueeze(-1))).all())
+    assert same_bits(out[:, nope:], xb[:, nope:])
+
+
+BOUNDS = {"fp8_ds_mla": bound_fp8_ds_mla, "fp8_ds_mla_v32": bound_fp8_ds_mla_v32, "fp8_indexer": bound_fp8_indexer,
           "mxfp4_indexer": bound_mxfp4_indexer, "compressor_state": bound_compressor_state}
 
 
@@ -232,7 +242,7 @@ def test_int32_and_int64_slots_agree(fmt, data):
 
 
 # ----- accepted input dtypes --------------------------------------------------------------------
-OUT_DTYPES = {"fp8_ds_mla": (torch.bfloat16,), "fp8_indexer": (torch.float32,),
+OUT_DTYPES = {"fp8_ds_mla": (torch.bfloat16,), "fp8_ds_mla_v32": (torch.bfloat16,), "fp8_indexer": (torch.float32,),
               "mxfp4_indexer": (torch.float32,), "compressor_state": (torch.float32, torch.float32)}
 
 

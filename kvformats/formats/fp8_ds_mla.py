@@ -14,31 +14,46 @@ from kvformats import numerics as nx
 from kvformats.errors import LayoutError
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.ops import register_reference_ops
+from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 from kvformats.registry import register_format
 
 QUANT_BLOCK = 64
 SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax")
+PROFILES = declare(
+    "fp8_ds_mla",
+    Profile(name="tokenspeed", scale_rule=SCALE_RULE, engine="tokenspeed V4 writers (python, Triton, CUDA)",
+            source="formats.md §2.2; peers.md §5 'vLLM / tokenspeed V4 584 B'"),
+    Profile(name="vllm", scale_rule=SCALE_RULE, engine="vLLM V4 fused compress/insert writers (584 B)",
+            source="peers.md §5 'vLLM / tokenspeed V4 584 B': same rule as tokenspeed, so the same bytes"),
+    Profile(name="flashmla-ref",
+            scale_rule=nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="scale"),
+            engine="FlashMLA tests/quant.py quantize_k_cache, MODEL1 layout",
+            source="peers.md §2 FlashMLA, §5 'FlashMLA ref, MODEL1 584 B': 2^ceil(log2(max(amax/448, 1e-4)))"),
+)
 
 
 @register_format
 @attrs.frozen(kw_only=True)
-class Fp8DsMla(Layout):
+class Fp8DsMla(ProfiledLayout, Layout):
     """``Fp8DsMla(head_dim=512, rope_dim=64, page_size=64)``: 584 B rows; a page is padded to a
     multiple of the 576 B token record (37440 B for 64 rows, 1728 B for 2).
 
     ``encode(x [N, head_dim])`` rounds x to bf16, quantizes the NoPE dims per 64-block with a
     power-of-two scale and stores the RoPE tail as given (already rotated) in bf16.
-    ``decode`` returns bf16 ``[N, head_dim]``.
+    ``decode`` returns bf16 ``[N, head_dim]``. ``profile``: tokenspeed (default), vllm (same
+    bytes) or flashmla-ref (floor 1e-4 on the scale amax/448 instead of on the absmax).
     """
 
     name = "fp8_ds_mla"
     page_alignment = "token"
-    scale_rule = SCALE_RULE
+    PROFILES = PROFILES
+    scale_rule = ProfiledRule(PROFILES)
     quant_input_dtype = torch.bfloat16  # NoPE values are rounded to bf16 before quantizing
 
     head_dim: int = attrs.field(default=512, validator=positive)
     rope_dim: int = attrs.field(default=64, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)
+    profile: str = profile_field(PROFILES)
 
     def __attrs_post_init__(self):
         nope = self.head_dim - self.rope_dim
@@ -79,7 +94,7 @@ class Fp8DsMla(Layout):
         # One float32 copy of the NoPE dims, scaled and clamped in place: the same products,
         # clamp and RNE cast as e4m3_quantize_blocks, without its temporaries.
         blocks = xq[:, :nope].reshape(n, nb, QUANT_BLOCK).float()
-        e = SCALE_RULE._exponents_of_amax(nx.absmax(blocks))
+        e = self.scale_rule._exponents_of_amax(nx.absmax(blocks))
         blocks.mul_(nx.pow2(-e).unsqueeze(-1)).clamp_(-nx.FP8_E4M3_MAX, nx.FP8_E4M3_MAX)
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
         out[:, :nope].view(torch.float8_e4m3fn).view(n, nb, QUANT_BLOCK).copy_(blocks)

@@ -13,28 +13,48 @@ from kvformats import numerics as nx
 from kvformats.errors import LayoutError
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.ops import register_reference_ops
+from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 from kvformats.registry import register_format
 
 QUANT_BLOCK = 128
 SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-10, floor_on="scale")
+PROFILES = declare(
+    "fp8_indexer",
+    Profile(name="tokenspeed", scale_rule=SCALE_RULE, engine="tokenspeed FP8 indexer torch writers",
+            source="formats.md §3.2; peers.md §5 'tokenspeed FP8 indexer torch writers'"),
+    Profile(name="vllm", scale_rule=nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax"),
+            engine="vLLM indexer_k_quant_and_cache with scale_fmt='ue8m0' (the V4 FP8 indexer)",
+            source="peers.md §2 vLLM, §5 'vLLM indexer_k_quant_and_cache': amax >= 1e-4, amax/448 rounded "
+                   "up to a power of two"),
+    Profile(name="deepgemm-ref",
+            scale_rule=nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax",
+                                    power_of_two=False),
+            engine="DeepGEMM FP8 indexer test reference (and vLLM indexer_k_quant_and_cache without ue8m0)",
+            source="peers.md §2 DeepGEMM, §5 'DeepGEMM FP8 indexer ref': scale max(amax, 1e-4)/448, arbitrary fp32",
+            error_bound="|x - x_hat| <= max(|x|/16, s*2^-10) + 2^-23*max(|x|, |x_hat|) per element (s = the "
+                        "float32 scale; the last term covers the float32 division and product)"),
+)
 
 
 @register_format
 @attrs.frozen(kw_only=True)
-class Fp8Indexer(Layout):
+class Fp8Indexer(ProfiledLayout, Layout):
     """``Fp8Indexer(head_dim=128, page_size=64)``: 132 B rows, 8448 B pages.
 
     ``encode(x [N, head_dim])`` takes x as float32 (bf16/fp16 upcast exactly); per 128-block
     ``scale = 2^ceil(log2(max(amax / 448, 1e-10)))``, bytes = e4m3(x / scale).
     ``decode`` returns float32 ``[N, head_dim]``. head_dim 128 is the size tokenspeed uses;
-    larger multiples of 128 get one scale per 128 dims.
+    larger multiples of 128 get one scale per 128 dims. ``profile``: tokenspeed (default), vllm
+    (absmax floor 1e-4) or deepgemm-ref (arbitrary float32 scale max(amax, 1e-4) / 448, x / scale).
     """
 
     name = "fp8_indexer"
-    scale_rule = SCALE_RULE
+    PROFILES = PROFILES
+    scale_rule = ProfiledRule(PROFILES)
 
     head_dim: int = attrs.field(default=128, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)
+    profile: str = profile_field(PROFILES)
 
     def __attrs_post_init__(self):
         if self.head_dim % QUANT_BLOCK:
@@ -55,10 +75,16 @@ class Fp8Indexer(Layout):
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
         n, d, nb = x.shape[0], self.head_dim, self.num_blocks
         blocks = x.float().reshape(n, nb, QUANT_BLOCK)
-        e = SCALE_RULE.exponents(blocks)
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
-        out[:, :d] = nx.e4m3_quantize_blocks(blocks, e).reshape(n, d)
-        out[:, d:] = nx.pow2(e).view(torch.uint8).reshape(n, 4 * nb)
+        rule = self.scale_rule
+        if rule.power_of_two:
+            e = rule.exponents(blocks)
+            out[:, :d] = nx.e4m3_quantize_blocks(blocks, e).reshape(n, d)
+            scale = nx.pow2(e)
+        else:
+            scale = rule.scales_of_amax(nx.absmax(blocks))
+            out[:, :d] = nx.e4m3_quantize_by_scale(blocks, scale).reshape(n, d)
+        out[:, d:] = scale.contiguous().view(torch.uint8).reshape(n, 4 * nb)
         return out
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:

@@ -14,28 +14,56 @@ from kvformats import numerics as nx
 from kvformats.errors import LayoutError
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.ops import register_reference_ops
+from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 from kvformats.registry import register_format
 
 QUANT_BLOCK = 32
 SCALE_RULE = nx.ScaleRule(element_max=nx.E2M1_MAX, floor=1e-4, floor_on="absmax",
                           exponent_min=-127, exponent_max=127)
+PROFILES = declare(
+    "mxfp4_indexer",
+    Profile(name="tokenspeed", scale_rule=SCALE_RULE, e2m1_rounding="threshold",
+            engine="tokenspeed MXFP4 indexer writers", source="formats.md §4.3; peers.md §5 'tokenspeed MXFP4 indexer'"),
+    Profile(name="vllm",
+            scale_rule=nx.ScaleRule(element_max=nx.E2M1_MAX, floor=6 * 2.0**-126, floor_on="absmax",
+                                    exponent_min=-127, exponent_max=127),
+            e2m1_rounding="rne", e2m1_signed_zero=True,
+            engine="vLLM V4 MXFP4 indexer (PTX cvt.rn.satfinite.e2m1x2.f32)",
+            source="peers.md §2 vLLM V4, §5 'vLLM V4 MXFP4 indexer': amax >= 6*2^-126, round-half-even"),
+    Profile(name="deepgemm-ref", scale_rule=SCALE_RULE, e2m1_rounding="threshold",
+            engine="DeepGEMM deep_gemm/utils/math.py per_token_cast_to_fp4 (head_dim 128: 4 scales = 1 int32)",
+            source="peers.md §2 DeepGEMM, §5 'DeepGEMM FP4 ref': ceil_ue8m0(amax/6), amax >= 1e-4, ties down"),
+    Profile(name="ocp",
+            scale_rule=nx.ScaleRule(element_max=nx.E2M1_MAX, floor=0.0, floor_on="absmax", exponent_min=-127,
+                                    exponent_max=127, exponent_mode="floor_minus_emax", element_emax=2),
+            e2m1_rounding="rne", e2m1_signed_zero=True,
+            engine="OCP MX v1.0 reference rule (torchao ScaleCalculationMode.FLOOR)",
+            source="peers.md §2 'OCP MX v1.0 rules': 2^(floor(log2 amax) - 2), RNE, saturating",
+            error_bound="|x - x_hat| <= 2^(e+1) per element (elements above 6 * 2^e, up to the block maximum "
+                        "< 8 * 2^e, clip to 6 * 2^e); <= 2^e where |x| <= 6 * 2^e, <= 2^(e-2) where "
+                        "|x| <= 2^(e+1)"),
+)
 
 
 @register_format
 @attrs.frozen(kw_only=True)
-class Mxfp4Indexer(Layout):
+class Mxfp4Indexer(ProfiledLayout, Layout):
     """``Mxfp4Indexer(head_dim=128, page_size=64)``: 68 B rows, 4352 B pages.
 
     ``encode(x [N, head_dim])`` takes x as float32; per 32-block
     ``e = ceil(log2(max(amax, 1e-4) / 6))`` (clamped to ±127) and each element is coded by the
     threshold rule (ties toward the smaller magnitude). ``decode`` returns float32.
+    ``profile``: tokenspeed (default), deepgemm-ref (same bytes), vllm (round-half-even, amax floor
+    6·2^-126, sign of zero kept) or ocp (MX v1.0: e = floor(log2 amax) - 2, round-half-even).
     """
 
     name = "mxfp4_indexer"
-    scale_rule = SCALE_RULE
+    PROFILES = PROFILES
+    scale_rule = ProfiledRule(PROFILES)
 
     head_dim: int = attrs.field(default=128, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)
+    profile: str = profile_field(PROFILES)
 
     def __attrs_post_init__(self):
         if self.head_dim % QUANT_BLOCK:
@@ -57,9 +85,11 @@ class Mxfp4Indexer(Layout):
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
         n, d, nb = x.shape[0], self.head_dim, self.num_blocks
         blocks = x.float().reshape(n, nb, QUANT_BLOCK)
-        e = SCALE_RULE.exponents(blocks)
+        prof = self.numerics
+        e = prof.scale_rule.exponents(blocks)
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
-        out[:, :d // 2] = nx.pack_nibbles(nx.e2m1_quantize_blocks(blocks, e).reshape(n, d))
+        codes = nx.e2m1_quantize_blocks(blocks, e, prof.e2m1_rounding, prof.e2m1_signed_zero)
+        out[:, :d // 2] = nx.pack_nibbles(codes.reshape(n, d))
         out[:, d // 2:] = nx.ue8m0_encode(e)
         return out
 

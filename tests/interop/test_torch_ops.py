@@ -1,0 +1,91 @@
+"""torch.library custom ops: opcheck for every op of every registered format (CPU, reference
+backend), torch.compile(fullgraph=True) encode -> decode with the eager bytes, and lazy import."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kvformats as kvf
+from kvformats import torch_ops as kops
+
+FORMATS = kvf.list_formats()
+
+
+def case(name):
+    lay = kvf.get_format(name, page_size=4)
+    g = torch.Generator().manual_seed(0)
+    if name == "compressor_state":
+        w = lay.width
+        inputs = [torch.randn(3, w, generator=g), torch.randn(3, w, generator=g), torch.arange(3),
+                  torch.randn(lay.ratio, w, generator=g)]
+    else:
+        inputs = [torch.randn(3, lay.head_dim, generator=g).to(torch.bfloat16)]
+    return lay, inputs, lay.allocate(3), torch.tensor([1, -1, 6])
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_opcheck_every_op(name):
+    lay, inputs, cache, slots = case(name)
+    key = kops.layout_key(lay)
+    ops = torch.ops.kvformats
+    torch.library.opcheck(ops.encode.default, (*key, inputs, cache, slots, "reference"))
+    torch.library.opcheck(ops.decode.default, (*key, cache, slots, "reference"))
+    torch.library.opcheck(ops.gather.default, (*key, cache, slots, "reference"))
+    torch.library.opcheck(ops.decode_topk.default, (*key, cache, slots.reshape(3, 1).repeat(1, 2), "reference"))
+    bt, sl, cu = torch.tensor([[0, 1], [2, -1]]), torch.tensor([5, 3]), torch.tensor([0, 5, 8])
+    if lay.decode_dtype is not None:
+        out = torch.zeros(2, 5, lay.head_dim, dtype=lay.decode_dtype)
+        torch.library.opcheck(ops.dequantize_gather.default, (*key, cache, out, bt, sl, None, None, 0, "reference"))
+    ws = [torch.zeros(8, s.record_bytes, dtype=torch.uint8) for s in lay.segments]
+    torch.library.opcheck(ops.gather_paged.default, (*key, cache, bt, cu, ws, "reference"))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_wrappers_match_the_layout_methods(name):
+    lay, inputs, cache, slots = case(name)
+    ref = cache.clone()
+    if name == "compressor_state":
+        kops.encode(lay, (inputs[0], inputs[1]), cache, slots, positions=inputs[2], ape=inputs[3])
+        lay.encode((inputs[0], inputs[1]), ref, slots, positions=inputs[2], ape=inputs[3])
+    else:
+        kops.encode(lay, inputs[0], cache, slots)
+        lay.encode(inputs[0], ref, slots)
+    assert torch.equal(cache, ref)
+    assert torch.equal(kops.gather(lay, cache, slots), lay.gather(ref, slots))
+    got, want = kops.decode(lay, cache, slots), lay.decode(ref, slots)
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name, profile", [("fp8_ds_mla", "tokenspeed"), ("mxfp4_indexer", "vllm"),
+                                           ("fp8_ds_mla_v32", "vllm")])
+def test_compiled_encode_decode_has_no_graph_break_and_eager_bytes(name, profile):
+    lay = kvf.get_format(name, page_size=4, profile=profile)
+
+    def f(x, cache, slots):
+        kops.encode(lay, x, cache, slots, backend="reference")
+        return kops.decode(lay, cache, slots, backend="reference"), kops.gather(lay, cache, slots, backend="reference")
+
+    x = torch.randn(5, lay.head_dim).to(torch.bfloat16)
+    slots = torch.tensor([0, 3, -1, 7, 9])
+    assert torch._dynamo.explain(f)(x, lay.allocate(3), slots).graph_break_count == 0
+    c1, c2 = lay.allocate(3), lay.allocate(3)
+    a = torch.compile(f, fullgraph=True, backend="aot_eager")(x, c1, slots)
+    b = f(x, c2, slots)
+    assert torch.equal(c1, c2) and torch.equal(a[1], b[1])
+    assert torch.equal(a[0].contiguous().view(torch.uint8), b[0].contiguous().view(torch.uint8))
+    torch._dynamo.reset()
+
+
+def test_errors_pass_through_the_op_before_any_write():
+    lay, inputs, cache, _ = case("fp8_ds_mla")
+    with pytest.raises(kvf.InputError):
+        kops.encode(lay, inputs[0], cache, torch.tensor([1, 2, 10_000]))
+    assert int(cache.count_nonzero()) == 0
+
+
+def test_import_kvformats_stays_light():
+    code = "import sys, kvformats; assert 'kvformats.torch_ops' not in sys.modules and 'kvformats.convert' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
