@@ -1,0 +1,27 @@
+"""Stateful fuzzing of the compressor pipeline (save_compressor_state -> CSA/HCA compress
+insert) on the reference backend, and on a Triton backend of those ops once one is registered."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from compress_machine import make_compress_machine
+from reliability_harness import family_kernel
+
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default")
+EXAMPLES, STEPS = (120, 30) if PROFILE == "thorough" else (25, 15)
+
+
+# The Triton variant is generated once kernels for these ops are registered (none in this version).
+BACKENDS = ["reference"] + (["triton"] if all(family_kernel("deepseek_v4", op) for op in
+                                              ("save_compressor_state", "compress_kv_insert")) else [])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compress_pipeline_machine(backend):
+    run_state_machine_as_test(make_compress_machine(backend), settings=settings(
+        settings.default, max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None))
