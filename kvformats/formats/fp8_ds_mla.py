@@ -11,7 +11,7 @@ import attrs
 import torch
 
 from kvformats import numerics as nx
-from kvformats.errors import LayoutError
+from kvformats.formats._nope_rope import NopeRopeRows
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.ops import register_reference_ops
 from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
@@ -34,7 +34,7 @@ PROFILES = declare(
 
 @register_format
 @attrs.frozen(kw_only=True)
-class Fp8DsMla(ProfiledLayout, Layout):
+class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
     """``Fp8DsMla(head_dim=512, rope_dim=64, page_size=64)``: 584 B rows; a page is padded to a
     multiple of the 576 B token record (37440 B for 64 rows, 1728 B for 2).
 
@@ -48,31 +48,13 @@ class Fp8DsMla(ProfiledLayout, Layout):
     page_alignment = "token"
     PROFILES = PROFILES
     scale_rule = ProfiledRule(PROFILES)
+    quant_block = QUANT_BLOCK
     quant_input_dtype = torch.bfloat16  # NoPE values are rounded to bf16 before quantizing
 
     head_dim: int = attrs.field(default=512, validator=positive)
     rope_dim: int = attrs.field(default=64, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)
     profile: str = profile_field(PROFILES)
-
-    def __attrs_post_init__(self):
-        nope = self.head_dim - self.rope_dim
-        if nope <= 0 or nope % QUANT_BLOCK or self.rope_dim % 2:
-            raise LayoutError(f"fp8_ds_mla needs head_dim - rope_dim to be a positive multiple of "
-                              f"{QUANT_BLOCK} and an even rope_dim, got head_dim={self.head_dim}, "
-                              f"rope_dim={self.rope_dim}")
-
-    @property
-    def decode_dtype(self) -> torch.dtype:
-        return torch.bfloat16
-
-    @property
-    def nope_dim(self) -> int:
-        return self.head_dim - self.rope_dim
-
-    @property
-    def num_blocks(self) -> int:
-        return self.nope_dim // QUANT_BLOCK
 
     def _segments(self):
         return (

@@ -19,7 +19,7 @@ import attrs
 import torch
 
 from kvformats import numerics as nx
-from kvformats.errors import LayoutError
+from kvformats.formats._nope_rope import NopeRopeRows
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.ops import register_reference_ops
 from kvformats.profiles import FLT_MIN, Profile, ProfiledLayout, ProfiledRule, declare, profile_field
@@ -49,7 +49,7 @@ PROFILES = declare(
 
 @register_format
 @attrs.frozen(kw_only=True)
-class Fp8DsMlaV32(ProfiledLayout, Layout):
+class Fp8DsMlaV32(NopeRopeRows, ProfiledLayout, Layout):
     """``Fp8DsMlaV32(head_dim=576, rope_dim=64, page_size=64, profile="flashmla-ref")``: 656 B
     token-interleaved rows ``[512 e4m3 | 4 x fp32 scale | 64 x bf16 rope]``, 41984 B pages.
 
@@ -61,31 +61,13 @@ class Fp8DsMlaV32(ProfiledLayout, Layout):
     name = "fp8_ds_mla_v32"
     PROFILES = PROFILES
     scale_rule = ProfiledRule(PROFILES)
+    quant_block = QUANT_BLOCK
     quant_input_dtype = torch.bfloat16
 
     head_dim: int = attrs.field(default=576, validator=positive)
     rope_dim: int = attrs.field(default=64, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)
     profile: str = profile_field(PROFILES)
-
-    def __attrs_post_init__(self):
-        nope = self.head_dim - self.rope_dim
-        if nope <= 0 or nope % QUANT_BLOCK or self.rope_dim % 2:
-            raise LayoutError(f"fp8_ds_mla_v32 needs head_dim - rope_dim to be a positive multiple of "
-                              f"{QUANT_BLOCK} and an even rope_dim, got head_dim={self.head_dim}, "
-                              f"rope_dim={self.rope_dim}")
-
-    @property
-    def decode_dtype(self) -> torch.dtype:
-        return torch.bfloat16
-
-    @property
-    def nope_dim(self) -> int:
-        return self.head_dim - self.rope_dim
-
-    @property
-    def num_blocks(self) -> int:
-        return self.nope_dim // QUANT_BLOCK
 
     def _segments(self):
         return (Segment("token", (
