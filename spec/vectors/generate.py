@@ -266,11 +266,11 @@ def render(vec: dict) -> str:
     return json.dumps(vec, indent=2, sort_keys=True) + "\n"
 
 
-def main(argv: list[str]) -> int:
-    check = "--check" in argv
+def write_or_check(vectors: dict[str, dict], directory: Path, check: bool) -> int:
+    """Write ``vectors`` (file name -> vector) into ``directory``, or with ``check`` list the stale ones."""
     stale = []
-    for name, vec in build_all().items():
-        path = HERE / name
+    for name, vec in vectors.items():
+        path = directory / name
         text = render(vec)
         if check:
             if not path.is_file() or path.read_text() != text:
@@ -278,8 +278,12 @@ def main(argv: list[str]) -> int:
         else:
             path.write_text(text)
     for name in stale:
-        print(f"stale or missing: spec/vectors/{name}")
+        print(f"stale or missing: {directory / name}")
     return 1 if stale else 0
+
+
+def main(argv: list[str]) -> int:
+    return write_or_check(build_all(), HERE, "--check" in argv)
 
 
 if __name__ == "__main__":

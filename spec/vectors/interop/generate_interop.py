@@ -242,18 +242,7 @@ def build_all() -> dict[str, dict]:
 
 
 def main(argv: list[str]) -> int:
-    stale = []
-    for name, vec in build_all().items():
-        path = HERE / name
-        text = g.render(vec)
-        if "--check" in argv:
-            if not path.is_file() or path.read_text() != text:
-                stale.append(name)
-        else:
-            path.write_text(text)
-    for name in stale:
-        print(f"stale or missing: spec/vectors/interop/{name}")
-    return 1 if stale else 0
+    return g.write_or_check(build_all(), HERE, "--check" in argv)
 
 
 if __name__ == "__main__":
