@@ -30,6 +30,7 @@ def _decode_geometry(layout, u8: torch.Tensor, stride: int) -> tuple[dict, torch
     rope16, stride16 = u8, 0
     if even and u8.shape[0] > 0:
         span = (u8.shape[0] - 1) * stride + layout.min_page_bytes
+        span -= span % 2  # an odd row size makes the span odd; the last RoPE byte still ends at or before it
         rope16, stride16 = u8.as_strided((span,), (1,), u8.storage_offset()).view(torch.int16), stride // 2
     geo.update(ROPE_P2=cm.next_pow2(layout.rope_dim), ROPE16=bool(even and u8.shape[0] > 0))
     return geo, rope16, stride16

@@ -29,15 +29,7 @@ def draw_layout(data, fmt: str, backend: str = "reference"):
         layout = kvf.get_format(fmt, **{**layout.params, "page_size": ps})
     except (TypeError, ValueError):  # a format with other page-size rules keeps the drawn one
         return layout
-    if known_kernel_issue(backend, layout):  # odd rows x odd page size: fuzz the even neighbour
-        layout = kvf.get_format(fmt, **{**layout.params, "page_size": ps + 1})
     return layout
-
-
-def known_kernel_issue(backend: str, layout) -> bool:
-    """Geometries a Triton launcher is known to mishandle (each has an xfail(strict=True)
-    reproduction in test_kernel_findings.py; delete the entry when that test flips)."""
-    return backend == "triton" and layout.name.startswith("fp8_ds_mla") and layout.min_page_bytes % 2 == 1
 
 
 def draw_arena(data, layout, backend: str = "reference") -> Arena:
