@@ -10,7 +10,9 @@ taken in random order; random: a random permutation of all slots), prints
 - graph µs: median per-call time of the op replayed inside a CUDA graph; from 16,384 rows on,
   the calls cycle through enough input/slot sets that no call finds its data in L2,
 - the fewest bytes the op must move, GB/s and % of the device-to-device copy bandwidth
-  measured in the same run (from the graph time), and the reference backend's do_bench median.
+  measured in the same run (from the graph time), and the reference backend's do_bench median,
+- the bytes DRAM must move at 32-byte sector granularity for that slot pattern (traffic.py)
+  and the same time as a % of what that count allows at the copy bandwidth.
 ``--sweep`` first tries launch configurations at 131,072 prefill rows and keeps the fastest.
 
 Then the paged ops (``--paged``, on by default): dequantize_gather of every decodable byte
@@ -31,9 +33,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kvformats as kvf  # noqa: E402
 from kvformats import ops  # noqa: E402
+from traffic import SECTOR, cache_sectors, dense_sectors  # noqa: E402
 
 SIZES = (64, 512, 16384, 131072)
 GRAPH_CALLS = 50
@@ -352,8 +356,9 @@ def main():
         log(f"configs: {cm.CONFIG}")
 
     log()
-    log("| format | op | rows | slots | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB |")
-    log("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    log("| format | op | rows | slots | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB "
+        "| sector MB | % of sector bound |")
+    log("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for fmt in fmts if args.codecs else ():
         layout = kvf.get_format(fmt)
         impl = kk.IMPLEMENTATIONS[fmt]
@@ -362,15 +367,19 @@ def main():
             sets = input_sets(layout, impl, cache, pages, n, pattern, g)
             x, kw, slots = sets[0]
             refs = reference_fns(layout, cache, x, kw, slots)
+            # every op touches each slot's cache records once: the pattern's sector count is shared
+            records = cache_sectors(layout, slots, layout.byte_pages(cache)[1])
             for op in ("encode", "decode", "gather"):
                 fns = [op_fns(layout, impl, cache, x_, kw_, s_)[op] for x_, kw_, s_ in sets]
                 eager = bench(fns[0])
                 graph_us = graph_per_call_us(fns, graph_calls(n, len(fns)))
                 nbytes = min_bytes(layout, op, x, n)
+                sectors = SECTOR * (records + dense_sectors(nbytes - layout.row_bytes * n))
                 gbs = nbytes / graph_us / 1e3
                 ref_ms = bench(refs[op], rep_ms=20) if args.reference else float("nan")
                 log(f"| {fmt} | {op} | {n} | {pattern} | {eager * 1e3:.1f} | {graph_us:.2f} | {gbs:.0f} | "
-                    f"{100 * gbs / bw:.0f} | {ref_ms * 1e3:.0f} | {nbytes / 1e6:.2f} |")
+                    f"{100 * gbs / bw:.0f} | {ref_ms * 1e3:.0f} | {nbytes / 1e6:.2f} | {sectors / 1e6:.2f} | "
+                    f"{100 * sectors / graph_us / 1e3 / bw:.0f} |")
             del sets
         del cache
         torch.cuda.empty_cache()
