@@ -16,6 +16,15 @@ E4M3_TIES = [-400.0, 432.0, 17.0, 19.0, -17.0, 34.0, 38.0, 272.0, 304.0, 9.5, 4.
              2.0 ** -10, 3 * 2.0 ** -10, -(2.0 ** -10)]
 
 
+def slot_rows(enc, slots, row_bytes: int, decoded_bytes: int, dtype: str = "float32"):
+    """Expected gathered rows and decoded entries for ``enc`` (pairs of row bytes and decoded
+    bytes) written at ``slots``: a slot of -1 writes nothing, so it gathers and decodes as zeros."""
+    rows = [e[0] if s >= 0 else bytes(row_bytes) for e, s in zip(enc, slots)]
+    decoded = [{"row": i, "start": 0, "dtype": dtype, "hex": (e[1] if s >= 0 else bytes(decoded_bytes)).hex()}
+               for i, (e, s) in enumerate(zip(enc, slots))]
+    return rows, decoded
+
+
 def pattern(n: int, mult: int, mod: int, unit: float) -> list[float]:
     return [(((mult * j) % mod) - mod // 2) * unit for j in range(n)]
 
@@ -66,9 +75,7 @@ def ds_mla_edges(vector) -> dict:
     enc = [o.ds_mla_row(r, 512, 64) for r in rows_in]
     check_ds_facts(enc[0][0], enc[2][0])
     slots = [5, -1, 130]
-    rows = [e[0] if s >= 0 else bytes(584) for e, s in zip(enc, slots)]
-    decoded = [{"row": i, "start": 0, "dtype": "bfloat16",
-                "hex": (e[1] if s >= 0 else bytes(1024)).hex()} for i, (e, s) in enumerate(zip(enc, slots))]
+    rows, decoded = slot_rows(enc, slots, 584, 1024, "bfloat16")
     x = b"".join(o.bf16_bytes(r) for r in rows_in)
     return vector("adv_fp8_ds_mla_edges", "independent oracle (spec/vectors/oracle.py); formats.md §2.2, §7",
                   "bf16 rows: zero and -0.0 blocks (scale 0x69; 0x00 / 0x80), max exactly 448*2^-3 "
@@ -128,9 +135,7 @@ def fp8_indexer_edges(vector) -> dict:
     assert scale[5] == struct.pack("<f", 2.0 ** -33) and enc[5][0][0] == 0x04
     assert scale[7] == struct.pack("<f", 2.0 ** -20) and enc[7][0][0] == 0x7E
     slots = [0, 1, 64, 65, 127, 128, -1, 200]
-    rows = [e[0] if s >= 0 else bytes(132) for e, s in zip(enc, slots)]
-    decoded = [{"row": i, "start": 0, "dtype": "float32", "hex": (e[1] if s >= 0 else bytes(512)).hex()}
-               for i, (e, s) in enumerate(zip(enc, slots))]
+    rows, decoded = slot_rows(enc, slots, 132, 512)
     x = o.f32_bytes([v for r in rows_in for v in r])
     return vector("adv_fp8_indexer_edges", "independent oracle; formats.md §3.2, §7",
                   "float32 rows: zero and -0.0 (scale 2^-33 = 00 00 00 2f), max 448*2^3 (scale 2^3, "
@@ -166,9 +171,7 @@ def mxfp4_edges(vector) -> dict:
     assert r0[48] == 0x67 and r0[49] == 0x95  # quirk max -> 7; 5 * 2^10 -> 4 (6); 3.5 -> 3; -0.75 -> -0.5
     assert r1[64:68] == bytes([127 - 2, 127 + 100, 127 - 1, 127 - 12]) and r1[0] & 0xF == 0xF
     slots = [3, 64, -1, 127]
-    rows = [e[0] if s >= 0 else bytes(68) for e, s in zip(enc, slots)]
-    decoded = [{"row": i, "start": 0, "dtype": "float32", "hex": (e[1] if s >= 0 else bytes(512)).hex()}
-               for i, (e, s) in enumerate(zip(enc, slots))]
+    rows, decoded = slot_rows(enc, slots, 68, 512)
     x = o.f32_bytes([v for r in rows_in for v in r])
     return vector("adv_mxfp4_edges", "independent oracle; formats.md §4.2, §4.3, §7",
                   "float32 rows: zero block (0x70), -0.0 and tiny negatives (nibble 0), max exactly "
