@@ -37,27 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kvformats as kvf  # noqa: E402
 from kvformats import ops  # noqa: E402
+from gpu_timing import bench, copy_bandwidth, graph_per_call_us  # noqa: E402
 from traffic import SECTOR, cache_sectors, dense_sectors  # noqa: E402
 
 SIZES = (64, 512, 16384, 131072)
 GRAPH_CALLS = 50
 FORMATS = ("fp8_ds_mla", "fp8_indexer", "mxfp4_indexer", "compressor_state")
-
-
-def bench(fn, rep_ms=40) -> float:
-    """Median milliseconds of fn (L2 flushed before each call)."""
-    import triton.testing
-
-    return triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median")
-
-
-def copy_bandwidth(nbytes=2 << 30) -> float:
-    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = bench(lambda: dst.copy_(src), rep_ms=200)
-    del src, dst
-    return 2 * nbytes / ms / 1e6
 
 
 def make_slots(layout, num_pages: int, n: int, pattern: str, g: torch.Generator) -> torch.Tensor:
@@ -94,29 +79,6 @@ def min_bytes(layout, op: str, x, n: int) -> int:
     out = {"fp8_ds_mla": 2, "fp8_indexer": 4, "mxfp4_indexer": 4}.get(layout.name)
     out_bytes = row if out is None else out * layout.head_dim
     return (row + out_bytes) * n + slots
-
-
-def graph_per_call_us(fns, calls: int) -> float:
-    """Median per-call µs of ``calls`` calls cycling through ``fns``, replayed as one CUDA graph."""
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(15):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    return sorted(times)[len(times) // 2]
 
 
 def input_sets(layout, impl, cache, pages, n, pattern, g):

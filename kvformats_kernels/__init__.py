@@ -36,3 +36,4 @@ if AVAILABLE:
             # compressor_state has no single-dtype decode / byte workspaces
             if hasattr(_module, _op) and (_fmt, _op) not in NOT_ON_GPU:
                 register_op(_fmt, _op, "triton")(getattr(_module, _op))
+    from kvformats_kernels import dsv4  # noqa: E402,F401  (registers the deepseek_v4 operations)

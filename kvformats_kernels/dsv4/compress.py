@@ -1,0 +1,3 @@
+"""DeepSeek V4 compress kernels (being written)."""
+
+OPS: dict = {}

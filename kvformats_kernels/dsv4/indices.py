@@ -1,0 +1,3 @@
+"""DeepSeek V4 indices kernels (being written)."""
+
+OPS: dict = {}

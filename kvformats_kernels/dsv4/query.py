@@ -1,0 +1,3 @@
+"""DeepSeek V4 query kernels (being written)."""
+
+OPS: dict = {}

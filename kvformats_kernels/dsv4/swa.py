@@ -1,0 +1,3 @@
+"""DeepSeek V4 swa kernels (being written)."""
+
+OPS: dict = {}
