@@ -1,0 +1,24 @@
+"""One benchmark case of a DeepSeek V4 operation, as the case modules (dsv4_cases_*.py) build
+them and bench_dsv4_gpu.py times them."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+
+
+@attrs.frozen
+class Case:
+    """``run_triton`` / ``run_reference``: one call of the op on prepared CUDA inputs (the same
+    inputs every call, so a call may be replayed in a CUDA graph). ``min_bytes``: the fewest
+    bytes the op must move (inputs read once, outputs written once), the basis of GB/s and of the
+    % of copy bandwidth; ``how`` says how they were counted."""
+
+    op: str
+    label: str  # e.g. "prefill 131072 tokens" or "decode 64 rows"
+    rows: int
+    min_bytes: int
+    how: str
+    run_triton: Callable[[], object]
+    run_reference: Callable[[], object]
