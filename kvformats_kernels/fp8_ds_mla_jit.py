@@ -35,7 +35,7 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
                      IS_BF16)
     if not IS_BF16:
         xq = nj.bf16_round(xq)
-    e = nj.tile_exponent(tl.max(tl.abs(xq), axis=2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT)
+    e = nj.tile_exponent(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT)
     codes = nj.e4m3_bits(xq * nj.pow2(-e)[:, :, None])
     nope_at = cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE
     tl.store(nope_at[:, None, None] + elem[None, :, :], codes.to(tl.uint8), mask=m3)

@@ -24,7 +24,7 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
     m3 = ok[:, None, None] & (blk < NB)[None, :, None]
     x = nj.load_f32((x_ptr + rows * x_stride)[:, None, None] + elem[None, :, :],
                     in_range[:, None, None] & (blk < NB)[None, :, None], IS_BF16)  # overlaps the slot load
-    e = nj.tile_exponent(tl.max(tl.abs(x), axis=2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT)
+    e = nj.tile_exponent(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT)
     codes = nj.e4m3_bits(x * nj.pow2(-e)[:, :, None])
     tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
              codes.to(tl.uint8), mask=m3)
@@ -87,7 +87,7 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
     live = (blk < NB)[None, :, None]
     x = nj.load_f32((x_ptr + rows * x_stride)[:, None, None] + elem[None, :, :], in_range[:, None, None] & live,
                     IS_BF16)  # overlaps the slot load
-    e = nj.tile_exponent(tl.max(tl.abs(x), axis=2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT)
+    e = nj.tile_exponent(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT)
     codes = nj.e2m1_code(x * nj.pow2(-e)[:, :, None])
     lo, hi = tl.split(tl.reshape(codes, (BLOCK_M, NB_P2, HQ, 2)))  # element 2k, element 2k + 1
     tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + pair[None, :, :],

@@ -61,17 +61,19 @@ def e4m3_bits(y):
     """float32 -> float8_e4m3fn byte (int32 in [0, 255]): clamp to ±448, round to nearest even.
 
     The sign of zero survives (-0.0 and negatives that round to zero give 0x80), as in torch's
-    cast. Above 2^-6 (e4m3's least normal) rounding keeps 3 of the 23 mantissa bits: add just
+    cast; NaN gives 0x7F (0xFF with the sign bit). Above 2^-6 (e4m3's least normal) rounding keeps 3 of the 23 mantissa bits: add just
     under half an e4m3 ulp plus the kept lsb, shift, and rebias the exponent (127 - 7 = 120),
     a carry moving into the next binade as it should. Below 2^-6 the step is 2^-9:
     ``|y| * 2^9 + 2^23`` is rounded to an integer by the float32 add itself (round to nearest
     even, exact in IEEE arithmetic on the GPU and in numpy alike), so its low bits are the code.
     """
     b = f32_bits(y)
-    mag = tl.minimum(b & 0x7FFFFFFF, 0x43E00000)  # |y| clamped to 448 (as bits: monotone)
+    raw = b & 0x7FFFFFFF
+    mag = tl.minimum(raw, 0x43E00000)  # |y| clamped to 448 (as bits: monotone)
     normal = (mag + (0x7FFFF - (120 << 23)) + ((mag >> 20) & 1)) >> 20
     sub = f32_bits(bits_f32(mag) * 512.0 + 8388608.0) - 0x4B000000
     code = tl.where(mag < 0x3C800000, sub, normal)
+    code = tl.where(raw > 0x7F800000, 0x7F, code)  # NaN -> the NaN code (spec/nan-policy.md)
     return code | ((b >> 24) & 0x80)
 
 
@@ -174,6 +176,7 @@ def e2m1_code(y):
     big = tl.minimum((mag + ((1 << 21) - 1 - (252 << 22))) >> 22, 7)
     small = (mag > 0x3E800000).to(tl.int32) + (mag > 0x3F400000).to(tl.int32)  # 0.25, 0.75
     code = tl.where(mag >= 0x3F800000, big, small)
+    code = tl.where(mag > 0x7F800000, 0, code)  # NaN: every threshold compare is false -> 0
     return code | tl.where((b < 0) & (code != 0), 8, 0)
 
 
@@ -189,18 +192,33 @@ def e2m1_value(n):
 
 
 @triton.jit
+def abs_max(x, axis: tl.constexpr):
+    """max |x| along ``axis`` (float32), NaN if any element is NaN. Taken on the bit patterns:
+    for non-negative floats the integer order is the float order and every NaN pattern lies
+    above +Inf, whereas tl.max on floats drops NaN."""
+    return bits_f32(tl.max(f32_bits(x) & 0x7FFFFFFF, axis=axis))
+
+
+@triton.jit
+def max_nan(q, FLOOR: tl.constexpr):
+    """max(q, FLOOR) for q >= 0 or NaN (then NaN), on bit patterns as abs_max."""
+    return bits_f32(tl.maximum(f32_bits(q), f32_bits(tl.full(q.shape, FLOOR, tl.float32))))
+
+
+@triton.jit
 def block_exponent(amax, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                    E_MIN: tl.constexpr, E_MAX: tl.constexpr):
     """A ScaleRule's exponent of blocks with absolute maximum ``amax`` (float32) -> int32.
 
     FLOOR and ELEM_MAX are float32 values; the division is correctly rounded (div_rn), as
-    torch's is, so the exponent matches ``ScaleRule.exponents`` bit for bit.
+    torch's is, so the exponent matches ``ScaleRule.exponents`` bit for bit. A NaN amax gives the
+    clamp exponent E_MAX, like +Inf (spec/nan-policy.md §2).
     """
     if FLOOR_ON_SCALE:
-        q = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, ELEM_MAX, tl.float32)), FLOOR)
+        q = max_nan(tl.math.div_rn(amax, tl.full(amax.shape, ELEM_MAX, tl.float32)), FLOOR)
         NORMAL: tl.constexpr = FLOOR >= 1.1754943508222875e-38
     else:
-        q = tl.math.div_rn(tl.maximum(amax, FLOOR), tl.full(amax.shape, ELEM_MAX, tl.float32))
+        q = tl.math.div_rn(max_nan(amax, FLOOR), tl.full(amax.shape, ELEM_MAX, tl.float32))
         NORMAL: tl.constexpr = FLOOR / ELEM_MAX >= 1.2e-38  # the quotient of the floor stays normal
     return tl.minimum(tl.maximum(ceil_log2(q, NORMAL), E_MIN), E_MAX)
 
