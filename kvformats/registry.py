@@ -64,20 +64,30 @@ def _load_kernels() -> None:
 # Ops whose bytes depend on the numerics profile. Reads (decode, gather, the paged ops) multiply
 # each element by its stored scale whatever rule chose it, so any backend serves any profile.
 PROFILE_DEPENDENT_OPS = ("encode",)
+_KERNEL_PROFILES: dict[str, tuple[str, ...]] = {}  # format -> profiles its Triton encode honours
+
+
+def register_kernel_profiles(fmt: str, profiles) -> None:
+    """Declare the numerics profiles the Triton ``encode`` of ``fmt`` implements (the kernel
+    package calls this when it registers; formats it does not name get their default only)."""
+    _KERNEL_PROFILES[fmt] = tuple(profiles)
 
 
 def resolve_for(layout, op: str, backend: str, device) -> Callable:
-    """``resolve`` for a layout object: the Triton kernels honour only each format's default
-    numerics profile in this version, so ``encode`` with another profile resolves to the
-    reference under ``backend="auto"`` and raises BackendUnavailableError under "triton"."""
-    default = getattr(layout, "default_profile", True)
-    if default or op not in PROFILE_DEPENDENT_OPS:
+    """``resolve`` for a layout object. A Triton ``encode`` serves only the profiles its kernel
+    package declared (``register_kernel_profiles``); for another profile ``encode`` resolves to
+    the reference under ``backend="auto"`` and raises BackendUnavailableError under "triton"."""
+    if op not in PROFILE_DEPENDENT_OPS or getattr(layout, "default_profile", True):
+        return resolve(layout.name, op, backend, device)
+    if device.type == "cuda":
+        _load_kernels()
+    if layout.profile in _KERNEL_PROFILES.get(layout.name, ()):
         return resolve(layout.name, op, backend, device)
     if backend == "triton":
         raise BackendUnavailableError(
-            f"the Triton kernels implement only the default numerics profile of {layout.name} "
-            f"({layout.PROFILES.default!r}) in this version, got profile={layout.profile!r}; pass "
-            f"backend='reference' (or 'auto', which uses the reference for non-default profiles)")
+            f"the Triton kernels do not implement the numerics profile {layout.profile!r} of {layout.name} "
+            f"in this version (they do: {', '.join(_KERNEL_PROFILES.get(layout.name, ())) or 'the default'}); "
+            f"pass backend='reference' (or 'auto', which uses the reference for it)")
     return resolve(layout.name, op, "reference" if backend == "auto" else backend, device)
 
 

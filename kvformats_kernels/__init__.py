@@ -19,7 +19,8 @@ else:
 
 if AVAILABLE:
     from kvformats.paged import PAGED_OPS
-    from kvformats.registry import register_op
+    from kvformats.profiles import profile_table
+    from kvformats.registry import register_kernel_profiles, register_op
     from kvformats_kernels import fp8_ds_mla, indexer, state
 
     IMPLEMENTATIONS = {
@@ -36,4 +37,7 @@ if AVAILABLE:
             # compressor_state has no single-dtype decode / byte workspaces
             if hasattr(_module, _op) and (_fmt, _op) not in NOT_ON_GPU:
                 register_op(_fmt, _op, "triton")(getattr(_module, _op))
+    # every numerics profile of these formats is a set of encode constexprs (_common.profile_constants)
+    for _fmt in ("fp8_ds_mla", "fp8_indexer", "mxfp4_indexer"):
+        register_kernel_profiles(_fmt, profile_table(_fmt).names)
     from kvformats_kernels import dsv4  # noqa: E402,F401  (registers the deepseek_v4 operations)

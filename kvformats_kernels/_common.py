@@ -80,6 +80,18 @@ def rule_constants(rule) -> dict:
                 E_MIN=rule.exponent_min, E_MAX=rule.exponent_max)
 
 
+def profile_constants(layout, e2m1: bool = False) -> dict:
+    """The rest of a layout's numerics profile as encode-kernel constexprs (with
+    ``rule_constants``): exponent mode, and for e2m1 formats the rounding and sign of zero.
+    Power-of-two-free rules (``POW2=False``) are honoured by the fp8_indexer kernel only."""
+    rule = layout.scale_rule
+    out = dict(FLOOR_MODE=rule.exponent_mode == "floor_minus_emax", ELEM_EMAX=rule.element_emax)
+    if e2m1:
+        prof = layout.numerics
+        out.update(E2M1_RNE=prof.e2m1_rounding == "rne", E2M1_SIGNED_ZERO=prof.e2m1_signed_zero)
+    return out
+
+
 MAX_GRID_Y = 65535  # CUDA's limit on grid axis 1: requests beyond it go in further launches
 
 

@@ -50,7 +50,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
         **_geometry(layout), PAD_OFF=pad_off, PAD_STRIDE=pad_stride, PAD_BYTES=pad_bytes,
         PAD_P2=cm.next_pow2(pad_bytes), ROPE_P2=cm.next_pow2(layout.rope_dim),
-        **cm.rule_constants(layout.scale_rule),
+        **cm.rule_constants(layout.scale_rule), **cm.profile_constants(layout),
         IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
 
 

@@ -20,7 +20,8 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
                   PAD_P2: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                   ROPE: tl.constexpr, ROPE_P2: tl.constexpr,
                   FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
-                  E_MIN: tl.constexpr, E_MAX: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr):
+                  E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
+                  IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
@@ -35,7 +36,8 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
                      IS_BF16)
     if not IS_BF16:
         xq = nj.bf16_round(xq)
-    e = nj.tile_exponent(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT)
+    e = nj.tile_exponent(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
+                         FLOOR_MODE, ELEM_EMAX)
     codes = nj.e4m3_bits(xq * nj.pow2(-e)[:, :, None])
     nope_at = cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE
     tl.store(nope_at[:, None, None] + elem[None, :, :], codes.to(tl.uint8), mask=m3)

@@ -23,6 +23,12 @@ def _geometry(layout) -> dict:
                 QB=layout.head_dim // layout.num_blocks)
 
 
+def _profile(layout) -> dict:
+    if layout.name == "fp8_indexer":
+        return dict(cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two)
+    return cm.profile_constants(layout, e2m1=True)
+
+
 def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
     """Quantize ``x [N, head_dim]`` into the rows at ``slots [N]``; slots outside
     [0, capacity) are skipped."""
@@ -34,7 +40,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     cfg = cm.config("indexer", "encode")
     _KERNELS[layout.name][0][(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
-        **_geometry(layout), **cm.rule_constants(layout.scale_rule),
+        **_geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout),
         IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
 
 

@@ -14,8 +14,11 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
                       SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                       NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                       FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
-                        E_MIN: tl.constexpr, E_MAX: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr):
-    """e = ceil_log2(max(amax / 448, 1e-10)); bytes e4m3(x * 2^-e); scale = float32 2^e (LE)."""
+                      E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
+                      POW2: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Default rule: e = ceil_log2(max(amax / 448, 1e-10)); bytes e4m3(x * 2^-e); scale = float32
+    2^e (LE). POW2=False (a profile storing arbitrary scales): s = the rule's float32 quotient,
+    bytes e4m3(x / s) with one correctly rounded division, as the reference."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
@@ -24,11 +27,17 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
     m3 = ok[:, None, None] & (blk < NB)[None, :, None]
     x = nj.load_f32((x_ptr + rows * x_stride)[:, None, None] + elem[None, :, :],
                     in_range[:, None, None] & (blk < NB)[None, :, None], IS_BF16)  # overlaps the slot load
-    e = nj.tile_exponent(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT)
-    codes = nj.e4m3_bits(x * nj.pow2(-e)[:, :, None])
+    if POW2:
+        e = nj.tile_exponent(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
+                             FLOOR_MODE, ELEM_EMAX)
+        codes = nj.e4m3_bits(x * nj.pow2(-e)[:, :, None])
+        bits = nj.pow2_bits(e)
+    else:
+        q = nj.block_scale(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE)
+        codes = nj.e4m3_bits(tl.math.div_rn(x, tl.broadcast_to(q[:, :, None], x.shape)))
+        bits = nj.f32_bits(q)
     tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
              codes.to(tl.uint8), mask=m3)
-    bits = nj.pow2_bits(e)
     scale_at = (cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + 4 * blk[None, :]
     m2 = ok[:, None] & (blk < NB)[None, :]
     for i in tl.static_range(4):
@@ -75,8 +84,11 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                         FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
-                        E_MIN: tl.constexpr, E_MAX: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr):
-    """e = ceil_log2(max(amax, 1e-4) / 6); nibbles by threshold (element 2k low); scale e + 127."""
+                        E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
+                        E2M1_RNE: tl.constexpr, E2M1_SIGNED_ZERO: tl.constexpr, IS_BF16: tl.constexpr,
+                        EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Default rule: e = ceil_log2(max(amax, 1e-4) / 6); nibbles by threshold (element 2k low);
+    scale e + 127. Other profiles: their exponent rule and e2m1 rounding (constexprs)."""
     HQ: tl.constexpr = QB // 2
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
@@ -87,8 +99,9 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
     live = (blk < NB)[None, :, None]
     x = nj.load_f32((x_ptr + rows * x_stride)[:, None, None] + elem[None, :, :], in_range[:, None, None] & live,
                     IS_BF16)  # overlaps the slot load
-    e = nj.tile_exponent(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT)
-    codes = nj.e2m1_code(x * nj.pow2(-e)[:, :, None])
+    e = nj.tile_exponent(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
+                         FLOOR_MODE, ELEM_EMAX)
+    codes = nj.e2m1_code(x * nj.pow2(-e)[:, :, None], E2M1_RNE, E2M1_SIGNED_ZERO)
     lo, hi = tl.split(tl.reshape(codes, (BLOCK_M, NB_P2, HQ, 2)))  # element 2k, element 2k + 1
     tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + pair[None, :, :],
              (lo | (hi << 4)).to(tl.uint8), mask=ok[:, None, None] & live)

@@ -162,22 +162,45 @@ def ceil_log2(q, NORMAL_ONLY: tl.constexpr = False):
 
 
 @triton.jit
-def e2m1_code(y):
-    """float32 -> e2m1 nibble (int32 0..15) with tokenspeed's thresholds: a magnitude equal to
-    a threshold takes the smaller code; sign bit only on a non-zero code of a negative value.
+def floor_log2(a):
+    """Exact ``floor(log2(a))`` of float32 a >= 0 -> int32, as kvformats.numerics.floor_log2:
+    subnormals through the exact int -> float conversion of their mantissa, 0 -> -1000,
+    +Inf and NaN -> 128."""
+    b = f32_bits(a) & 0x7FFFFFFF
+    field = b >> 23
+    j = b & 0x7FFFFF
+    sub = (f32_bits(j.to(tl.float32)) >> 23) - 127 - 149  # a = j * 2^-149
+    return tl.where(field > 0, field - 127, tl.where(j == 0, -1000, sub))
+
+
+@triton.jit
+def e2m1_code(y, RNE: tl.constexpr = False, SIGNED_ZERO: tl.constexpr = False):
+    """float32 -> e2m1 nibble (int32 0..15), saturating at 6. Default (tokenspeed's thresholds):
+    a magnitude equal to a threshold takes the smaller code, and the sign bit is set only on a
+    non-zero code of a negative value. RNE: ties go to the even code (PTX cvt.rn.satfinite, OCP);
+    SIGNED_ZERO: the sign bit copies the input's (nibble 8 possible). NaN gives code 0 (every
+    threshold compare is false), as ``kvformats.numerics.e2m1_encode``.
 
     From 1 up, e2m1 is a float with one mantissa bit (codes 2..7 = 1, 1.5, 2, 3, 4, 6), so
-    rounding half down is adding just under half an ulp (2^21 - 1) to the float32 pattern and
-    keeping exponent and top mantissa bit (2 * 127 - 2 = 252 rebiases); below 1 the grid
-    0, 0.5 is two threshold compares. Compares on bit patterns order like the magnitudes.
+    rounding is adding just under half an ulp (2^21 - 1), plus the kept bit for RNE, to the
+    float32 pattern and keeping exponent and top mantissa bit (2 * 127 - 2 = 252 rebiases);
+    below 1 the grid 0, 0.5 is two threshold compares. Compares on bit patterns order like the
+    magnitudes.
     """
     b = f32_bits(y)
     mag = b & 0x7FFFFFFF
-    big = tl.minimum((mag + ((1 << 21) - 1 - (252 << 22))) >> 22, 7)
-    small = (mag > 0x3E800000).to(tl.int32) + (mag > 0x3F400000).to(tl.int32)  # 0.25, 0.75
+    if RNE:
+        big = tl.minimum((mag + ((1 << 21) - 1 - (252 << 22)) + ((mag >> 22) & 1)) >> 22, 7)
+        small = (mag > 0x3E800000).to(tl.int32) + (mag >= 0x3F400000).to(tl.int32)  # 0.25 -> 0, 0.75 -> 1
+    else:
+        big = tl.minimum((mag + ((1 << 21) - 1 - (252 << 22))) >> 22, 7)
+        small = (mag > 0x3E800000).to(tl.int32) + (mag > 0x3F400000).to(tl.int32)  # 0.25, 0.75
     code = tl.where(mag >= 0x3F800000, big, small)
-    code = tl.where(mag > 0x7F800000, 0, code)  # NaN: every threshold compare is false -> 0
-    return code | tl.where((b < 0) & (code != 0), 8, 0)
+    code = tl.where(mag > 0x7F800000, 0, code)  # NaN
+    if SIGNED_ZERO:
+        return code | tl.where(b < 0, 8, 0)
+    else:
+        return code | tl.where((b < 0) & (code != 0), 8, 0)
 
 
 @triton.jit
@@ -207,13 +230,18 @@ def max_nan(q, FLOOR: tl.constexpr):
 
 @triton.jit
 def block_exponent(amax, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
-                   E_MIN: tl.constexpr, E_MAX: tl.constexpr):
+                   E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr = False,
+                   ELEM_EMAX: tl.constexpr = 0):
     """A ScaleRule's exponent of blocks with absolute maximum ``amax`` (float32) -> int32.
 
     FLOOR and ELEM_MAX are float32 values; the division is correctly rounded (div_rn), as
     torch's is, so the exponent matches ``ScaleRule.exponents`` bit for bit. A NaN amax gives the
-    clamp exponent E_MAX, like +Inf (spec/nan-policy.md §2).
+    clamp exponent E_MAX, like +Inf (spec/nan-policy.md §2). FLOOR_MODE (the rule's
+    exponent_mode "floor_minus_emax", OCP MX): floor(log2(max(amax, FLOOR))) - ELEM_EMAX, exact.
     """
+    if FLOOR_MODE:
+        e = floor_log2(max_nan(amax, FLOOR)) - ELEM_EMAX
+        return tl.minimum(tl.maximum(e, E_MIN), E_MAX)
     if FLOOR_ON_SCALE:
         q = max_nan(tl.math.div_rn(amax, tl.full(amax.shape, ELEM_MAX, tl.float32)), FLOOR)
         NORMAL: tl.constexpr = FLOOR >= 1.1754943508222875e-38
@@ -221,6 +249,17 @@ def block_exponent(amax, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_S
         q = tl.math.div_rn(max_nan(amax, FLOOR), tl.full(amax.shape, ELEM_MAX, tl.float32))
         NORMAL: tl.constexpr = FLOOR / ELEM_MAX >= 1.2e-38  # the quotient of the floor stays normal
     return tl.minimum(tl.maximum(ceil_log2(q, NORMAL), E_MIN), E_MAX)
+
+
+@triton.jit
+def block_scale(amax, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr):
+    """The float32 scale of a rule with ``power_of_two=False``: q = max(amax, FLOOR) / ELEM_MAX
+    (or max(amax / ELEM_MAX, FLOOR)), unrounded, as ``ScaleRule.scales_of_amax``."""
+    em = tl.full(amax.shape, ELEM_MAX, tl.float32)
+    if FLOOR_ON_SCALE:
+        return max_nan(tl.math.div_rn(amax, em), FLOOR)
+    else:
+        return tl.math.div_rn(max_nan(amax, FLOOR), em)
 
 
 @triton.jit
@@ -235,13 +274,14 @@ def load_f32(ptrs, mask, IS_BF16: tl.constexpr):
 
 @triton.jit
 def tile_exponent(amax, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
-                  E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLAT: tl.constexpr):
+                  E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLAT: tl.constexpr, FLOOR_MODE: tl.constexpr = False,
+                  ELEM_EMAX: tl.constexpr = 0):
     """block_exponent of a [BM, NB] tile of block maxima. FLAT: computed on a 1-D reshape, so
     that (if the compiler keeps that layout) each block's exponent is worked out by one thread
     instead of by every thread holding a slice of the block, then broadcast back."""
     if FLAT:
         flat = tl.reshape(amax, (amax.shape[0] * amax.shape[1],))
-        e = block_exponent(flat, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
+        e = block_exponent(flat, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE, ELEM_EMAX)
         return tl.reshape(e, (amax.shape[0], amax.shape[1]))
     else:
-        return block_exponent(amax, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
+        return block_exponent(amax, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE, ELEM_EMAX)

@@ -197,16 +197,21 @@ def test_fingerprint_follows_the_profile():
     assert fingerprint(kvf.Fp8DsMla()) != fingerprint(kvf.Fp8DsMla(profile="vllm"))
 
 
-def test_auto_uses_the_reference_for_non_default_encode_and_triton_is_refused():
+def test_kernel_profiles_are_declared_and_others_fall_back(monkeypatch):
+    """A profile the kernel package did not declare: encode resolves to the reference under auto
+    and is refused under triton (naming the fix); a declared one resolves to the kernel."""
     cuda = torch.device("cuda")
     lay = kvf.Mxfp4Indexer(profile="vllm")
+    assert registry.resolve_for(lay, "encode", "triton", cuda) is registry.resolve("mxfp4_indexer", "encode",
+                                                                                   "triton", cuda)
+    monkeypatch.setitem(registry._KERNEL_PROFILES, "mxfp4_indexer", ("tokenspeed",))
     fn = registry.resolve_for(lay, "encode", "auto", cuda)
     assert fn is registry.resolve("mxfp4_indexer", "encode", "reference", cuda)
-    with pytest.raises(kvf.BackendUnavailableError, match="default numerics profile.*backend='reference'"):
+    with pytest.raises(kvf.BackendUnavailableError, match="numerics profile 'vllm'.*backend='reference'"):
         registry.resolve_for(lay, "encode", "triton", cuda)
 
 
-def test_triton_refused_through_the_public_method_before_any_write():
+def test_triton_on_cpu_refused_through_the_public_method_before_any_write():
     lay = kvf.Fp8Indexer(profile="deepgemm-ref")
     cache = lay.allocate(1)
     with pytest.raises(kvf.BackendUnavailableError):
