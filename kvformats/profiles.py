@@ -19,9 +19,9 @@ Profiles by name (which formats support each: ``supported_profiles()``; prose: s
 * ``ocp``         OCP MX v1.0 for the MXFP4 indexer: e = floor(log2 amax) - 2, elements RNE and
                   saturating, sign of zero kept.
 
-The Triton encode kernels honour every profile of fp8_ds_mla, fp8_indexer and mxfp4_indexer (the
-kernel package declares them with ``registry.register_kernel_profiles``); a profile no kernel
-declares runs on the reference (``backend="auto"``) or raises BackendUnavailableError
+The Triton encode kernels honour every profile of fp8_ds_mla (584 B and V3.2 656 B rows),
+fp8_indexer and mxfp4_indexer (the kernel package declares them with
+``registry.register_kernel_profiles``); a profile no kernel declares runs on the reference (``backend="auto"``) or raises BackendUnavailableError
 (``backend="triton"``). Reads (decode, gather, the paged ops) do not depend on the profile: they
 multiply each element by the stored scale, whatever rule chose it.
 """

@@ -25,19 +25,20 @@ if AVAILABLE:
 
     IMPLEMENTATIONS = {
         "fp8_ds_mla": fp8_ds_mla,
+        "fp8_ds_mla_v32": fp8_ds_mla,  # the V3.2 656 B rows: the same kernels with float32 scales
         "fp8_indexer": indexer,
         "mxfp4_indexer": indexer,
         "compressor_state": state,
     }
     # Triton 3.6 (the H200's) fails to compile gather_paged at fp8_ds_mla's record sizes
     # (TritonGPURemoveLayoutConversions, 2026-12-02), so that one op stays on the reference there.
-    NOT_ON_GPU = {("fp8_ds_mla", "gather_paged")}
+    NOT_ON_GPU = {("fp8_ds_mla", "gather_paged"), ("fp8_ds_mla_v32", "gather_paged")}
     for _fmt, _module in IMPLEMENTATIONS.items():
         for _op in ("encode", "decode", "gather", *PAGED_OPS):
             # compressor_state has no single-dtype decode / byte workspaces
             if hasattr(_module, _op) and (_fmt, _op) not in NOT_ON_GPU:
                 register_op(_fmt, _op, "triton")(getattr(_module, _op))
     # every numerics profile of these formats is a set of encode constexprs (_common.profile_constants)
-    for _fmt in ("fp8_ds_mla", "fp8_indexer", "mxfp4_indexer"):
+    for _fmt in ("fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer"):
         register_kernel_profiles(_fmt, profile_table(_fmt).names)
     from kvformats_kernels import dsv4  # noqa: E402,F401  (registers the deepseek_v4 operations)

@@ -1,5 +1,5 @@
-"""fp8_ds_mla launchers: encode, decode, gather, and the paged dequantize_gather / decode_topk
-(registered as the "triton" backend)."""
+"""fp8_ds_mla launchers (also the V3.2 656 B rows, fp8_ds_mla_v32): encode, decode, gather, and
+the paged dequantize_gather / decode_topk (registered as the "triton" backend)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def _geometry(layout) -> dict:
     qb = layout.nope_dim // layout.num_blocks  # NoPE quantization block (64)
     return dict(PAGE_SIZE=layout.page_size, NOPE_OFF=nope_off, NOPE_STRIDE=nope_stride,
                 ROPE_OFF=rope_off, ROPE_STRIDE=rope_stride, SCALE_OFF=scale_off, SCALE_STRIDE=scale_stride,
-                NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks), QB=qb, ROPE=layout.rope_dim)
+                NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks), QB=qb, ROPE=layout.rope_dim,
+                SCALE_F32=layout.name == "fp8_ds_mla_v32")
 
 
 def _decode_geometry(layout, u8: torch.Tensor, stride: int) -> tuple[dict, torch.Tensor, int]:
@@ -44,13 +45,14 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
         return
     x, is_bf16 = cm.rows_input(x)
     u8, stride = cm.byte_cache(layout, cache)
-    pad_off, pad_stride, pad_bytes = cm.region(layout, "scale_pad")
+    has_pad = any(r.name == "scale_pad" for r in layout.regions)
+    pad_off, pad_stride, pad_bytes = cm.region(layout, "scale_pad") if has_pad else (0, 0, 0)
     cfg = cm.config("fp8_ds_mla", "encode")
     jit.encode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
         **_geometry(layout), PAD_OFF=pad_off, PAD_STRIDE=pad_stride, PAD_BYTES=pad_bytes,
         PAD_P2=cm.next_pow2(pad_bytes), ROPE_P2=cm.next_pow2(layout.rope_dim),
-        **cm.rule_constants(layout.scale_rule), **cm.profile_constants(layout),
+        **cm.rule_constants(layout.scale_rule), **cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two,
         IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
 
 

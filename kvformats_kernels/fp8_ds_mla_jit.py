@@ -1,7 +1,9 @@
-"""Triton kernels of fp8_ds_mla (formats.md §2): encode and decode of whole rows.
+"""Triton kernels of fp8_ds_mla (formats.md §2) and its V3.2 form: encode and decode of whole rows.
 
-A row is NB NoPE blocks of QB values (float8_e4m3fn, one ue8m0 exponent each) and a RoPE tail
-of ROPE bf16 values; every offset arrives as a constexpr read off the layout's regions.
+A row is NB NoPE blocks of QB values (float8_e4m3fn) with one scale each — a ue8m0 byte (V4) or,
+with SCALE_F32, a little-endian float32 (V3.2, 656 B rows; arbitrary scales when not POW2) —
+and a RoPE tail of ROPE bf16 values; every offset arrives as a constexpr read off the layout's
+regions.
 """
 
 import triton
@@ -21,6 +23,7 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
                   ROPE: tl.constexpr, ROPE_P2: tl.constexpr,
                   FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                   E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
+                  SCALE_F32: tl.constexpr, POW2: tl.constexpr,
                   IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
@@ -36,16 +39,29 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
                      IS_BF16)
     if not IS_BF16:
         xq = nj.bf16_round(xq)
-    e = nj.tile_exponent(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
-                         FLOOR_MODE, ELEM_EMAX)
-    codes = nj.e4m3_bits(xq * nj.pow2(-e)[:, :, None])
+    if POW2:
+        e = nj.tile_exponent(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
+                             FLOOR_MODE, ELEM_EMAX)
+        codes = nj.e4m3_bits(xq * nj.pow2(-e)[:, :, None])
+    else:  # arbitrary float32 scale q, applied by one correctly rounded division (as the reference)
+        q = nj.block_scale(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE)
+        codes = nj.e4m3_bits(tl.math.div_rn(xq, tl.broadcast_to(q[:, :, None], xq.shape)))
     nope_at = cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE
     tl.store(nope_at[:, None, None] + elem[None, :, :], codes.to(tl.uint8), mask=m3)
 
-    # Scale bytes, then the record's pad bytes (always 0).
-    s = tl.minimum(tl.maximum(e + 127, 0), 255)
+    # Scales, then the record's pad bytes (always 0).
     scale_at = cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE
-    tl.store(scale_at[:, None] + blk[None, :], s.to(tl.uint8), mask=ok[:, None] & (blk < NB)[None, :])
+    m2 = ok[:, None] & (blk < NB)[None, :]
+    if SCALE_F32:
+        if POW2:
+            sbits = nj.pow2_bits(e)
+        else:
+            sbits = nj.f32_bits(q)
+        for i in tl.static_range(4):
+            tl.store(scale_at[:, None] + 4 * blk[None, :] + i, ((sbits >> (8 * i)) & 0xFF).to(tl.uint8), mask=m2)
+    else:
+        s = tl.minimum(tl.maximum(e + 127, 0), 255)
+        tl.store(scale_at[:, None] + blk[None, :], s.to(tl.uint8), mask=m2)
     if PAD_BYTES > 0:
         p = tl.arange(0, PAD_P2)
         pad_at = cache_ptr + base + PAD_OFF + row * PAD_STRIDE
@@ -71,7 +87,8 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
                 ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
                 SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                 NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, BLOCK_M: tl.constexpr):
+                ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
+                BLOCK_M: tl.constexpr):
     """Decode the rows at (page, row) [BM] (zeros where not ok) into the int16 (bf16 bits) rows
     ``out_row`` [BM pointers] where live: e4m3 * 2^(s-127) rounded to bf16, then the tail.
 
@@ -111,13 +128,20 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
         inb = (blk < NB)[None, :, None]
         b = tl.load((cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE)[:, None, None] + elem[None, :, :],
                     mask=ok[:, None, None] & inb, other=0)
-        s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
-                    mask=ok[:, None] & (blk < NB)[None, :], other=127)
-        # NaN only from a NaN byte (0x7F / 0xFF) or a NaN scale (0xFF): decided on the bytes, so
-        # the per-element rounding needs no NaN test.
-        v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
-        nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
-        bits = tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
+        scale_at = (cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None]
+        if SCALE_F32:  # float32 scales (V3.2): any value, NaN from the product itself
+            sb = tl.zeros((BLOCK_M, NB_P2), tl.int32)
+            for i in tl.static_range(4):
+                sb = sb | (tl.load(scale_at + 4 * blk[None, :] + i, mask=ok[:, None] & (blk < NB)[None, :],
+                                   other=0).to(tl.int32) << (8 * i))
+            bits = nj.bf16_rne_bits(nj.e4m3_value(b) * nj.bits_f32(sb)[:, :, None])
+        else:
+            s = tl.load(scale_at + blk[None, :], mask=ok[:, None] & (blk < NB)[None, :], other=127)
+            # NaN only from a NaN byte (0x7F / 0xFF) or a NaN scale (0xFF): decided on the bytes,
+            # so the per-element rounding needs no NaN test.
+            v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
+            nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
+            bits = tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
         tl.store(out_row[:, None, None] + elem[None, :, :], bits.to(tl.int16), mask=live[:, None, None] & inb)
         k = tl.arange(0, 2 * ROPE_P2)
         pairs = tl.load((cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE)[:, None] + k[None, :],
@@ -134,14 +158,14 @@ def decode_kernel(cache_ptr, rope16_ptr, slots_ptr, out_ptr, n_rows, slot_stride
                   ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
                   SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                   NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                  ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_M: tl.constexpr):
+                  ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """out (int16 bits of bf16) [N, HEAD_DIM]: the rows at slots; zero rows for invalid slots."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     decode_body(cache_ptr, rope16_ptr, page, row, ok, out_ptr + rows * HEAD_DIM, in_range, page_stride,
                 page_stride16, PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
-                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, BLOCK_M)
+                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, BLOCK_M)
 
 
 @triton.jit
@@ -152,7 +176,7 @@ def paged_decode_kernel(cache_ptr, rope16_ptr, table_ptr, seq_ptr, glen_ptr, bas
                         ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                        ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr,
+                        ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
                         HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr):
     """dequantize_gather: out[req, offset + i] = the decoded row of position
     seq_len - gather_len + i of request req (program axis 1, plus req0) through the table."""
@@ -163,4 +187,4 @@ def paged_decode_kernel(cache_ptr, rope16_ptr, table_ptr, seq_ptr, glen_ptr, bas
     out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
     decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride, page_stride16,
                 PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
-                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, BLOCK_M)
+                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, BLOCK_M)

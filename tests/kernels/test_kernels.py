@@ -37,6 +37,8 @@ SENTINEL = 0xA5
 LAYOUTS = {  # id -> (layout, quant block, element max)
     "fp8_ds_mla": (kvf.Fp8DsMla(page_size=4), 64, 448.0),
     "fp8_ds_mla-256": (kvf.Fp8DsMla(head_dim=256, rope_dim=64, page_size=3), 64, 448.0),
+    "fp8_ds_mla_v32": (kvf.get_format("fp8_ds_mla_v32", page_size=4), 128, 448.0),
+    "fp8_ds_mla_v32-vllm": (kvf.get_format("fp8_ds_mla_v32", head_dim=320, page_size=3, profile="vllm"), 128, 448.0),
     "fp8_indexer": (kvf.Fp8Indexer(page_size=4), 128, 448.0),
     "fp8_indexer-256": (kvf.Fp8Indexer(head_dim=256, page_size=5), 128, 448.0),
     "mxfp4_indexer": (kvf.Mxfp4Indexer(page_size=4), 32, 6.0),
@@ -192,19 +194,9 @@ def test_import_kvformats_does_not_import_triton():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-WITHOUT_KERNELS = {"fp8_ds_mla_v32"}  # registered formats with no Triton kernels yet (reference only)
-
-
 @pytest.mark.parametrize("fmt", kvf.list_formats())
 @pytest.mark.parametrize("op", ["encode", "decode", "gather"])
 def test_triton_backend_registered(fmt, op):
-    if fmt in WITHOUT_KERNELS:
-        assert fmt not in kk.IMPLEMENTATIONS  # a new kernel family must leave this list
-        with pytest.raises(kvf.BackendUnavailableError, match="no Triton kernel"):
-            registry.resolve(fmt, op, "triton", torch.device("cuda"))
-        assert registry.resolve(fmt, op, "auto", torch.device("cuda")) is registry.resolve(
-            fmt, op, "reference", torch.device("cuda"))
-        return
     fn = registry.resolve(fmt, op, "triton", torch.device("cuda"))
     assert fn is getattr(kk.IMPLEMENTATIONS[fmt], op)
 

@@ -28,11 +28,12 @@ DECODE_LAYOUTS = {
     "fp8_ds_mla": kvf.Fp8DsMla(page_size=4),
     "fp8_ds_mla-256": kvf.Fp8DsMla(head_dim=256, rope_dim=64, page_size=3),
     "fp8_ds_mla-rope32": kvf.Fp8DsMla(head_dim=160, rope_dim=32, page_size=2),
+    "fp8_ds_mla_v32": kvf.get_format("fp8_ds_mla_v32", head_dim=320, page_size=3, profile="vllm"),
     "fp8_indexer": kvf.Fp8Indexer(page_size=4),
     "mxfp4_indexer": kvf.Mxfp4Indexer(page_size=4),
     "mxfp4_indexer-96": kvf.Mxfp4Indexer(head_dim=96, page_size=2),
 }
-BYTE_LAYOUTS = {k: v for k, v in DECODE_LAYOUTS.items() if k in ("fp8_ds_mla", "fp8_ds_mla-256", "fp8_indexer",
+BYTE_LAYOUTS = {k: v for k, v in DECODE_LAYOUTS.items() if k in ("fp8_ds_mla", "fp8_ds_mla-256", "fp8_ds_mla_v32", "fp8_indexer",
                                                                   "mxfp4_indexer", "mxfp4_indexer-96")}
 ALL_LAYOUTS = dict(DECODE_LAYOUTS, compressor_state=kvf.CompressorState(head_dim=32, ratio=4, page_size=4))
 
@@ -94,7 +95,7 @@ def sentinel_like(shape, dtype, device=DEV) -> torch.Tensor:
 # ----------------------------------------------------------------------------- registration
 
 
-@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_indexer", "mxfp4_indexer", "compressor_state"])
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer", "compressor_state"])
 @pytest.mark.parametrize("op", paged.PAGED_OPS)
 def test_paged_triton_ops_registered(fmt, op):
     if (fmt == "compressor_state" and op != "decode_topk") or (fmt, op) in kk.NOT_ON_GPU:

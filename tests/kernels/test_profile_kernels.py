@@ -19,7 +19,7 @@ from kvformats_kernels import numerics_jit as nj  # noqa: E402
 from test_kernels import DEV, arena_cache, bits, encode_slots, padded, rows  # noqa: E402
 
 CUDA = torch.cuda.is_available()
-FORMATS = {"fp8_ds_mla": (64, 448.0), "fp8_indexer": (128, 448.0), "mxfp4_indexer": (32, 6.0)}
+FORMATS = {"fp8_ds_mla": (64, 448.0), "fp8_ds_mla_v32": (128, 448.0), "fp8_indexer": (128, 448.0), "mxfp4_indexer": (32, 6.0)}
 CASES = [(f, p) for f in FORMATS for p in kvf.supported_profiles()[f]]
 
 
