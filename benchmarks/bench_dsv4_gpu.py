@@ -1,0 +1,95 @@
+"""GPU benchmark of the kvformats.deepseek_v4 Triton kernels against the copy bandwidth and the
+reference backend.
+
+    python3 benchmarks/bench_dsv4_gpu.py [--parts compress,query,indices] [--sizes 64,131072] [--out f.md]
+
+Cases come from ``dsv4_cases_<part>.py`` (each a ``cases(sizes)`` list of ``dsv4_case.Case``).
+Per case it prints: eager µs (do_bench median, L2 flushed between calls; at decode sizes this is
+Python launch cost), graph µs (median per-call time replayed inside a CUDA graph: 50 calls for
+rows <= 512, else 4), the fewest bytes the op must move, GB/s and % of the device-to-device
+copy bandwidth measured in the same run (from the graph time), and the reference backend's
+do_bench median on the same GPU. A case that raises prints its error in the table and the run
+goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_timing import bench, copy_bandwidth, graph_per_call_us  # noqa: E402
+
+PARTS = ("compress", "query", "indices")
+
+
+def time_case(case, bw: float, reference: bool) -> str:
+    eager_us = bench(case.run_triton) * 1e3
+    graph_us = graph_per_call_us([case.run_triton], 50 if case.rows <= 512 else 4)
+    gbs = case.min_bytes / graph_us / 1e3
+    ref_us = f"{bench(case.run_reference, rep_ms=100) * 1e3:.1f}" if reference else "-"
+    return (f"| {case.op} | {case.label} | {eager_us:.1f} | {graph_us:.2f} | {case.min_bytes / 1e6:.2f} | "
+            f"{gbs:.0f} | {100 * gbs / bw:.1f} | {ref_us} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", default=",".join(PARTS))
+    ap.add_argument("--sizes", default="64,131072")
+    ap.add_argument("--no-reference", dest="reference", action="store_false")
+    ap.add_argument("--out", default=None, help="also write the table to this file")
+    args = ap.parse_args(argv)
+    import triton
+
+    lines: list[str] = []
+
+    def log(s: str = "") -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    log(f"date {datetime.date.today()}  device {torch.cuda.get_device_name()}  torch {torch.__version__}  "
+        f"triton {triton.__version__}  git {rev or '?'} (+ working tree)")
+    bw = copy_bandwidth()
+    log(f"device-to-device copy bandwidth (read + write): {bw:.0f} GB/s")
+    log()
+    log("| op | case | eager µs | graph µs | min MB | GB/s | % copy BW | reference µs |")
+    log("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    sizes = tuple(int(s) for s in args.sizes.split(","))
+    failures = 0
+    hows: dict[str, str] = {}
+    for part in args.parts.split(","):
+        try:
+            cases = importlib.import_module(f"dsv4_cases_{part}").cases(sizes)
+        except Exception as err:  # a part that cannot build its inputs is reported, the rest still runs
+            failures += 1
+            log(f"| {part} | (building cases) | ERROR {type(err).__name__}: {err} | | | | | |")
+            traceback.print_exc()
+            continue
+        for case in cases:
+            hows.setdefault(case.op, case.how)
+            try:
+                log(time_case(case, bw, args.reference))
+            except Exception as err:
+                failures += 1
+                log(f"| {case.op} | {case.label} | ERROR {type(err).__name__}: {str(err)[:120]} | | | | | |")
+            torch.cuda.empty_cache()
+    log()
+    for op, how in hows.items():
+        log(f"* {op}: min bytes = {how}")
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
