@@ -89,3 +89,30 @@ def test_errors_pass_through_the_op_before_any_write():
 def test_import_kvformats_stays_light():
     code = "import sys, kvformats; assert 'kvformats.torch_ops' not in sys.modules and 'kvformats.convert' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name, profile", [("fp8_ds_mla", "tokenspeed"), ("fp8_indexer", "deepgemm-ref"),
+                                           ("mxfp4_indexer", "vllm"), ("fp8_ds_mla_v32", "vllm")])
+def test_gpu_compiled_triton_encode_decode_no_graph_break_and_eager_bytes(name, profile):
+    """The issue's GPU half: torch.compile(fullgraph=True) around the Triton-backed custom ops
+    (inductor) gives the eager bytes, and opcheck passes for the triton backend on CUDA."""
+    lay = kvf.get_format(name, page_size=64, profile=profile)
+
+    def f(x, cache, slots):
+        kops.encode(lay, x, cache, slots, backend="triton")
+        return kops.decode(lay, cache, slots, backend="triton"), kops.gather(lay, cache, slots, backend="triton")
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300, lay.head_dim, generator=g).to(torch.bfloat16).cuda()
+    slots = torch.randperm(64 * 8, generator=g)[:300].cuda()
+    slots[::7] = -1
+    c1, c2 = lay.allocate(8, device="cuda"), lay.allocate(8, device="cuda")
+    a = torch.compile(f, fullgraph=True)(x, c1, slots)
+    b = f(x, c2, slots)
+    assert torch.equal(c1.view(torch.uint8), c2.view(torch.uint8)) and torch.equal(a[1], b[1])
+    assert torch.equal(a[0].contiguous().view(torch.uint8), b[0].contiguous().view(torch.uint8))
+    key = kops.layout_key(lay)
+    torch.library.opcheck(torch.ops.kvformats.encode.default, (*key, [x], c1, slots, "triton"))
+    torch.library.opcheck(torch.ops.kvformats.decode.default, (*key, c1, slots, "triton"))
+    torch._dynamo.reset()
