@@ -4,6 +4,7 @@ capturable."""
 
 from __future__ import annotations
 
+import os
 import struct
 
 import torch
@@ -11,19 +12,26 @@ import torch
 # Rows per program and warps per program of each kernel, by (family, op). Benchmarks may
 # override entries; tests run whatever is here.
 CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on an H200 (benchmarks/)
-    ("fp8_ds_mla", "encode"): {"block_m": 16, "num_warps": 4},
-    ("fp8_ds_mla", "decode"): {"block_m": 16, "num_warps": 4},
-    ("fp8_ds_mla", "paged"): {"block_m": 32, "num_warps": 4},
+    ("fp8_ds_mla", "encode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
+    ("fp8_ds_mla", "decode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
+    ("fp8_ds_mla", "paged"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1},
     ("gather", "bytes"): {"tile_bytes": 8192, "num_warps": 4, "max_unit": 8},
-    ("indexer", "encode"): {"block_m": 32, "num_warps": 4},
-    ("indexer", "decode"): {"block_m": 16, "num_warps": 4},
-    ("indexer", "paged"): {"block_m": 16, "num_warps": 4},
+    ("indexer", "encode"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1},
+    ("indexer", "decode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
+    ("indexer", "paged"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     ("state", "copy"): {"block_m": 1, "block_w": 2048, "num_warps": 4},
 }
 
 
 def config(family: str, op: str) -> dict[str, int]:
     return CONFIG[(family, op)]
+
+
+def hw_cvt(cfg: dict) -> bool:
+    """Whether a kernel uses the GPU's float8 / bf16 conversion instructions (``HW`` in
+    numerics_jit) rather than integer rounding: where its config asks and not under the
+    interpreter, whose float casts round differently (design.md)."""
+    return bool(cfg.get("hw_cvt", 0)) and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
 def f32(value: float) -> float:

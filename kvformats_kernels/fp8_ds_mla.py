@@ -53,7 +53,8 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
         **_geometry(layout), PAD_OFF=pad_off, PAD_STRIDE=pad_stride, PAD_BYTES=pad_bytes,
         PAD_P2=cm.next_pow2(pad_bytes), ROPE_P2=cm.next_pow2(layout.rope_dim),
         **cm.rule_constants(layout.scale_rule), **cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two,
-        IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
+        IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg),
+        num_warps=cfg["num_warps"])
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -66,7 +67,7 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         cfg = cm.config("fp8_ds_mla", "decode")
         jit.decode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
             u8, rope16, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride, stride16,
-            **geo, HEAD_DIM=layout.head_dim, BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
+            **geo, HEAD_DIM=layout.head_dim, BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg), num_warps=cfg["num_warps"])
     return out.view(torch.bfloat16)
 
 
@@ -76,7 +77,7 @@ def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, ba
     geo, rope16, stride16 = _decode_geometry(layout, u8, stride)
     cfg = cm.config("fp8_ds_mla", "paged")
     cm.launch_paged(jit.paged_decode_kernel, (u8, rope16), out.view(torch.int16), block_table, seq_lens,
-                    gather_lens, base, offset, cache.shape[0], (stride, stride16), geo, cfg)
+                    gather_lens, base, offset, cache.shape[0], (stride, stride16), dict(geo, HW=cm.hw_cvt(cfg)), cfg)
 
 
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:

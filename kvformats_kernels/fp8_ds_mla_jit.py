@@ -24,7 +24,7 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
                   FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                   E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
                   SCALE_F32: tl.constexpr, POW2: tl.constexpr,
-                  IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr):
+                  IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
@@ -42,10 +42,10 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
     if POW2:
         e = nj.tile_exponent(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
                              FLOOR_MODE, ELEM_EMAX)
-        codes = nj.e4m3_bits(xq * nj.pow2(-e)[:, :, None])
+        codes = nj.e4m3_code(xq * nj.pow2(-e)[:, :, None], HW)
     else:  # arbitrary float32 scale q, applied by one correctly rounded division (as the reference)
         q = nj.block_scale(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE)
-        codes = nj.e4m3_bits(tl.math.div_rn(xq, tl.broadcast_to(q[:, :, None], xq.shape)))
+        codes = nj.e4m3_code(tl.math.div_rn(xq, tl.broadcast_to(q[:, :, None], xq.shape)), HW)
     nope_at = cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE
     tl.store(nope_at[:, None, None] + elem[None, :, :], codes.to(tl.uint8), mask=m3)
 
@@ -88,7 +88,7 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
                 SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                 NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                 ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
-                BLOCK_M: tl.constexpr):
+                BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
     """Decode the rows at (page, row) [BM] (zeros where not ok) into the int16 (bf16 bits) rows
     ``out_row`` [BM pointers] where live: e4m3 * 2^(s-127) rounded to bf16, then the tail.
 
@@ -107,9 +107,15 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
                     mask=ok[:, None, None] & nope, other=0)
         s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
                     mask=ok[:, None] & (blk < NB)[None, :], other=127)
-        v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
-        nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
-        bits = tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
+        if HW:  # NaN bytes and scales give NaN through the conversions themselves
+            bits = nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.ue8m0_value(s)[:, :, None], HW)
+        else:
+            if HW:
+                bits = nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.ue8m0_value(s)[:, :, None], HW)
+            else:
+                v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
+                nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
+                bits = tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
         if ROPE16:
             at = page * page_stride16 + (ROPE_OFF // 2) + row * (ROPE_STRIDE // 2)
             r = tl.load(rope16_ptr + at[:, None, None] + c[None, None, :], mask=ok[:, None, None] & tail,
@@ -134,14 +140,17 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
             for i in tl.static_range(4):
                 sb = sb | (tl.load(scale_at + 4 * blk[None, :] + i, mask=ok[:, None] & (blk < NB)[None, :],
                                    other=0).to(tl.int32) << (8 * i))
-            bits = nj.bf16_rne_bits(nj.e4m3_value(b) * nj.bits_f32(sb)[:, :, None])
+            bits = nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.bits_f32(sb)[:, :, None], HW)
         else:
             s = tl.load(scale_at + blk[None, :], mask=ok[:, None] & (blk < NB)[None, :], other=127)
             # NaN only from a NaN byte (0x7F / 0xFF) or a NaN scale (0xFF): decided on the bytes,
             # so the per-element rounding needs no NaN test.
-            v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
-            nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
-            bits = tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
+            if HW:
+                bits = nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.ue8m0_value(s)[:, :, None], HW)
+            else:
+                v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
+                nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
+                bits = tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
         tl.store(out_row[:, None, None] + elem[None, :, :], bits.to(tl.int16), mask=live[:, None, None] & inb)
         k = tl.arange(0, 2 * ROPE_P2)
         pairs = tl.load((cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE)[:, None] + k[None, :],
@@ -159,13 +168,13 @@ def decode_kernel(cache_ptr, rope16_ptr, slots_ptr, out_ptr, n_rows, slot_stride
                   SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                   NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                   ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
     """out (int16 bits of bf16) [N, HEAD_DIM]: the rows at slots; zero rows for invalid slots."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     decode_body(cache_ptr, rope16_ptr, page, row, ok, out_ptr + rows * HEAD_DIM, in_range, page_stride,
                 page_stride16, PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
-                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, BLOCK_M)
+                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, BLOCK_M, HW)
 
 
 @triton.jit
@@ -177,7 +186,8 @@ def paged_decode_kernel(cache_ptr, rope16_ptr, table_ptr, seq_ptr, glen_ptr, bas
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                         ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
-                        HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr):
+                        HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
+                        HW: tl.constexpr = False):
     """dequantize_gather: out[req, offset + i] = the decoded row of position
     seq_len - gather_len + i of request req (program axis 1, plus req0) through the table."""
     req = tl.program_id(1).to(tl.int64) + req0
@@ -187,4 +197,4 @@ def paged_decode_kernel(cache_ptr, rope16_ptr, table_ptr, seq_ptr, glen_ptr, bas
     out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
     decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride, page_stride16,
                 PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
-                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, BLOCK_M)
+                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, BLOCK_M, HW)

@@ -23,10 +23,10 @@ def _geometry(layout) -> dict:
                 QB=layout.head_dim // layout.num_blocks)
 
 
-def _profile(layout) -> dict:
+def _profile(layout, cfg: dict) -> dict:
     if layout.name == "fp8_indexer":
-        return dict(cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two)
-    return cm.profile_constants(layout, e2m1=True)
+        return dict(cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two, HW=cm.hw_cvt(cfg))
+    return cm.profile_constants(layout, e2m1=True)  # e2m1 has no hardware conversion on Hopper
 
 
 def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
@@ -40,7 +40,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     cfg = cm.config("indexer", "encode")
     _KERNELS[layout.name][0][(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
-        **_geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout),
+        **_geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout, cfg),
         IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
 
 
@@ -53,7 +53,7 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         cfg = cm.config("indexer", "decode")
         _KERNELS[layout.name][1][(cm.grid_rows(n, cfg["block_m"]),)](
             u8, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride, **_geometry(layout),
-            BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
+            BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg), num_warps=cfg["num_warps"])
     return out
 
 
@@ -61,7 +61,8 @@ def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, ba
     """float32 ``out [R, W, head_dim]``: see kvformats.paged.dequantize_gather (validated there)."""
     u8, stride = cm.byte_cache(layout, cache)
     cm.launch_paged(jit.paged_decode_kernel, (u8,), out, block_table, seq_lens, gather_lens, base, offset,
-                    cache.shape[0], (stride,), dict(_geometry(layout), MXFP4=layout.name == "mxfp4_indexer"),
+                    cache.shape[0], (stride,), dict(_geometry(layout), MXFP4=layout.name == "mxfp4_indexer",
+                                                    HW=cm.hw_cvt(cm.config("indexer", "paged"))),
                     cm.config("indexer", "paged"))
 
 

@@ -15,7 +15,8 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
                       NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                       FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                       E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
-                      POW2: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr):
+                      POW2: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr,
+                      HW: tl.constexpr = False):
     """Default rule: e = ceil_log2(max(amax / 448, 1e-10)); bytes e4m3(x * 2^-e); scale = float32
     2^e (LE). POW2=False (a profile storing arbitrary scales): s = the rule's float32 quotient,
     bytes e4m3(x / s) with one correctly rounded division, as the reference."""
@@ -30,11 +31,11 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
     if POW2:
         e = nj.tile_exponent(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
                              FLOOR_MODE, ELEM_EMAX)
-        codes = nj.e4m3_bits(x * nj.pow2(-e)[:, :, None])
+        codes = nj.e4m3_code(x * nj.pow2(-e)[:, :, None], HW)
         bits = nj.pow2_bits(e)
     else:
         q = nj.block_scale(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE)
-        codes = nj.e4m3_bits(tl.math.div_rn(x, tl.broadcast_to(q[:, :, None], x.shape)))
+        codes = nj.e4m3_code(tl.math.div_rn(x, tl.broadcast_to(q[:, :, None], x.shape)), HW)
         bits = nj.f32_bits(q)
     tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
              codes.to(tl.uint8), mask=m3)
@@ -48,7 +49,7 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
 def fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
                     VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
                     SCALE_STRIDE: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                    BLOCK_M: tl.constexpr):
+                    BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
     """float32 rows ``out_row`` [BM pointers] (where live) = e4m3 value * float32 scale of the
     rows at (page, row); zeros where not ok."""
     base = page * page_stride
@@ -62,7 +63,7 @@ def fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
     bits = tl.zeros((BLOCK_M, NB_P2), tl.int32)
     for i in tl.static_range(4):
         bits = bits | (tl.load(scale_at + i, mask=m2, other=0).to(tl.int32) << (8 * i))
-    v = nj.e4m3_value(b) * nj.bits_f32(bits)[:, :, None]
+    v = nj.e4m3_to_f32(b, HW) * nj.bits_f32(bits)[:, :, None]
     tl.store(out_row[:, None, None] + elem[None, :, :], v, mask=live[:, None, None] & inb)
 
 
@@ -70,12 +71,13 @@ def fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
 def fp8_decode_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
                       PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
                       SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                      NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr):
+                      NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr,
+                      HW: tl.constexpr = False):
     """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     fp8_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
-                    VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M)
+                    VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, HW)
 
 
 @triton.jit
@@ -136,8 +138,10 @@ def mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
 def mxfp4_decode_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
                         PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr):
-    """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots."""
+                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr,
+                        HW: tl.constexpr = False):
+    """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots. (HW: unused, e2m1
+    has no hardware conversion on Hopper; taken so both indexer decoders share a launcher.)"""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     mxfp4_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
@@ -151,7 +155,8 @@ def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_p
                         PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, MXFP4: tl.constexpr,
-                        HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr):
+                        HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
+                        HW: tl.constexpr = False):
     """dequantize_gather of either indexer format (MXFP4 picks the body): float32
     out[req, offset + i] = the decoded row of position seq_len - gather_len + i of request req."""
     req = tl.program_id(1).to(tl.int64) + req0
@@ -164,4 +169,4 @@ def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_p
                           VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M)
     else:
         fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
-                        VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M)
+                        VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, HW)

@@ -1,4 +1,6 @@
-"""Element codecs as Triton device functions, built from integer bit operations only.
+"""Element codecs as Triton device functions, built from integer bit operations only (plus,
+behind a ``HW`` constexpr that launchers set only on a GPU, the hardware conversions that give
+the same bytes there).
 
 The Triton CPU interpreter does not round like the GPU (its fp32 -> bf16 truncates, its
 fp32 -> float8e4nv breaks ties away from zero and can drop a binade), and a libm ``log2`` may
@@ -95,6 +97,36 @@ def e4m3_value(byte):
     """float8_e4m3fn byte (int tensor, low 8 bits) -> float32 (exact; 0x7F/0xFF -> NaN)."""
     v = e4m3_half_value(byte) * 256.0
     return tl.where((byte.to(tl.int32) & 0x7F) == 0x7F, bits_f32(f32_bits(v) | 0x7FC00000), v)
+
+
+@triton.jit
+def e4m3_code(y, HW: tl.constexpr):
+    """e4m3_bits, or with HW the GPU's own conversion (cvt.rn.satfinite: clamp to ±448, round
+    to nearest even, NaN -> 0x7F with its sign, the sign of zero kept: the same bytes, checked
+    against the reference on the GPU). HW is never set under the interpreter, whose float8
+    cast rounds ties away from zero."""
+    if HW:
+        return y.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+    else:
+        return e4m3_bits(y)
+
+
+@triton.jit
+def e4m3_to_f32(byte, HW: tl.constexpr):
+    """e4m3_value, or with HW the GPU's exact e4m3 -> float32 conversion (byte: uint8)."""
+    if HW:
+        return byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        return e4m3_value(byte)
+
+
+@triton.jit
+def bf16_bits(x, HW: tl.constexpr):
+    """bf16_rne_bits (NaN -> some NaN pattern), or with HW the GPU's cvt.rn.bf16.f32."""
+    if HW:
+        return x.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    else:
+        return bf16_rne_bits(x)
 
 
 @triton.jit

@@ -1,0 +1,84 @@
+"""On the GPU the kernels may use the hardware float8 / bf16 conversions (``HW`` in numerics_jit,
+``hw_cvt`` in the kernel configs): they must give exactly the integer helpers' results, which
+tests/kernels/test_kernels.py checks against kvformats.numerics. Compared here on every bf16
+pattern, 2^22 random float32 patterns, the e4m3 rounding midpoints and all 256 e4m3 bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvformats import numerics as nx
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from kvformats_kernels import _common as cm  # noqa: E402
+from kvformats_kernels import numerics_jit as nj  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+
+
+@triton.jit
+def _both(x_ptr, hw_ptr, sw_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    if OP == 0:
+        x = tl.load(x_ptr + offs, mask=m, other=0.0)
+        hw, sw = nj.e4m3_code(x, True), nj.e4m3_code(x, False)
+    elif OP == 1:
+        b = tl.load(x_ptr + offs, mask=m, other=0)
+        hw, sw = nj.f32_bits(nj.e4m3_to_f32(b, True)), nj.f32_bits(nj.e4m3_to_f32(b, False))
+    else:
+        x = tl.load(x_ptr + offs, mask=m, other=0.0)
+        hw, sw = nj.bf16_bits(x, True), nj.bf16_bits(x, False)
+    tl.store(hw_ptr + offs, hw, mask=m)
+    tl.store(sw_ptr + offs, sw, mask=m)
+
+
+def _run(op: int, x: torch.Tensor):
+    hw = torch.empty(x.shape, dtype=torch.int32, device=x.device)
+    sw = torch.empty_like(hw)
+    _both[(triton.cdiv(x.numel(), 4096),)](x, hw, sw, x.numel(), OP=op, BLOCK=4096)
+    return hw, sw
+
+
+def _floats() -> torch.Tensor:
+    g = torch.Generator().manual_seed(4)
+    every_bf16 = (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32)
+    rand = torch.randint(-(1 << 31), (1 << 31) - 1, (1 << 22,), generator=g, dtype=torch.int64).to(torch.int32)
+    grid = nx.e4m3_decode(torch.arange(0, 0x7F, dtype=torch.uint8))
+    mids = (grid[1:] + grid[:-1]) / 2
+    return torch.cat([every_bf16, rand.view(torch.float32), mids, -mids, torch.tensor([448.0, 464.0, 1e30, -1e30])])
+
+
+def test_hw_cvt_is_off_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not cm.hw_cvt({"hw_cvt": 1})
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert cm.hw_cvt({"hw_cvt": 1}) and not cm.hw_cvt({})
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_hw_e4m3_encode_equals_integer_rounding():
+    x = _floats()
+    x = x[~torch.isnan(x)].cuda()
+    hw, sw = _run(0, x)
+    bad = (hw != sw).nonzero()
+    assert bad.numel() == 0, f"{bad.numel()} differ; first x bits {hex(int(x.view(torch.int32)[bad[0, 0]]))}"
+    nan = torch.tensor([float("nan"), -float("nan")], device="cuda")
+    hw, _ = _run(0, nan)
+    assert ((hw & 0x7F) == 0x7F).all()  # NaN stays a NaN code (sign free)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_hw_e4m3_decode_and_bf16_rounding_equal_integer_paths():
+    b = torch.arange(256, dtype=torch.uint8, device="cuda")
+    hw, sw = _run(1, b)
+    nan = ((b & 0x7F) == 0x7F)
+    assert torch.equal(hw[~nan], sw[~nan]) and torch.isnan(hw[nan].view(torch.float32)).all()
+    x = _floats().cuda()
+    hw, sw = _run(2, x)
+    isnan = torch.isnan(x)
+    assert torch.equal(hw[~isnan], sw[~isnan])
+    assert (((hw[isnan] & 0x7F80) == 0x7F80) & ((hw[isnan] & 0x7F) != 0)).all()  # a bf16 NaN
