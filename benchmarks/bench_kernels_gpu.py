@@ -277,9 +277,17 @@ def main():
     ap.add_argument("--no-reference", dest="reference", action="store_false")
     ap.add_argument("--no-paged", dest="paged", action="store_false")
     ap.add_argument("--no-codecs", dest="codecs", action="store_false")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=INT",
+                    help="override KEY in every kernel config that has it (e.g. hw_cvt=0); repeatable")
     args = ap.parse_args()
     import kvformats_kernels as kk
     from kvformats_kernels import _common as cm
+
+    for item in args.set:
+        key, value = item.split("=")
+        for cfg in cm.CONFIG.values():
+            if key in cfg:
+                cfg[key] = int(value)
 
     lines = []
 
@@ -296,6 +304,8 @@ def main():
 
     log(f"date {datetime.date.today()}  device {dev}  torch {torch.__version__}  triton {triton.__version__}  "
         f"git {rev or '?'} (+ working tree)")
+    if args.set:
+        log(f"config overrides: {', '.join(args.set)}")
     bw = copy_bandwidth()
     log(f"device-to-device copy bandwidth (read + write): {bw:.0f} GB/s")
 
