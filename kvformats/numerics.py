@@ -122,9 +122,13 @@ class ScaleRule:
         return self._exponents_of_amax(absmax(blocks))
 
     def _q(self, amax: torch.Tensor) -> torch.Tensor:
+        # Divide by a tensor, not a Python number: on CUDA, torch turns division by a host scalar
+        # into a product with its float32 reciprocal, which differs from the correctly rounded
+        # quotient (the definition, and what every kernel computes) in the last bit.
+        element_max = torch.tensor(_f32(self.element_max), dtype=torch.float32, device=amax.device)
         if self.floor_on == "absmax":
-            return amax.clamp_min(_f32(self.floor)) / _f32(self.element_max)
-        return (amax / _f32(self.element_max)).clamp_min(_f32(self.floor))
+            return amax.clamp_min(_f32(self.floor)) / element_max
+        return (amax / element_max).clamp_min(_f32(self.floor))
 
     def _exponents_of_amax(self, amax: torch.Tensor) -> torch.Tensor:
         if not self.power_of_two:

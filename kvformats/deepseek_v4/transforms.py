@@ -56,6 +56,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     """RMSNorm over the last dim in float32, no mean subtraction:
     ``x * rsqrt(sum(x^2) / D + eps) * weight`` (``weight=None``: weightless) -> float32."""
     xf = x.float()
-    var = xf.square().sum(dim=-1, keepdim=True) / float(x.shape[-1])
+    # a tensor divisor: torch on CUDA would multiply by the reciprocal of a host scalar
+    var = xf.square().sum(dim=-1, keepdim=True) / torch.tensor(float(x.shape[-1]), device=xf.device)
     out = xf * torch.rsqrt(var + eps)
     return out if weight is None else out * weight.float()
