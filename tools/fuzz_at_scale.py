@@ -1,21 +1,28 @@
 """Run the reliability state machines (tests/reliability) at scale and print what ran.
 
     python tools/fuzz_at_scale.py --examples 100000                  # reference (+ kernels on CUDA)
+    python tools/fuzz_at_scale.py --examples 100000 --seconds 240    # stop at whichever comes first
     python tools/fuzz_at_scale.py --examples 20000 --interpreter     # + Triton launchers on CPU
 
 ``--examples N`` is the number of fuzzed operations (state-machine steps: encodes, decodes,
 gathers, paged reads, page reuse, re-encodes, compressor saves/inserts) to run, split evenly over
-the machines: one per registered format and backend, plus the compressor pipeline. Each step
-draws fresh hypothesis data and ends with a byte-for-byte check of the whole guarded arena
-against the model. Prints a table of counts per format, backend and op, the hypothesis examples
-(machine runs), and the bytes changed outside written rows (0 unless a check failed, which also
-ends the run with the failing example, shrunk, and exit status 1). Runs are random (no
-example database): each invocation explores new inputs.
+the machines: one per registered format and backend, plus the compressor pipeline (and its
+Triton variant once kernels for its operations are registered). With CUDA, the "triton"
+machines run the compiled kernels through the public API on CUDA tensors (``backend="triton"``,
+no interpreter); the run counts the compiled Triton launches it saw (Triton's launch hook) and
+prints them, so a zero there means no compiled kernel ran. Machines take turns in short batches,
+so ``--seconds S`` (a wall-clock budget) stops every machine at about the same share; the count
+reached is printed. Each step draws fresh hypothesis data and ends with a byte-for-byte check of
+the whole guarded arena against the model. Prints a table of counts per format, backend and op,
+the hypothesis examples (machine runs), and the bytes changed outside written rows (0 unless a
+check failed, which also ends the run with the failing example, shrunk, and exit status 1). Runs
+are random (no example database): each invocation explores new inputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import os
 import platform
@@ -24,11 +31,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+BATCH_SECONDS = 2.0  # target length of one machine's batch: the --seconds budget overruns by about this
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--examples", type=int, default=100_000, help="fuzzed operations in all (default 100000)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="wall-clock budget: stop after the batch in progress once it is spent (default: none)")
     p.add_argument("--interpreter", action="store_true",
                    help="without CUDA, also fuzz the Triton launchers under TRITON_INTERPRET=1 (slow)")
     p.add_argument("--steps", type=int, default=25, help="steps per state-machine run (default 25)")
@@ -37,21 +47,80 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def fuzz(machines, args, counts, started: float) -> dict:
+    """Round-robin batches of hypothesis runs until each machine has its share of ``--examples``
+    operations or ``--seconds`` is spent. Returns {(name, backend): {done, runs, seconds}}."""
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    share = max(1, args.examples // max(1, len(machines)))
+    state = {(name, b): dict(done=0, runs=0, seconds=0.0, batch=1, share=share) for name, b, _ in machines}
+    base = {key: _ops(counts, *key) for key in state}  # counts of earlier runs in this process
+    budget = float("inf") if args.seconds is None else args.seconds
+    last_report = started
+    while time.time() - started < budget:
+        pending = [(name, b, cls) for name, b, cls in machines if state[(name, b)]["done"] < share]
+        if not pending:
+            break
+        # the machine furthest behind goes next, so a budget cut leaves them all near one count
+        name, b, cls = min(pending, key=lambda m: state[(m[0], m[1])]["done"])
+        st = state[(name, b)]
+        batch = max(1, min(st["batch"], (share - st["done"]) // args.steps + 1))
+        cfg = settings(max_examples=batch, stateful_step_count=args.steps, deadline=None, database=None,
+                       phases=[Phase.explicit, Phase.generate, Phase.shrink],
+                       suppress_health_check=list(HealthCheck))
+        t0 = time.time()
+        run_state_machine_as_test(cls, settings=cfg)
+        took = time.time() - t0
+        st["runs"] += batch
+        st["seconds"] += took
+        st["done"] = _ops(counts, name, b) - base[(name, b)]
+        # next batch: about BATCH_SECONDS at this machine's measured rate, growing at most 2x (the
+        # first examples are the cheap ones), at most 200 runs
+        st["batch"] = max(1, min(200, 2 * batch, int(BATCH_SECONDS * batch / max(took, 1e-3))))
+        if time.time() - last_report > 30:
+            last_report = time.time()
+            print(f"[{last_report - started:7.1f}s] {sum(x['done'] for x in state.values()):>8} operations", flush=True)
+    return state
+
+
+def unregistered_ops(machines, backend_has) -> list[str]:
+    """``fmt.op`` that the harness offers to a triton machine but the registry does not hold."""
+    from kvformats import paged, registry
+
+    registry._load_kernels()
+    return [f"{fmt}.{op}" for fmt, b, _ in machines if b == "triton" and fmt != "compress_pipeline"
+            for op in ("encode", "decode", "gather", *paged.PAGED_OPS)
+            if backend_has(b, fmt, op) and "triton" not in registry._OPS.get((fmt, op), {})]
+
+
+def triton_mode(torch, backends) -> str:
+    if "triton" not in backends:
+        return "not run"
+    compiled = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+    return "compiled" if compiled else "interpreter"
+
+
+def _ops(counts, name: str, backend: str) -> int:
+    return sum(v for k, v in counts.items() if k[0] == name and k[1] == backend)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
     if args.interpreter and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "reliability")]
-    from hypothesis import HealthCheck, Phase, settings
-    from hypothesis.stateful import run_state_machine_as_test
-
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "reliability"), str(ROOT / "tools")]
     import kvformats as kvf
     from codec_machine import make_codec_machine
     from compress_machine import make_compress_machine
-    from reliability_harness import ARENA_BYTES_CHECKED, COUNTS, MISMATCHED, backend_has, triton_available
+    from launch_count import LaunchCounter
+    from reliability_harness import (ARENA_BYTES_CHECKED, COUNTS, MISMATCHED, backend_has, family_kernel,
+                                     triton_available)
 
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1":
+        print("warning: TRITON_INTERPRET=1 is set: the triton machines run the interpreter, not compiled kernels")
     backends = ["reference"]
     if torch.cuda.is_available() or args.interpreter:
         if triton_available():
@@ -65,39 +134,47 @@ def main(argv=None) -> int:
                 machines.append((fmt, b, make_codec_machine(fmt, b)))
     if not args.no_pipeline:
         machines.append(("compress_pipeline", "reference", make_compress_machine("reference")))
+        if "triton" in backends and all(family_kernel("deepseek_v4", op)
+                                        for op in ("save_compressor_state", "compress_kv_insert")):
+            machines.append(("compress_pipeline", "triton", make_compress_machine("triton")))
 
-    per_machine = max(1, args.examples // len(machines))
-    runs = {}
+    missing = unregistered_ops(machines, backend_has) if torch.cuda.is_available() else []
+    if missing:  # the machine would call them through backend="triton" and stop at BackendUnavailableError
+        print("the triton machines would call ops that have a launcher but no registered Triton kernel on CUDA: "
+              + ", ".join(missing) + "; reliability_harness.backend_has must consult kvformats.registry on CUDA")
+        return 2
+    counter = LaunchCounter()
+    counted = counter.install()
+    before, mismatched_before = collections.Counter(COUNTS), MISMATCHED[0]
     started = time.time()
-    for name, b, cls in machines:
-        done, n_runs, batch = 0, 0, 0
-        t0 = time.time()
-        while done < per_machine:
-            batch = max(1, min(200, (per_machine - done) // args.steps + 1))
-            cfg = settings(max_examples=batch, stateful_step_count=args.steps, deadline=None, database=None,
-                           phases=[Phase.explicit, Phase.generate, Phase.shrink],
-                           suppress_health_check=list(HealthCheck))
-            run_state_machine_as_test(cls, settings=cfg)
-            n_runs += batch
-            done = sum(v for k, v in COUNTS.items() if k[0] == name and k[1] == b)
-        runs[(name, b)] = (n_runs, time.time() - t0)
-        print(f"[{time.time() - started:7.1f}s] {name:<18} {b:<9} {done:>8} ops in {n_runs} examples", flush=True)
-
+    runs = fuzz(machines, args, COUNTS, started)
+    counter.remove()
+    counts = COUNTS - before
+    mismatched = MISMATCHED[0] - mismatched_before
+    stopped_by_time = any(st["done"] < st["share"] for st in runs.values())
     print()
     print(f"date: {datetime.date.today().isoformat()}   machine: {platform.node()} ({platform.machine()}, "
           f"{os.cpu_count()} CPUs, {'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'})"
-          f"   triton: {'compiled' if torch.cuda.is_available() and 'triton' in backends else 'interpreter' if 'triton' in backends else 'not run'}"
+          f"   triton: {triton_mode(torch, backends)}"
           f"   --examples {args.examples} --steps {args.steps}")
     print(f"{'format':<18} {'backend':<9} {'op':<24} {'count':>9}")
     total = 0
-    for (name, b, op), v in sorted(COUNTS.items()):
+    for (name, b, op), v in sorted(counts.items()):
         print(f"{name:<18} {b:<9} {op:<24} {v:>9}")
         total += v
-    examples = sum(r[0] for r in runs.values())
+    for (name, b), st in runs.items():
+        print(f"{name:<18} {b:<9} {'(machine total)':<24} {st['done']:>9}   in {st['runs']} examples, "
+              f"{st['seconds']:.1f} s ({st['done'] / max(st['seconds'], 1e-9):.0f} ops/s)")
+    examples = sum(r["runs"] for r in runs.values())
     print(f"total fuzzed operations: {total}   hypothesis examples (machine runs): {examples}   "
           f"arena bytes compared: {ARENA_BYTES_CHECKED[0]}   wall: {time.time() - started:.0f}s")
-    print(f"bytes changed outside written rows: {MISMATCHED[0]}")
-    return 0 if MISMATCHED[0] == 0 else 1
+    if stopped_by_time:
+        print(f"stopped by the --seconds {args.seconds:g} budget: {total} of --examples {args.examples} operations")
+    if "triton" in backends:
+        print(f"compiled Triton launches: {counter.total() if counted else 'not counted'}"
+              + ("" if torch.cuda.is_available() else " (the interpreter launches nothing compiled)"))
+    print(f"bytes changed outside written rows: {mismatched}")
+    return 0 if mismatched == 0 else 1
 
 
 if __name__ == "__main__":

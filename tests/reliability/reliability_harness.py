@@ -99,7 +99,12 @@ def run_op(backend: str, fn, *args, **kwargs):
 def backend_has(backend: str, fmt: str, op: str) -> bool:
     if backend == "reference":
         return "reference" in registry._OPS.get((fmt, op), {})
-    return triton_available() and kernel_impl(fmt, op) is not None
+    if not triton_available():
+        return False
+    if CUDA:  # what the registry serves on the GPU (kernels.NOT_ON_GPU stay on the reference)
+        registry._load_kernels()
+        return "triton" in registry._OPS.get((fmt, op), {})
+    return kernel_impl(fmt, op) is not None
 
 
 # ----- comparisons ------------------------------------------------------------------------------

@@ -1,0 +1,170 @@
+"""What the torch.library custom-op path costs per call over a direct launcher call (issue 6's
+figure: at most 5 µs at 64 rows on the H200).
+
+    python3 benchmarks/bench_custom_ops_gpu.py [--rows 64] [--calls 200] [--repeats 9] [--formats ...]
+
+For encode / decode / gather of every format with Triton kernels, at ``--rows`` random slots of
+a production-geometry cache, times the same call made
+  (a) ``launcher``: ``kvformats_kernels.<family>.<op>(layout, ...)`` (no validation, no dispatch),
+  (b) ``public``: ``layout.<op>(..., backend="triton")`` (validation, including the slot checks
+      that read the slots on the host, then dispatch); ``public nc``: the same with ``check=False``,
+  (c) ``op``: ``torch.ops.kvformats.<op>(fmt, params, ..., "triton")`` with the layout key made
+      once; ``wrapper``: ``kvformats.torch_ops.<op>(layout, ...)``, which makes the key each call,
+each (eager) as the wall-clock time of ``--calls`` back-to-back calls synchronised once at the
+end, per call, median of ``--repeats``; and (graph) per call inside a replayed CUDA graph
+(``gpu_timing.graph_per_call_us``; in capture the host checks are skipped, so there all paths
+launch the same kernel). The table gives the overhead (c) − (a) in µs for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import kvformats as kvf  # noqa: E402
+
+TARGET_US = 5.0
+OPS = ("encode", "decode", "gather")
+EAGER_PATHS = ("launcher", "public", "public nc", "op", "wrapper")
+GRAPH_PATHS = ("launcher", "op")
+FORMATS = {  # production geometry
+    "fp8_ds_mla": lambda: kvf.Fp8DsMla(),
+    "fp8_ds_mla_v32": lambda: kvf.get_format("fp8_ds_mla_v32"),
+    "fp8_indexer": lambda: kvf.Fp8Indexer(),
+    "mxfp4_indexer": lambda: kvf.Mxfp4Indexer(),
+    "compressor_state": lambda: kvf.CompressorState(),
+}
+
+
+def make_case(layout, rows: int, g: torch.Generator, pages: int = 1024):
+    """(cache, encode input, encode keyword arguments, slots) on the GPU, the rows written once."""
+    cache = layout.allocate(pages, device="cuda")
+    slots = torch.randperm(pages * layout.page_size, generator=g)[:rows].cuda()
+    if layout.decode_dtype is None:
+        w = layout.width
+        x = (torch.randn(rows, w, generator=g).cuda(), torch.randn(rows, w, generator=g).cuda())
+        kw = dict(positions=torch.arange(rows).cuda(), ape=(torch.randn(layout.ratio, w, generator=g) * 0.1).cuda())
+    else:
+        x, kw = torch.randn(rows, layout.head_dim, generator=g).to(torch.bfloat16).cuda(), {}
+    layout.encode(x, cache, slots, backend="triton", **kw)
+    return cache, x, kw, slots
+
+
+def path_fns(layout, impl, cache, x, kw, slots) -> dict:
+    """{(op, path): zero-argument call}."""
+    import kvformats.torch_ops as kops
+
+    fmt, params = kops.layout_key(layout)
+    inputs = [*x, kw["positions"], kw["ape"]] if isinstance(x, tuple) else [x]
+    ops = torch.ops.kvformats
+    return {
+        ("encode", "launcher"): lambda: impl.encode(layout, x, cache, slots, **kw),
+        ("encode", "public"): lambda: layout.encode(x, cache, slots, backend="triton", **kw),
+        ("encode", "public nc"): lambda: layout.encode(x, cache, slots, backend="triton", check=False, **kw),
+        ("encode", "op"): lambda: ops.encode(fmt, params, inputs, cache, slots, "triton"),
+        ("encode", "wrapper"): lambda: kops.encode(layout, x, cache, slots, backend="triton", **kw),
+        ("decode", "launcher"): lambda: impl.decode(layout, cache, slots),
+        ("decode", "public"): lambda: layout.decode(cache, slots, backend="triton"),
+        ("decode", "public nc"): lambda: layout.decode(cache, slots, backend="triton", check=False),
+        ("decode", "op"): lambda: ops.decode(fmt, params, cache, slots, "triton"),
+        ("decode", "wrapper"): lambda: kops.decode(layout, cache, slots, backend="triton"),
+        ("gather", "launcher"): lambda: impl.gather(layout, cache, slots),
+        ("gather", "public"): lambda: layout.gather(cache, slots, backend="triton"),
+        ("gather", "public nc"): lambda: layout.gather(cache, slots, backend="triton", check=False),
+        ("gather", "op"): lambda: ops.gather(fmt, params, cache, slots, "triton"),
+        ("gather", "wrapper"): lambda: kops.gather(layout, cache, slots, backend="triton"),
+    }
+
+
+def eager_us(fn, calls: int, repeats: int) -> float:
+    """Median over ``repeats`` of the wall-clock µs per call of ``calls`` back-to-back calls."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(times)
+
+
+def measure(fmt: str, rows: int, calls: int, repeats: int, graph_calls: int) -> list[dict]:
+    import kvformats_kernels as kk
+    from gpu_timing import graph_per_call_us
+
+    layout = FORMATS[fmt]()
+    impl = kk.IMPLEMENTATIONS[fmt]
+    cache, x, kw, slots = make_case(layout, rows, torch.Generator().manual_seed(rows))
+    fns = path_fns(layout, impl, cache, x, kw, slots)
+    out = []
+    for op in OPS:
+        eager = {p: eager_us(fns[(op, p)], calls, repeats) for p in EAGER_PATHS}
+        graph = {p: graph_per_call_us([fns[(op, p)]], graph_calls) for p in GRAPH_PATHS}
+        out.append(dict(fmt=fmt, op=op, rows=rows, eager=eager, graph=graph))
+    return out
+
+
+def overhead(row: dict, mode: str) -> float:
+    """(c) − (a): the custom op (layout key made once) over the launcher, in µs."""
+    return row[mode]["op"] - row[mode]["launcher"]
+
+
+def format_table(rows: list[dict]) -> str:
+    """A markdown table of the measurements and a closing line against the 5 µs target."""
+    head = (["format", "op", "rows"] + [f"eager {p} µs" for p in EAGER_PATHS] + ["eager op − launcher µs"]
+            + [f"graph {p} µs" for p in GRAPH_PATHS] + ["graph op − launcher µs"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join([" --- "] * 3 + [" ---: "] * (len(head) - 3)) + "|"]
+    for r in rows:
+        cells = ([r["fmt"], r["op"], str(r["rows"])] + [f"{r['eager'][p]:.1f}" for p in EAGER_PATHS]
+                 + [f"{overhead(r, 'eager'):+.1f}"] + [f"{r['graph'][p]:.2f}" for p in GRAPH_PATHS]
+                 + [f"{overhead(r, 'graph'):+.2f}"])
+        lines.append("| " + " | ".join(cells) + " |")
+    if rows:
+        worst = max(rows, key=lambda r: overhead(r, "eager"))
+        verdict = "met" if overhead(worst, "eager") <= TARGET_US else "NOT met"
+        lines.append("")
+        lines.append(f"largest eager custom-op overhead: {overhead(worst, 'eager'):+.1f} µs ({worst['fmt']} "
+                     f"{worst['op']}); target ≤ {TARGET_US:g} µs per call at {worst['rows']} rows: {verdict}")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--calls", type=int, default=200, help="back-to-back calls per eager timing (default 200)")
+    p.add_argument("--repeats", type=int, default=9, help="eager timings per path, median taken (default 9)")
+    p.add_argument("--graph-calls", type=int, default=50, help="calls captured in one CUDA graph (default 50)")
+    p.add_argument("--formats", nargs="*", default=None, help="default: every format with Triton kernels")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA device")
+        return 2
+    import kvformats_kernels as kk
+
+    fmts = args.formats or [f for f in FORMATS if f in getattr(kk, "IMPLEMENTATIONS", {})]
+    print(f"device: {torch.cuda.get_device_name()}   torch {torch.__version__}   rows {args.rows}   "
+          f"eager: {args.calls} calls x {args.repeats} repeats   graph: {args.graph_calls} calls", flush=True)
+    rows = []
+    for fmt in fmts:
+        rows += measure(fmt, args.rows, args.calls, args.repeats, args.graph_calls)
+        print(f"  {fmt} done", flush=True)
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""The CPU-testable parts of the GPU reliability tools: tools/sanitize.py's reading of
+compute-sanitizer reports (on sample outputs written here) and its whole flow with a stand-in
+sanitizer; the sanitize driver's coverage and its calls (reference backend, and the Triton
+launchers under the interpreter); tools/fuzz_at_scale.py's --seconds budget; the launch counter;
+benchmarks/bench_custom_ops_gpu.py's table."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "benchmarks")]
+
+import sanitize  # noqa: E402
+from launch_count import LaunchCounter  # noqa: E402
+
+DONE = "SANITIZE-DRIVER-DONE calls=269 failures=0 triton_launches=412 kernels=9 seconds=3.1"
+CLEAN_MEMCHECK = f"""========= COMPUTE-SANITIZER
+triton kernels launched: encode_kernel:40,gather_bytes_kernel:60
+{DONE}
+========= ERROR SUMMARY: 0 errors
+"""
+OOB_MEMCHECK = f"""========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 1 bytes
+=========     at encode_kernel+0x1a40 in /repo/kvformats_kernels/fp8_ds_mla_jit.py:88
+=========     by thread (37,0,0) in block (0,0,0)
+=========     Address 0x7f3a1c000e40 is out of bounds
+=========     and is 1 bytes after the nearest allocation at 0x7f3a1c000000 of size 3648 bytes
+=========
+{DONE}
+========= ERROR SUMMARY: 4 errors
+"""
+CLEAN_RACECHECK = f"""========= COMPUTE-SANITIZER
+{DONE}
+========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)
+"""
+RACY = f"""========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at paged_decode_kernel+0x5b0 in jit.py:120
+=========     and Read access at paged_decode_kernel+0x620 in jit.py:131 [512 hazards]
+=========
+{DONE}
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+RACE_WARNING = f"""{DONE}
+========= RACECHECK SUMMARY: 2 hazards displayed (0 errors, 2 warnings)
+"""
+UNINIT = f"""========= Uninitialized __global__ memory read of size 4 bytes
+=========     at gather_bytes_kernel+0x90 in rows_jit.py:40
+{DONE}
+========= ERROR SUMMARY: 1 error
+"""
+# As a gVisor runtime answers: the device is refused, then every CUDA call fails.
+UNSUPPORTED = """========= COMPUTE-SANITIZER
+========= Error: Device not supported. Please refer to the "Supported Devices" section of the sanitizer documentation
+Traceback (most recent call last):
+RuntimeError: CUDA error: unknown error
+========= Target application returned an error
+========= ERROR SUMMARY: 1 error
+"""
+CRASHED_CLEAN = """========= COMPUTE-SANITIZER
+Segmentation fault (core dumped)
+========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)
+"""
+NO_SUMMARY = f"""========= COMPUTE-SANITIZER
+{DONE}
+"""
+DRIVER_FAILED = """FAILED fp8_indexer encode:
+SANITIZE-DRIVER-DONE calls=269 failures=1 triton_launches=400 kernels=9 seconds=3.0
+========= ERROR SUMMARY: 0 errors
+"""
+
+
+@pytest.mark.parametrize("text,tool,status,errors", [
+    (CLEAN_MEMCHECK, "memcheck", "clean", 0),
+    (OOB_MEMCHECK, "memcheck", "findings", 4),
+    (CLEAN_RACECHECK, "racecheck", "clean", 0),
+    (RACY, "racecheck", "findings", 1),
+    (RACE_WARNING, "racecheck", "findings", 0),
+    (UNINIT, "initcheck", "findings", 1),
+    (UNSUPPORTED, "memcheck", "unsupported", None),
+    (CRASHED_CLEAN, "racecheck", "failed", 0),
+    (NO_SUMMARY, "synccheck", "failed", None),
+    (DRIVER_FAILED, "memcheck", "failed", 0),
+])
+def test_parse_report(text, tool, status, errors):
+    res = sanitize.parse_report(text, tool)
+    assert res.status == status
+    assert res.errors == errors
+    if DONE in text:
+        assert (res.launches, res.kernels) == (412, 9)
+
+
+def test_parse_report_details():
+    res = sanitize.parse_report(OOB_MEMCHECK, "memcheck")
+    assert res.first[0].startswith("========= Invalid __global__ write")
+    assert sanitize.parse_report(RACE_WARNING, "racecheck").warnings == 2
+    assert "Device not supported" in sanitize.parse_report(UNSUPPORTED, "memcheck").detail
+    assert "did not finish" in sanitize.parse_report(CRASHED_CLEAN, "racecheck").detail
+    assert sanitize.parse_driver("nothing here") is None
+    assert sanitize.parse_driver(DONE)["triton_launches"] == 412
+    cpu = sanitize.parse_report(DONE.replace("412", "0") + "\n========= ERROR SUMMARY: 0 errors\n", "memcheck")
+    assert cpu.status == "failed" and "nothing was checked" in cpu.detail
+    uncounted = sanitize.parse_report(DONE.replace("412", "-1") + "\n========= ERROR SUMMARY: 0 errors\n", "memcheck")
+    assert uncounted.status == "clean" and uncounted.launches == -1 and "not counted" in uncounted.detail
+
+
+def test_exit_status_and_table():
+    clean = sanitize.Result("memcheck", "clean", errors=0, launches=10, kernels=2, seconds=1.5)
+    found = sanitize.Result("racecheck", "findings", errors=3, launches=10, kernels=2)
+    odd = sanitize.Result("initcheck", "unsupported", detail="Device not supported")
+    assert sanitize.exit_status([clean]) == 0
+    assert sanitize.exit_status([clean, found, odd]) == 1
+    assert sanitize.exit_status([clean, odd]) == 2
+    assert sanitize.exit_status([]) == 2
+    table = sanitize.format_table([clean, found, odd], {"calls": 5, "triton_launches": 10, "kernels": 2})
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["tool", "result", "errors"]
+    assert lines[2].split()[:6] == ["memcheck", "clean", "0", "10", "2", "1.5"]
+    assert lines[4].split()[:3] == ["initcheck", "unsupported", "-"] and lines[4].endswith("Device not supported")
+
+
+def test_tool_command_and_environment(tmp_path):
+    opts = {"--target-processes", "--track-unused-memory", "--print-limit", "--report-api-errors"}
+    cmd = sanitize.tool_command("/x/compute-sanitizer", "initcheck", ["--quick"], opts)
+    assert cmd[:3] == ["/x/compute-sanitizer", "--tool", "initcheck"]
+    assert "--track-unused-memory=no" in cmd and "--report-api-errors=no" in cmd
+    assert cmd[-2:] == [str(sanitize.DRIVER), "--quick"]
+    old = sanitize.tool_command("/x/cs", "memcheck", [], {"--print-limit"})  # an older release: options left out
+    assert "--target-processes=all" not in old and "--print-limit=50" in old
+    assert "--report-api-errors=no" not in sanitize.tool_command("/x/cs", "memcheck", [], opts, api_errors=True)
+    env = sanitize.driver_env(str(tmp_path), "memcheck")
+    assert env["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1" and env["TRITON_CACHE_DIR"] == str(tmp_path)
+    racecheck = sanitize.driver_env(str(tmp_path), "racecheck")
+    assert racecheck.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING")
+
+
+def _fake_sanitizer(tmp_path: Path, reports: dict) -> str:
+    """A stand-in compute-sanitizer printing a canned report per --tool."""
+    for tool, text in reports.items():
+        (tmp_path / f"{tool}.txt").write_text(text)
+    script = tmp_path / "compute-sanitizer"
+    script.write_text(f"""#!/bin/sh
+if [ "$1" = "--help" ]; then echo "--tool --target-processes --print-limit --track-unused-memory"; exit 0; fi
+cat "{tmp_path}/$2.txt"
+""")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def test_sanitize_main_with_a_stand_in(tmp_path, capsys):
+    fake = _fake_sanitizer(tmp_path, {"memcheck": CLEAN_MEMCHECK, "racecheck": RACY, "synccheck": UNSUPPORTED})
+    argv = ["--sanitizer", fake, "--no-warm", "--logs", str(tmp_path / "logs")]
+    assert sanitize.main(argv + ["--tools", "memcheck"]) == 0
+    assert sanitize.main(argv + ["--tools", "memcheck", "racecheck", "synccheck"]) == 1
+    out = capsys.readouterr().out
+    assert "racecheck: findings" in out and "synccheck: unsupported" in out
+    assert (tmp_path / "logs" / "racecheck.log").read_text() == RACY
+    assert sanitize.main(argv + ["--tools", "synccheck"]) == 2
+
+
+def test_sanitize_says_plainly_when_there_is_no_sanitizer(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sanitize, "find_sanitizer", lambda explicit=None: None)
+    assert sanitize.main(["--no-warm", "--logs", str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    assert "compute-sanitizer not found" in out and "clean" not in out
+
+
+# ----- the driver --------------------------------------------------------------------------------------
+def test_driver_covers_every_deepseek_v4_operation():
+    import torch
+
+    import sanitize_driver as sd
+    from kvformats import deepseek_v4 as dsv4
+
+    for quick in (False, True):
+        d = sd.Driver(torch.device("cpu"), quick)
+        assert {op for _, op, _ in sd.dsv4_cases(d)} == set(dsv4.OPS)
+
+
+# The interpreter run keeps to the codec ops: the deepseek_v4 kernels' own tests cover them there.
+@pytest.mark.parametrize("extra", [[], ["--interpreter", "--quick", "--only", "codec"]])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's overflowing numpy products
+def test_driver_calls_all_succeed_on_cpu(extra, capsys):
+    import sanitize_driver as sd
+
+    try:
+        assert sd.main(["--device", "cpu", *extra]) == 0
+    finally:
+        sd.INTERPRETER[0] = False
+    out = capsys.readouterr().out
+    fields = sanitize.parse_driver(out)
+    assert fields["failures"] == 0 and fields["calls"] > (30 if extra else 200)
+    assert fields["triton_launches"] == 0  # counted (the hook is in), and nothing compiled runs on the CPU
+    if extra:  # the interpreter's launches go through no compiled launcher
+        assert "fp8_ds_mla.gather_paged" not in out.split("skipped")[-1]
+
+
+# ----- fuzz budget, launch counter, bench table ----------------------------------------------------------
+def test_fuzz_seconds_budget_stops_the_run(capsys):
+    import fuzz_at_scale
+
+    t0 = time.time()
+    rc = fuzz_at_scale.main(["--examples", "1000000", "--seconds", "2", "--formats", "fp8_indexer", "mxfp4_indexer",
+                             "--no-pipeline", "--steps", "5"])
+    took = time.time() - t0
+    out = capsys.readouterr().out
+    assert rc == 0 and took < 2 + 8
+    assert "stopped by the --seconds 2 budget" in out
+    reached = int(out.split("stopped by the --seconds 2 budget: ")[1].split()[0])
+    assert 0 < reached < 1_000_000
+    assert "bytes changed outside written rows: 0" in out
+    totals = [ln for ln in out.splitlines() if "(machine total)" in ln]
+    assert len(totals) == 2 and all(int(ln.split()[4]) > 0 for ln in totals)
+
+
+def test_launch_counter_hooks_and_unhooks():
+    pytest.importorskip("triton")
+    from triton import knobs
+
+    counter = LaunchCounter()
+    assert counter.install() and counter.installed
+    knobs.runtime.launch_enter_hook({"name": "encode_kernel"})
+    knobs.runtime.launch_enter_hook({"name": "encode_kernel"})
+    knobs.runtime.launch_enter_hook(None)
+    counter.remove()
+    knobs.runtime.launch_enter_hook({"name": "after"})
+    assert counter.counts == {"encode_kernel": 2, "?": 1} and counter.total() == 3 and not counter.installed
+
+
+def test_bench_table_and_verdict():
+    import bench_custom_ops_gpu as bench
+
+    def row(fmt, op, launcher, op_us):
+        eager = {p: launcher + 10.0 for p in bench.EAGER_PATHS}
+        eager.update(launcher=launcher, op=op_us)
+        return dict(fmt=fmt, op=op, rows=64, eager=eager, graph={"launcher": 3.0, "op": 3.25})
+
+    rows = [row("fp8_indexer", "encode", 20.0, 23.5), row("mxfp4_indexer", "gather", 18.0, 22.0)]
+    table = bench.format_table(rows)
+    lines = table.splitlines()
+    assert lines[0].count("|") == lines[2].count("|") == len(bench.EAGER_PATHS) + len(bench.GRAPH_PATHS) + 6
+    assert "+3.5" in lines[2] and "+0.25" in lines[2]
+    assert lines[-1].startswith("largest eager custom-op overhead: +4.0 µs (mxfp4_indexer gather)")
+    assert lines[-1].endswith(": met")
+    assert bench.format_table([row("fp8_ds_mla", "decode", 20.0, 26.0)]).endswith("NOT met")
+
+
+def test_fuzz_preflight_flags_ops_without_a_registered_kernel():
+    pytest.importorskip("triton")
+    import fuzz_at_scale
+
+    offered = lambda backend, fmt, op: True  # noqa: E731  (a harness that offers every op)
+    flagged = fuzz_at_scale.unregistered_ops([("fp8_indexer", "triton", None), ("no_such_format", "triton", None),
+                                              ("no_such_format", "reference", None)], offered)
+    assert flagged == [f"no_such_format.{op}" for op in ("encode", "decode", "gather", "dequantize_gather",
+                                                         "gather_paged", "decode_topk")]
