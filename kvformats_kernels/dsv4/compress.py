@@ -1,3 +1,142 @@
-"""DeepSeek V4 compress kernels (being written)."""
+"""Launchers of DeepSeek V4's compressor path (kvformats.deepseek_v4.compress / pooling): state
+save, window pooling, and the CSA / HCA compressed-KV and CSA indexer compress-inserts.
 
-OPS: dict = {}
+Each function takes exactly the arguments of the reference it replaces (already validated) and
+launches one kernel (plus, for decode-sized HCA calls, the zeroing of a per-token counter),
+with no host synchronisation: which tokens write is decided on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvformats_kernels import _common as cm
+from kvformats_kernels import state
+from kvformats_kernels.dsv4 import compress_jit as jit
+
+# Per (what, ratio): features per chunk (bd), tokens per program for large calls (block_t),
+# warps, and for calls whose chunks are split over programs (split_bd, split_warps). Benchmarks
+# may override entries; tests run whatever is here.
+CONFIG: dict[tuple[str, int], dict[str, int]] = {
+    ("kv", 4): {"bd": 512, "block_t": 4, "num_warps": 4},
+    ("kv", 128): {"bd": 64, "block_t": 128, "num_warps": 8, "split_bd": 32, "split_warps": 4},
+    ("index", 4): {"bd": 128, "block_t": 4, "num_warps": 2},
+}
+ONE_TOKEN_MAX_T = 2048  # calls with at most this many tokens run one token per program (decode)
+SPLIT_MAX_T = 2048  # ... and spread a token's feature chunks over programs (workspace T x HP float32)
+MODES = {"pool": 0, "fp8_ds_mla": 1, "fp8_indexer": 2, "mxfp4_indexer": 3}
+
+
+def save_compressor_state(layout, kv, score, ape, state_cache, positions, slots) -> None:
+    """``[kv | score + ape[p % ratio]]`` at ``slots``: the compressor_state encode kernel."""
+    state.encode(layout, (kv, score), state_cache, slots, positions=positions, ape=ape)
+
+
+def _plan(what: str, ratio: int, h: int, n: int) -> dict:
+    """Launch constants for ``n`` tokens of head dim ``h`` (worked on padded to a power of two)."""
+    cfg = CONFIG[(what, ratio)]
+    hp = cm.next_pow2(h)
+    bd, warps = min(cfg["bd"], hp), cfg["num_warps"]
+    if n <= SPLIT_MAX_T and hp > bd:
+        bd, warps = min(cfg.get("split_bd", bd), hp), cfg.get("split_warps", warps)
+        return {"BD": bd, "NCHUNK": hp // bd, "NSPLIT": hp // bd, "BLOCK_T": 1, "num_warps": warps}
+    block_t = 1 if n <= ONE_TOKEN_MAX_T else cfg["block_t"]
+    return {"BD": bd, "NCHUNK": hp // bd, "NSPLIT": 1, "BLOCK_T": block_t, "num_warps": warps}
+
+
+def _target_geometry(layout) -> dict:
+    """Target-row constexprs: OFF0/STRIDE0 values (NoPE), OFF1/STRIDE1 the RoPE tail, scales,
+    the record pad, and the numerics profile."""
+    geo = dict(PAGE_SIZE=layout.page_size, NB=layout.num_blocks, **cm.rule_constants(layout.scale_rule),
+               **cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two, E2M1_RNE=False,
+               E2M1_SIGNED_ZERO=False, OFF1=0, STRIDE1=0, PAD_OFF=0, PAD_STRIDE=0, PAD_BYTES=0, PAD_P2=1)
+    if layout.name == "fp8_ds_mla":
+        geo["OFF0"], geo["STRIDE0"], _ = cm.region(layout, "nope")
+        geo["OFF1"], geo["STRIDE1"], _ = cm.region(layout, "rope")
+        geo["SCALE_OFF"], geo["SCALE_STRIDE"], _ = cm.region(layout, "scale")
+        geo["PAD_OFF"], geo["PAD_STRIDE"], geo["PAD_BYTES"] = cm.region(layout, "scale_pad")
+        geo["PAD_P2"] = cm.next_pow2(geo["PAD_BYTES"])
+        geo["QB"] = layout.nope_dim // layout.num_blocks
+    else:
+        geo["OFF0"], geo["STRIDE0"], _ = cm.region(layout, "values")
+        scales = "scales" if layout.name == "mxfp4_indexer" else "scale"
+        geo["SCALE_OFF"], geo["SCALE_STRIDE"], _ = cm.region(layout, scales)
+        geo["QB"] = layout.head_dim // layout.num_blocks
+        if layout.name == "mxfp4_indexer":
+            geo.update(cm.profile_constants(layout, e2m1=True))
+    return geo
+
+
+_NO_TARGET = {  # the pool mode writes float32 rows: target constexprs unused
+    "PAGE_SIZE": 1, "NB": 1, "QB": 1, "OFF0": 0, "STRIDE0": 0, "OFF1": 0, "STRIDE1": 0, "SCALE_OFF": 0,
+    "SCALE_STRIDE": 0, "PAD_OFF": 0, "PAD_STRIDE": 0, "PAD_BYTES": 0, "PAD_P2": 1, "FLOOR": 1.0, "ELEM_MAX": 1.0,
+    "FLOOR_ON_SCALE": False, "E_MIN": 0, "E_MAX": 0, "FLOOR_MODE": False, "ELEM_EMAX": 0, "POW2": True,
+    "E2M1_RNE": False, "E2M1_SIGNED_ZERO": False,
+}
+
+
+def _launch(mode: str, what: str, state_cache, ratio, positions, req, table, base, weight, eps, *,
+            state_slots=None, target_slots=None, cos_sin=None, target=None, layout=None) -> torch.Tensor | None:
+    """One compress_kernel launch; returns the float32 pooled rows for mode "pool". Arguments a
+    mode does not use are passed as stand-ins the kernel never reads."""
+    h, n, dev = weight.shape[0], positions.shape[0], state_cache.device
+    out = torch.empty((n, h), dtype=torch.float32, device=dev) if mode == "pool" else None
+    if n == 0:
+        return out
+    plan = _plan(what, ratio, h, n)
+    ws, cnt = positions, positions
+    if plan["NSPLIT"] > 1:
+        ws = torch.empty((n, plan["NCHUNK"] * plan["BD"]), dtype=torch.float32, device=dev)
+        cnt = torch.zeros(n, dtype=torch.int32, device=dev)
+    if mode == "pool":
+        dst, dst_stride, capacity, geo = out, h, 0, dict(_NO_TARGET)
+    else:
+        dst, dst_stride = cm.byte_cache(layout, target)
+        capacity, geo = cm.capacity(layout, target), _target_geometry(layout)
+    if cos_sin is None:
+        cs, rope = state_cache, 0
+    else:
+        cs, rope = (cos_sin if cos_sin.stride(1) == 1 else cos_sin.contiguous()), cos_sin.shape[1]
+    sslot = positions if state_slots is None else state_slots
+    tslot = positions if target_slots is None else target_slots
+    jit.compress_kernel[(cm.grid_rows(n, plan["BLOCK_T"]), plan["NSPLIT"])](
+        state_cache, table, table if base is None else base, positions, req, sslot, tslot,
+        weight.view(torch.int16) if weight.dtype == torch.bfloat16 else weight, cs, dst, ws, cnt,
+        n, state_cache.stride(0), state_cache.shape[0], table.stride(0), table.stride(1), table.shape[0],
+        table.shape[1], 0 if base is None else base.stride(0), positions.stride(0), req.stride(0), sslot.stride(0),
+        tslot.stride(0), weight.stride(0), cs.stride(0), cs.shape[0] if rope else 0, dst_stride, capacity,
+        float(eps), cm.f32(h ** -0.5),
+        MODE=MODES[mode], RATIO=ratio, H=h, W=state_cache.shape[2] // 2, ROWS=state_cache.shape[1],
+        BD=plan["BD"], NCHUNK=plan["NCHUNK"], NSPLIT=plan["NSPLIT"], BLOCK_T=plan["BLOCK_T"],
+        HAS_BASE=base is not None, W_BF16=weight.dtype == torch.bfloat16, GPU=dev.type == "cuda", ROPE=rope,
+        LOG2_H=h.bit_length() - 1, **geo, num_warps=plan["num_warps"], enable_fp_fusion=False)
+    return out
+
+
+def pool_compressor_state(state_cache, ratio, positions, req_indices, block_table, base_offsets, weight,
+                          eps) -> torch.Tensor:
+    """float32 ``[T, h]``: pooled and RMS-normed windows ending at each position."""
+    return _launch("pool", "kv" if ratio == 128 or weight.shape[0] > 128 else "index", state_cache, ratio,
+                   positions, req_indices, block_table, base_offsets, weight, eps)
+
+
+def compress_kv_insert(state_cache, kv_cache, kv_layout, ratio, positions, req_indices, state_slots,
+                       block_table, base, weight, eps, cos_sin, kv_slots) -> None:
+    """fp8_ds_mla rows of the group-ending tokens at ``kv_slots`` (see the reference)."""
+    _launch("fp8_ds_mla", "kv", state_cache, ratio, positions, req_indices, block_table, base, weight, eps,
+            state_slots=state_slots, target_slots=kv_slots, cos_sin=cos_sin, target=kv_cache, layout=kv_layout)
+
+
+def indexer_compress_insert(state_cache, index_cache, layout, positions, req_indices, state_slots, block_table,
+                            base, weight, eps, cos_sin, index_slots) -> None:
+    """fp8_indexer / mxfp4_indexer rows of the group-ending tokens at ``index_slots``."""
+    _launch(layout.name, "index", state_cache, 4, positions, req_indices, block_table, base, weight, eps,
+            state_slots=state_slots, target_slots=index_slots, cos_sin=cos_sin, target=index_cache, layout=layout)
+
+
+OPS = {
+    "save_compressor_state": save_compressor_state,
+    "pool_compressor_state": pool_compressor_state,
+    "compress_kv_insert": compress_kv_insert,
+    "indexer_compress_insert": indexer_compress_insert,
+}

@@ -1,0 +1,200 @@
+"""Triton kernel of DeepSeek V4's compressor path (formats.md §5.3, §2.4, §3.4, §4.5): softmax
+pooling of state windows + RMSNorm (pool_jit), then by MODE the float32 row itself (0), or RoPE
+and an fp8_ds_mla row (1), or RoPE, the Hadamard rotation and an fp8_indexer (2) / mxfp4_indexer
+(3) row.
+
+One kernel per call. A program scans BLOCK_T tokens and works only on those that write (a
+device-side test, no host sync). A token's pooling is split into NCHUNK feature chunks of BD:
+with NSPLIT == 1 one program pools every chunk; with NSPLIT == NCHUNK each chunk is its own
+program (decode-sized HCA calls), the chunks meet in a float32 workspace row, and the program
+that completes the row (an atomic counter per token) finishes it. Launch with
+``enable_fp_fusion=False``.
+"""
+
+import triton
+import triton.language as tl
+
+from kvformats_kernels import numerics_jit as nj
+from kvformats_kernels.dsv4 import pool_jit as pj
+from kvformats_kernels.dsv4 import transforms_jit as tj
+
+
+# ----- row tails -----------------------------------------------------------------------------
+@triton.jit
+def rope_at(x, pos, cs_ptr, cs_stride, NOPE: tl.constexpr, ROPE: tl.constexpr):
+    """tj.rope_rows for a row x [1, HP] whose RoPE tail (dims NOPE .. NOPE + ROPE) is not at the
+    end of the tile (a head dim padded to a power of two): the same products and sums."""
+    HP: tl.constexpr = x.shape[1]
+    ev, od = tl.split(tl.reshape(x, (1, HP // 2, 2)))
+    k = tl.arange(0, HP // 2) - NOPE // 2
+    is_rope = (k >= 0) & (k < ROPE // 2)
+    kk = tl.where(is_rope, k, 0)
+    row = cs_ptr + pos[:, None] * cs_stride
+    cos = tl.load(row + kk[None, :], mask=is_rope[None, :], other=1.0)
+    sin = tl.load(row + (ROPE // 2) + kk[None, :], mask=is_rope[None, :], other=0.0)
+    ev2 = tl.where(is_rope[None, :], ev * cos - od * sin, ev)
+    od2 = tl.where(is_rope[None, :], ev * sin + od * cos, od)
+    return tl.reshape(tl.join(ev2, od2), (1, HP))
+
+
+@triton.jit
+def store_ds_mla(y, cache_ptr, base, row, H: tl.constexpr, NB: tl.constexpr, QB: tl.constexpr,
+                 NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr, ROPE_OFF: tl.constexpr,
+                 ROPE_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
+                 PAD_OFF: tl.constexpr, PAD_STRIDE: tl.constexpr, PAD_BYTES: tl.constexpr, PAD_P2: tl.constexpr,
+                 FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
+                 E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr):
+    """fp8_ds_mla row of y [1, HP] (dims beyond H padding; RoPE tail rotated) at byte ``base`` +
+    row offsets: NoPE blocks as e4m3 of bf16(y) * 2^-e, ue8m0 scale bytes, zero pad, bf16 tail
+    little endian; the encode kernel's arithmetic."""
+    HP: tl.constexpr = y.shape[1]
+    NOPE: tl.constexpr = NB * QB
+    bits = nj.bf16_rne_bits(y)
+    blk = tl.arange(0, HP // QB)  # the NoPE blocks first (HP >= H > NOPE, both multiples of QB)
+    j = tl.arange(0, QB)
+    nope = blk < NB
+    xq = nj.bf16_bits_f32(tl.reshape(bits, (HP // QB, QB)))
+    e = nj.block_exponent(nj.abs_max(xq, 1), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE, ELEM_EMAX)
+    codes = nj.e4m3_bits(xq * nj.pow2(-e)[:, None])
+    tl.store(cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE + blk[:, None] * QB + j[None, :], codes.to(tl.uint8),
+             mask=nope[:, None])
+    s = tl.minimum(tl.maximum(e + 127, 0), 255)
+    tl.store(cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE + blk, s.to(tl.uint8), mask=nope)
+    if PAD_BYTES > 0:
+        k = tl.arange(0, PAD_P2)
+        tl.store(cache_ptr + base + PAD_OFF + row * PAD_STRIDE + k, tl.zeros((PAD_P2,), tl.uint8),
+                 mask=k < PAD_BYTES)
+    flat = tl.reshape(bits, (HP,))
+    k = tl.arange(0, HP)
+    tail = (k >= NOPE) & (k < H)
+    at = cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE + 2 * (k - NOPE) * tail.to(tl.int32)
+    lo_hi = tl.join(flat & 0xFF, (flat >> 8) & 0xFF)  # element k: low byte at 2k, high at 2k + 1
+    tl.store(at[:, None] + tl.arange(0, 2)[None, :], lo_hi.to(tl.uint8), mask=tail[:, None])
+
+
+@triton.jit
+def store_indexer(y, had_scale, cache_ptr, base, row, LOG2_H: tl.constexpr, MXFP4: tl.constexpr,
+                  NB: tl.constexpr, QB: tl.constexpr,
+                  VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
+                  SCALE_STRIDE: tl.constexpr, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr,
+                  FLOOR_ON_SCALE: tl.constexpr, E_MIN: tl.constexpr, E_MAX: tl.constexpr,
+                  FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr, POW2: tl.constexpr,
+                  E2M1_RNE: tl.constexpr, E2M1_SIGNED_ZERO: tl.constexpr):
+    """Indexer row of y [1, H]: bf16, Hadamard butterfly, times the float32 scale, bf16 (as
+    hadamard_reference), then the fp8_indexer or mxfp4_indexer encode of the encode kernels."""
+    z = nj.bf16_round(tj.hadamard_rows(nj.bf16_round(y), LOG2_H) * had_scale)
+    x = tl.reshape(z, (NB, QB))
+    blk = tl.arange(0, NB)
+    if MXFP4:
+        e = nj.block_exponent(nj.abs_max(x, 1), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE,
+                              ELEM_EMAX)
+        codes = nj.e2m1_code(x * nj.pow2(-e)[:, None], E2M1_RNE, E2M1_SIGNED_ZERO)
+        lo, hi = tl.split(tl.reshape(codes, (NB, QB // 2, 2)))  # element 2k low nibble, 2k + 1 high
+        pair = blk[:, None] * (QB // 2) + tl.arange(0, QB // 2)[None, :]
+        tl.store(cache_ptr + base + VAL_OFF + row * VAL_STRIDE + pair, (lo | (hi << 4)).to(tl.uint8))
+        s = tl.minimum(tl.maximum(e + 127, 0), 255)
+        tl.store(cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE + blk, s.to(tl.uint8))
+    else:
+        if POW2:
+            e = nj.block_exponent(nj.abs_max(x, 1), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE,
+                                  ELEM_EMAX)
+            codes = nj.e4m3_bits(x * nj.pow2(-e)[:, None])
+            sbits = nj.pow2_bits(e)
+        else:
+            q = nj.block_scale(nj.abs_max(x, 1), FLOOR, ELEM_MAX, FLOOR_ON_SCALE)
+            codes = nj.e4m3_bits(tl.math.div_rn(x, tl.broadcast_to(q[:, None], x.shape)))
+            sbits = nj.f32_bits(q)
+        elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
+        tl.store(cache_ptr + base + VAL_OFF + row * VAL_STRIDE + elem, codes.to(tl.uint8))
+        for i in tl.static_range(4):
+            tl.store(cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE + 4 * blk + i,
+                     ((sbits >> (8 * i)) & 0xFF).to(tl.uint8))
+
+
+@triton.jit
+def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr, tslot_ptr, weight_ptr, cs_ptr,
+                    out_ptr, ws_ptr, cnt_ptr, n_tokens, page_stride, num_pages, t_stride0, t_stride1, table_rows,
+                    table_cols, base_stride, pos_stride, req_stride, sslot_stride, tslot_stride, w_stride, cs_stride,
+                    cs_rows, out_stride, capacity, eps, had_scale,
+                    MODE: tl.constexpr, RATIO: tl.constexpr, H: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
+                    BD: tl.constexpr, NCHUNK: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
+                    HAS_BASE: tl.constexpr, W_BF16: tl.constexpr, GPU: tl.constexpr, ROPE: tl.constexpr,
+                    LOG2_H: tl.constexpr, PAGE_SIZE: tl.constexpr, NB: tl.constexpr, QB: tl.constexpr,
+                    OFF0: tl.constexpr, STRIDE0: tl.constexpr, OFF1: tl.constexpr, STRIDE1: tl.constexpr,
+                    SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr, PAD_OFF: tl.constexpr,
+                    PAD_STRIDE: tl.constexpr, PAD_BYTES: tl.constexpr, PAD_P2: tl.constexpr,
+                    FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
+                    E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
+                    POW2: tl.constexpr, E2M1_RNE: tl.constexpr, E2M1_SIGNED_ZERO: tl.constexpr):
+    """Tokens pid * BLOCK_T .. + BLOCK_T; program axis 1 is the feature chunk when NSPLIT > 1.
+    Rows are worked on as HP = NCHUNK * BD (a power of two) features, the head dim H first.
+
+    MODE 0 (pool): every token; out float32 [T, H] (row stride out_stride). MODE 1-3
+    (inserts): a token writes iff p >= 0, (p + 1) % RATIO == 0, its state slot >= 0, its
+    target slot in [0, capacity) and its rope position (p // RATIO) * RATIO is a row of
+    cos_sin; out is the target cache's bytes (page stride out_stride). ws: float32 [T, HP]."""
+    HP: tl.constexpr = NCHUNK * BD
+    pid = tl.program_id(0).to(tl.int64)
+    ar = tl.arange(0, BLOCK_T)
+    tt = pid * BLOCK_T + ar
+    live = tt < n_tokens
+    pos = tl.load(pos_ptr + tt * pos_stride, mask=live, other=-1).to(tl.int64)
+    if MODE == 0:
+        go = live
+    else:
+        sslot = tl.load(sslot_ptr + tt * sslot_stride, mask=live, other=-1)
+        tslot = tl.load(tslot_ptr + tt * tslot_stride, mask=live, other=-1).to(tl.int64)
+        go = live & (pos >= 0) & ((pos + 1) % RATIO == 0) & (sslot >= 0) & (tslot >= 0) & (tslot < capacity)
+        go = go & ((pos // RATIO) * RATIO < cs_rows)
+    i = tl.min(tl.where(go, ar, BLOCK_T), axis=0)
+    while i < BLOCK_T:  # over this program's writing tokens
+        t = pid * BLOCK_T + i
+        p = tl.load(pos_ptr + t * pos_stride).to(tl.int64)
+        r = tl.load(req_ptr + t * req_stride).to(tl.int64)
+        r_ok = (r >= 0) & (r < table_rows)
+        r = r * r_ok.to(tl.int64)
+        base_r = 0
+        if HAS_BASE:
+            base_r = tl.load(base_ptr + r * base_stride, mask=r_ok, other=0).to(tl.int64)
+        cidx = tl.arange(0, NCHUNK)
+        j = tl.arange(0, BD)
+        if NSPLIT == 1:
+            pooled = tl.zeros((NCHUNK, BD), tl.float32)
+            for c in range(NCHUNK):
+                part = pj.pool_features(state_ptr, c * BD + j, p, r, r_ok, base_r, table_ptr, t_stride0, t_stride1,
+                                        table_cols, num_pages, page_stride, RATIO, H, W, ROWS, GPU)
+                pooled = tl.where(cidx[:, None] == c, part[None, :], pooled)
+            ready = True
+        else:
+            c = tl.program_id(1)
+            part = pj.pool_features(state_ptr, c * BD + j, p, r, r_ok, base_r, table_ptr, t_stride0, t_stride1,
+                                    table_cols, num_pages, page_stride, RATIO, H, W, ROWS, GPU)
+            ws_row = ws_ptr + t * HP
+            tl.store(ws_row + c * BD + j, part)
+            tl.debug_barrier()  # every thread's part is stored before the counter releases it
+            ready = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu") == NSPLIT - 1
+            at = cidx[:, None] * BD + j[None, :]
+            pooled = tl.load(ws_row + at, mask=pj.spread(ready, at), other=0.0, cache_modifier=".cg")
+        if ready:  # this program holds (or completed) the whole pooled row
+            n = pj.rms_weighted(tl.reshape(pooled, (HP,)), weight_ptr, w_stride, eps, H, W_BF16, GPU)
+            if MODE == 0:
+                k = tl.arange(0, HP)[None, :]
+                tl.store(out_ptr + t * out_stride + k, n, mask=k < H)
+            else:
+                rope_pos = (p // RATIO) * RATIO + tl.zeros((1,), tl.int64)
+                if HP == H:
+                    y = tj.rope_rows(n, rope_pos, cs_ptr, cs_stride, H, ROPE, False)
+                else:
+                    y = rope_at(n, rope_pos, cs_ptr, cs_stride, H - ROPE, ROPE)
+                slot = tl.load(tslot_ptr + t * tslot_stride).to(tl.int64)
+                base = (slot // PAGE_SIZE) * out_stride
+                row = slot % PAGE_SIZE
+                if MODE == 1:
+                    store_ds_mla(y, out_ptr, base, row, H, NB, QB, OFF0, STRIDE0, OFF1, STRIDE1, SCALE_OFF,
+                                 SCALE_STRIDE, PAD_OFF, PAD_STRIDE, PAD_BYTES, PAD_P2, FLOOR, ELEM_MAX,
+                                 FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE, ELEM_EMAX)
+                else:  # the indexer's head dim is a power of two (HP == H)
+                    store_indexer(y, had_scale, out_ptr, base, row, LOG2_H, MODE == 3, NB, QB, OFF0, STRIDE0,
+                                  SCALE_OFF, SCALE_STRIDE, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX,
+                                  FLOOR_MODE, ELEM_EMAX, POW2, E2M1_RNE, E2M1_SIGNED_ZERO)
+        i = tl.min(tl.where(go & (ar > i), ar, BLOCK_T), axis=0)
