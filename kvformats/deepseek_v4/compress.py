@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.checks import check_slots
+from kvformats.checks import capturing, check_slots
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.blocktable import table_slots
@@ -121,7 +121,7 @@ def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, rat
     kv_layout = C.ds_mla_layout(kv_cache, rms_weight.shape[0], rope_dim, kv_page_size)
     if kv_cache.device != state_cache.device:
         raise InputError(f"kv_cache must be on the state cache's device {state_cache.device}, got {kv_cache.device}")
-    if check:
+    if check and not capturing(positions):  # host checks; inside a CUDA graph they would add kernels
         write = _group_end(ratio, positions, state_slots, kv_slots)
         C.check_written_slots(kv_layout, kv_cache, kv_slots, write, "kv_slots")
         C.check_positions_in_table(positions.long() // ratio * ratio, cos_sin_cache, write, "rope positions")
@@ -196,7 +196,7 @@ def indexer_compress_insert(state_cache: torch.Tensor, index_cache: torch.Tensor
     if index_cache.device != state_cache.device:
         raise InputError(f"index_cache must be on the state cache's device {state_cache.device}, "
                          f"got {index_cache.device}")
-    if check:
+    if check and not capturing(positions):  # host checks; inside a CUDA graph they would add kernels
         write = _group_end(ratio, positions, state_slots, index_slots)
         C.check_written_slots(layout, index_cache, index_slots, write, "index_slots")
         C.check_positions_in_table(positions.long() // ratio * ratio, cos_sin_cache, write, "rope positions")
