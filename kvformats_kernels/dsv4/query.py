@@ -1,3 +1,160 @@
-"""DeepSeek V4 query kernels (being written)."""
+"""Launchers of the DeepSeek V4 query / output transforms, registered as the "triton" backend of
+``kvformats.deepseek_v4``: the indexer query preps, the inverse-RoPE FP8 output quantization
+and the Hadamard transform. Each takes exactly the arguments of its reference implementation
+(already validated) and returns the same tensors; nothing synchronises with the host."""
 
-OPS: dict = {}
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kvformats.deepseek_v4 import query as ref
+from kvformats.deepseek_v4.transforms import hadamard_reference
+from kvformats_kernels import _common as cm
+from kvformats_kernels.dsv4 import query_jit as jit
+
+# Program sizes (benchmarks may override). indexer_q: heads per program (a row per lane);
+# hadamard: warps per program (a row per lane up to ROW_IN_LANE_MAX_D; wider rows: tile elements
+# per program); inv_rope: quantization groups per program (a group per lane).
+CONFIG = {
+    "indexer_q": {"block_h": 32, "num_warps": 1},
+    "hadamard": {"num_warps": 1, "tile": 4096},
+    "inv_rope": {"lanes": 32, "num_warps": 1},
+}
+HADAMARD_MAX_D = 1024  # wider rows run the reference (a row tile in registers stops paying off)
+ROW_IN_LANE_MAX_D = 128  # rows up to this width live in one lane's registers
+INV_ROPE_MAX_GROUP = 128  # a group per lane: wider groups would spill
+# e4m3 bytes by the hardware cast (cvt.rn.satfinite, sm_89+) instead of integer rounding in the
+# inverse-RoPE quant and the FP8 query prep: the same bytes (the GPU tests check both paths),
+# far fewer instructions. Off by default; the interpreter always takes the integer path.
+HW_E4M3 = {"enabled": False}
+
+
+def _hw_e4m3(device) -> bool:
+    return HW_E4M3["enabled"] and device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _unit_last(x: torch.Tensor) -> torch.Tensor:
+    return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
+
+
+def _bits(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(x with bf16 as int16 bit patterns, whether it is bf16)."""
+    return (x.view(torch.int16), True) if x.dtype == torch.bfloat16 else (x, False)
+
+
+def bf16_words(x: torch.Tensor) -> torch.Tensor | None:
+    """An int32 alias (two elements per word) of a bf16 ``x [A, B, C]`` with unit last stride,
+    when every row starts 4-byte aligned and C is even; else None."""
+    if x.dtype != torch.bfloat16 or x.shape[2] % 2 or x.storage_offset() % 2 or x.stride(0) % 2 or x.stride(1) % 2:
+        return None
+    return x.view(torch.int32) if x.data_ptr() % 4 == 0 else None
+
+
+def _input(x: torch.Tensor) -> tuple[torch.Tensor, bool, bool]:
+    """(x as the kernel reads it, is bf16, as int32 pairs) for a 3-d activation."""
+    x = _unit_last(x)
+    words = bf16_words(x)
+    if words is not None:
+        return words, True, True
+    x, is_bf16 = _bits(x)
+    return x, is_bf16, False
+
+
+def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, mxfp4: bool):
+    t, h, d = index_q.shape
+    dev = index_q.device
+    out = torch.empty((t, h, d // 2 if mxfp4 else d), dtype=torch.uint8, device=dev)
+    scales = torch.empty((t, h), dtype=torch.int32, device=dev)
+    w_out = torch.empty((t, h), dtype=torch.float32, device=dev)
+    if t and h:
+        qk, is_bf16, pairs = _input(index_q)
+        w, w_bf16 = _bits(weights)
+        cs = _unit_last(cos_sin)
+        cfg = CONFIG["indexer_q"]
+        rule = cm.rule_constants(ref._MXFP4.scale_rule)
+        jit.indexer_q_kernel[(t, cm.grid_rows(h, cfg["block_h"]))](
+            qk, positions, cs, w, out, scales, w_out, h, qk.stride(0), qk.stride(1), positions.stride(0),
+            cs.stride(0), w.stride(0), w.stride(1), cm.f32(d ** -0.5), cm.f32(softmax_scale), cm.f32(head_scale),
+            ROPE=cs.shape[1], MXFP4=mxfp4, **rule, IS_BF16=is_bf16, PAIRS=pairs, W_BF16=w_bf16,
+            HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], num_warps=cfg["num_warps"], enable_fp_fusion=False)
+    if mxfp4:
+        return (out, scales), w_out
+    return out.view(torch.float8_e4m3fn), w_out
+
+
+def prepare_indexer_q_mxfp4(index_q, positions, cos_sin, weights, softmax_scale, head_scale):
+    """``((packed uint8 [T, H, 64], scales int32 [T, H]), weights_out float32 [T, H])`` for
+    ``index_q [T, H, 128]``, as ``kvformats.deepseek_v4.prepare_indexer_q_mxfp4`` (contiguous
+    outputs; the reference's ``packed`` is a strided view with the same values)."""
+    return _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, True)
+
+
+def prepare_indexer_q_fp8(index_q, positions, cos_sin, weights, softmax_scale, head_scale):
+    """``(q float8_e4m3fn [T, H, 128], weights_out float32 [T, H])``, as
+    ``kvformats.deepseek_v4.prepare_indexer_q_fp8``."""
+    return _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, False)
+
+
+def inv_rope_fp8_quant(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned):
+    """``(q float8_e4m3fn [T, G, Hg * D] (a transposed view of a contiguous [G, T, Hg * D]),
+    scales)`` as ``kvformats.deepseek_v4.inv_rope_fp8_quant``; the kernel writes the scale
+    store's padding tokens as zeros. The kernel holds one quantization group per lane: groups
+    that are not a power of two, wider than INV_ROPE_MAX_GROUP, or not holding the whole RoPE
+    tail in the last group run the reference (DeepSeek V4's 128-groups with a 64-dim tail do not)."""
+    t, heads, d = o.shape
+    rope = cos_sin.shape[1]
+    if group & (group - 1) or group > INV_ROPE_MAX_GROUP or rope > group:
+        return ref.inv_rope_fp8_quant_reference(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned)
+    dev = o.device
+    t_pad = -(-t // 4) * 4
+    nq = d // group
+    buf = torch.empty((n_groups, t, heads_per_group * d), dtype=torch.uint8, device=dev)
+    if tma_aligned:
+        store = torch.empty((n_groups, heads_per_group, t_pad), dtype=torch.int32, device=dev)
+    else:
+        store = torch.empty((n_groups, heads_per_group * nq, t_pad), dtype=torch.float32, device=dev)
+    if t:
+        x, is_bf16, pairs = _input(o)
+        cs = _unit_last(cos_sin)
+        cfg = CONFIG["inv_rope"]
+        nqp = cm.next_pow2(nq)
+        block_t = max(1, cfg["lanes"] // nqp)  # a group per lane
+        jit.inv_rope_kernel[(cm.grid_rows(t_pad, block_t), heads)](
+            x, positions, cs, buf, store, t, t_pad, heads_per_group, x.stride(0), x.stride(1), positions.stride(0),
+            cs.stride(0), buf.stride(0), D=d, ROPE=rope, GS=group, NQP2=nqp, **cm.rule_constants(ref.OUT_SCALE_RULE),
+            TMA=bool(tma_aligned), IS_BF16=is_bf16, PAIRS=pairs, HW_E4M3=_hw_e4m3(dev), BLOCK_T=block_t,
+            num_warps=cfg["num_warps"], enable_fp_fusion=False)
+    return buf.view(torch.float8_e4m3fn).transpose(0, 1), store.permute(2, 0, 1)[:t]
+
+
+def hadamard_transform(x, scale):
+    """bf16 ``bf16(scale * H(bf16(x)))`` over the last dim, same shape as ``x``, as
+    ``kvformats.deepseek_v4.hadamard_transform``. Rows wider than HADAMARD_MAX_D (1024) run the
+    reference: a butterfly on a register tile that wide would spill."""
+    shape, d = x.shape, x.shape[-1]
+    if d > HADAMARD_MAX_D:
+        return hadamard_reference(x, scale)
+    rows = _unit_last(x.reshape(-1, d))
+    n = rows.shape[0]
+    out = torch.empty((n, d), dtype=torch.int16, device=x.device)
+    if n:
+        src, is_bf16 = _bits(rows)
+        cfg = CONFIG["hadamard"]
+        if d <= ROW_IN_LANE_MAX_D:
+            block_m, vec, warps = 32 * cfg["num_warps"], min(8, d), cfg["num_warps"]
+        else:
+            block_m, vec, warps = max(1, cfg["tile"] // d), d, 4  # the compiler's layout, 4 warps
+        jit.hadamard_kernel[(cm.grid_rows(n, block_m),)](
+            src, out, n, cm.row_stride(src), cm.f32(scale), LOG2_D=d.bit_length() - 1, V=vec, IS_BF16=is_bf16,
+            BLOCK_M=block_m, num_warps=warps, enable_fp_fusion=False)
+    return out.view(torch.bfloat16).reshape(shape)
+
+
+OPS = {
+    "prepare_indexer_q_mxfp4": prepare_indexer_q_mxfp4,
+    "prepare_indexer_q_fp8": prepare_indexer_q_fp8,
+    "inv_rope_fp8_quant": inv_rope_fp8_quant,
+    "hadamard_transform": hadamard_transform,
+}

@@ -1,0 +1,314 @@
+"""Triton kernels of the DeepSeek V4 query / output transforms (formats.md §4.6, §6.2): the
+indexer query preps (MXFP4 and FP8), the inverse-RoPE FP8 output quantization and the
+Hadamard transform. Every rounding is an integer bit operation (numerics_jit) and every sum
+the reference's own, so the bytes equal the reference's; launch with ``enable_fp_fusion=False``
+(RoPE's products and sums must not fuse).
+
+The Hadamard kernels keep each row (inv_rope: each quantization group) in one lane's
+registers: a row is loaded as ``[W / V, BM, V]`` (V-element vectors, one row per lane), so the
+coalescing pass puts the row in registers and the butterfly's splits and joins, the group
+maximum and its exponent involve no other lane (a row tile laid out the default way, 16 lanes
+across a row, spends most of its time shuffling). The integer roundings, not the memory, bound
+these kernels, so the hot path takes shortcuts that hold for finite values, and a program that
+meets a non-finite value redoes its rows the long way.
+"""
+
+import triton
+import triton.language as tl
+
+from kvformats_kernels import numerics_jit as nj
+from kvformats_kernels.dsv4 import transforms_jit as tj
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def abs_max_nan(x, axis: tl.constexpr):
+    """max |x| along ``axis``, NaN when any element is NaN (one max.NaN per element, where
+    tl.max drops NaN), as torch's amax."""
+    return tl.reduce(tl.abs(x), axis, _max_nan)
+
+
+@triton.jit
+def thread_rows(row_ptr, live, W: tl.constexpr, V: tl.constexpr, LO: tl.constexpr = 0, OTHER: tl.constexpr = 0):
+    """W consecutive elements at each of the BM pointers ``row_ptr`` -> [BM, W] (raw dtype), one
+    row per lane when BM is at least the number of lanes; rows not ``live`` and columns below
+    LO read OTHER."""
+    BM: tl.constexpr = row_ptr.shape[0]
+    col = (tl.arange(0, W // V) * V)[:, None] + tl.arange(0, V)[None, :]
+    x = tl.load(row_ptr[None, :, None] + col[:, None, :], mask=live[None, :, None] & (col >= LO)[:, None, :],
+                other=OTHER)
+    return tl.reshape(tl.permute(x, (1, 0, 2)), (BM, W))
+
+
+@triton.jit
+def words_f32(w):
+    """int32 words of two bf16 each (element 2k in the low half) -> (even, odd) float32."""
+    return nj.bits_f32(w << 16), nj.bits_f32(w & -65536)
+
+
+@triton.jit
+def bf16_value(x, SAFE: tl.constexpr):
+    """float32 -> the float32 value of its bf16 RNE rounding. Not SAFE: for values that are not
+    NaN (a NaN made by arithmetic, 0x7FFFFFFF, would carry into the sign bit)."""
+    if SAFE:
+        return nj.bf16_round(x)
+    else:
+        return nj.bf16_bits_f32(nj.bf16_rne_bits_nonan(x))
+
+
+@triton.jit
+def e2m1_code_short(y):
+    """``numerics_jit.e2m1_code`` for finite y with at most 8 significant bits (a bf16 value
+    times a power of two) and |y| < 7 (a block scaled by its ceil-rule exponent).
+
+    Below 1, a + 1 lies in [1, 2), where the rule for a >= 1 (one mantissa bit, ties down)
+    gives codes 2, 3, 4 exactly where a lies in [0, 0.25], (0.25, 0.75], (0.75, 1): the codes
+    of a plus 2. a + 1 is exact for a >= 2^-15 (8 significant bits); smaller a land on 1 and
+    code 0 either way. The sign bit goes with y < -0.25: negative with a non-zero code."""
+    a = tl.abs(y)
+    lt = a < 1.0
+    a1 = tl.where(lt, a + 1.0, a)
+    k = tl.where(lt, (1 << 21) - 1 - (254 << 22), (1 << 21) - 1 - (252 << 22))
+    return (nj.f32_bits(a1) + k + tl.where(y < -0.25, 8 << 22, 0)) >> 22
+
+
+@triton.jit
+def rope_pairs(ev, od, cs_row, FIRST: tl.constexpr, ROPE: tl.constexpr):
+    """GPT-J RoPE of the pairs (ev, od) [BM, P] of one position (``cs_row``: its cos_sin row),
+    in rope_rows's float32 order; pair i is rope pair FIRST + i (outside [0, ROPE / 2): NoPE,
+    passed through). cos and sin are loaded once, as vectors, for the whole tile."""
+    P: tl.constexpr = ev.shape[1]
+    k = tl.arange(0, P) + FIRST
+    if FIRST >= 0 and FIRST + P <= ROPE // 2:
+        cos = tl.load(cs_row + k)[None, :]
+        sin = tl.load(cs_row + ROPE // 2 + k)[None, :]
+        return ev * cos - od * sin, ev * sin + od * cos
+    else:
+        inside = (k >= 0) & (k < ROPE // 2)
+        kk = tl.where(inside, k, 0)
+        cos = tl.load(cs_row + kk, mask=inside, other=1.0)[None, :]
+        sin = tl.load(cs_row + ROPE // 2 + kk, mask=inside, other=0.0)[None, :]
+        return (tl.where(inside[None, :], ev * cos - od * sin, ev),
+                tl.where(inside[None, :], ev * sin + od * cos, od))
+
+
+@triton.jit
+def _half(row, live, cs_row, HALF_IDX: tl.constexpr, ROPE: tl.constexpr, IS_BF16: tl.constexpr,
+          PAIRS: tl.constexpr, SAFE: tl.constexpr):
+    """Half HALF_IDX (64 dims) of 128-dim rows, RoPE'd where it holds RoPE dims and rounded to
+    bf16 where that changes anything (RoPE dims, non-bf16 input) -> (float32 [BM, 64], the sum
+    of the values read: not finite when one of them is not). PAIRS: bf16 read as int32 words
+    (``row`` points at words)."""
+    BM: tl.constexpr = row.shape[0]
+    if PAIRS:
+        ev, od = words_f32(thread_rows(row + HALF_IDX * 32, live, 32, 4))
+    else:
+        x = thread_rows(row + HALF_IDX * 64, live, 64, 8)
+        x = nj.bf16_bits_f32(x) if IS_BF16 else x.to(tl.float32)
+        ev, od = tl.split(tl.reshape(x, (BM, 32, 2)))
+    check = tl.sum(ev + od)
+    FIRST: tl.constexpr = HALF_IDX * 32 - (128 - ROPE) // 2  # rope pair of this half's pair 0
+    if FIRST + 32 > 0:
+        ev, od = rope_pairs(ev, od, cs_row, FIRST, ROPE)
+        return bf16_value(tl.reshape(tl.join(ev, od), (BM, 64)), SAFE), check
+    x = tl.reshape(tl.join(ev, od), (BM, 64))
+    return (x if IS_BF16 else bf16_value(x, SAFE)), check
+
+
+@triton.jit
+def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.constexpr,
+                  FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
+                  E_MIN: tl.constexpr, E_MAX: tl.constexpr,
+                  IS_BF16: tl.constexpr, PAIRS: tl.constexpr, HW_E4M3: tl.constexpr, SAFE: tl.constexpr):
+    """(bytes of dims 0..63, bytes of dims 64..127, MXFP4 scale words, check) of rows of 128
+    dims: y = bf16(scale * H(bf16(rope_p(q)))), then MXFP4 ([BM, 32] byte halves) or e4m3
+    ([BM, 64] byte halves).
+
+    Not SAFE, the roundings skip their NaN select (a NaN made by arithmetic would turn into
+    -0.0) and the e2m1 code takes its short form; both hold for finite values. The check, a
+    sum of every input and of every value rounded last, is then not finite whenever a value on
+    the way was not (an Inf or NaN input, an overflow in RoPE or in the butterfly), and the
+    caller redoes the rows SAFE. (Finite sums beyond float32 also trip it: harmless.)
+
+    H_128 = H_64 on each half, then one stage (a, b) -> (a + b, a - b) across the halves: the
+    reference's butterfly stage for stage, with the RoPE tail (the second half) alone."""
+    xa, check_a = _half(row, live, cs_row, 0, ROPE, IS_BF16, PAIRS, SAFE)
+    xb, check_b = _half(row, live, cs_row, 1, ROPE, IS_BF16, PAIRS, SAFE)
+    a = tj.hadamard_rows(xa, 6)
+    b = tj.hadamard_rows(xb, 6)
+    BM: tl.constexpr = a.shape[0]
+    check = check_a + check_b
+    word = tl.zeros((BM,), tl.int32)
+    for half in tl.static_range(2):
+        z = ((a + b) if half == 0 else (a - b)) * had_scale
+        check += tl.sum(z)
+        y = bf16_value(z, SAFE)
+        if MXFP4:
+            blocks = tl.reshape(y, (BM, 2, 32))
+            e = nj.block_exponent(abs_max_nan(blocks, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
+            scaled = blocks * nj.pow2(-e)[:, :, None]
+            codes = nj.e2m1_code(scaled) if SAFE else e2m1_code_short(scaled)
+            lo, hi = tl.split(tl.reshape(codes, (BM, 32, 2)))  # element 2k in the low nibble
+            out = lo | (hi << 4)
+            s = tl.minimum(tl.maximum(e + 127, 0), 255)
+            word = word | tl.sum(s << (8 * tl.arange(0, 2) + 16 * half)[None, :], axis=1)  # disjoint bytes
+        else:
+            out = nj.e4m3_bits(y) if SAFE else e4m3_fast(y, HW_E4M3).to(tl.int32)
+        if half == 0:
+            out0 = out
+        else:
+            out1 = out
+    return out0, out1, word, check
+
+
+@triton.jit
+def _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4: tl.constexpr):
+    """Rows r of the packed output (two halves of W bytes) and, for MXFP4, their scale words."""
+    W: tl.constexpr = 32 if MXFP4 else 64
+    at = out_ptr + r[:, None] * (2 * W) + tl.arange(0, W)[None, :]
+    tl.store(at, out0.to(tl.uint8), mask=live[:, None])
+    tl.store(at + W, out1.to(tl.uint8), mask=live[:, None])
+    if MXFP4:
+        tl.store(scale_out_ptr + r, word, mask=live)
+
+
+@triton.jit
+def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_out_ptr,
+                     heads, q_stride_t, q_stride_h, pos_stride, cs_stride, w_stride_t, w_stride_h,
+                     had_scale, softmax_scale, head_scale,
+                     ROPE: tl.constexpr, MXFP4: tl.constexpr,
+                     FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
+                     E_MIN: tl.constexpr, E_MAX: tl.constexpr,
+                     IS_BF16: tl.constexpr, PAIRS: tl.constexpr, W_BF16: tl.constexpr, HW_E4M3: tl.constexpr,
+                     BLOCK_H: tl.constexpr):
+    """Token program_id(0), heads BLOCK_H * program_id(1) + i of q [T, H, 128] (strides in
+    q_ptr's units): MXFP4 nibbles [T * H, 64] and one int32 of the four ue8m0 bytes per row, or
+    e4m3 bytes [T * H, 128]; w_out[t * H + h] = (w[t, h] * softmax_scale) * head_scale."""
+    t = tl.program_id(0).to(tl.int64)  # axis 0: up to 2^31 - 1 tokens (axis 1 stops at 65535)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    live = h < heads
+    cs_row = cs_ptr + tl.load(pos_ptr + t * pos_stride).to(tl.int64) * cs_stride
+    row = q_ptr + t * q_stride_t + h.to(tl.int64) * q_stride_h
+    r = t * heads + h
+    out0, out1, word, check = _indexer_rows(row, live, cs_row, had_scale, ROPE, MXFP4, FLOOR, ELEM_MAX,
+                                            FLOOR_ON_SCALE, E_MIN, E_MAX, IS_BF16, PAIRS, HW_E4M3, False)
+    _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4)
+    if check * 0.0 != check * 0.0:  # the check is Inf or NaN
+        # stored first and redone here, so that no result of the fast path stays live (in
+        # registers) through this rarely taken branch; the barrier orders the two stores
+        tl.debug_barrier()
+        out0, out1, word, check = _indexer_rows(row, live, cs_row, had_scale, ROPE, MXFP4, FLOOR, ELEM_MAX,
+                                                FLOOR_ON_SCALE, E_MIN, E_MAX, IS_BF16, PAIRS, HW_E4M3, True)
+        _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4)
+    w = nj.load_f32(w_ptr + t * w_stride_t + h * w_stride_h, live, W_BF16)
+    tl.store(w_out_ptr + r, (w * softmax_scale) * head_scale, mask=live)
+
+
+@triton.jit
+def e4m3_finite(y):
+    """``numerics_jit.e4m3_bits`` for y that is not NaN (±Inf saturates to ±448), without the
+    NaN select."""
+    b = nj.f32_bits(y)
+    mag = tl.minimum(b & 0x7FFFFFFF, 0x43E00000)
+    normal = (mag + (0x7FFFF - (120 << 23)) + ((mag >> 20) & 1)) >> 20
+    sub = nj.f32_bits(nj.bits_f32(mag) * 512.0 + 8388608.0) - 0x4B000000
+    return tl.where(mag < 0x3C800000, sub, normal) | ((b >> 24) & 0x80)
+
+
+@triton.jit
+def e4m3_fast(y, HW: tl.constexpr):
+    """e4m3 bytes of y that is not NaN: the integer path, or (HW, compiled for sm_89+ only) the
+    hardware's cvt.rn.satfinite.e4m3x2.f32, which rounds the same way (to nearest even,
+    saturating at ±448) two values per instruction. The interpreter casts differently (its
+    float8 cast breaks ties away from zero), so launchers pass HW only to compiled kernels."""
+    if HW:
+        return y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    else:
+        return e4m3_finite(y)
+
+
+@triton.jit
+def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, heads_per_group,
+                    o_stride_t, o_stride_h, pos_stride, cs_stride, out_stride_g,
+                    D: tl.constexpr, ROPE: tl.constexpr, GS: tl.constexpr, NQP2: tl.constexpr,
+                    FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
+                    E_MIN: tl.constexpr, E_MAX: tl.constexpr,
+                    TMA: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr, HW_E4M3: tl.constexpr,
+                    BLOCK_T: tl.constexpr):
+    """BLOCK_T tokens of one head (program axis 1): inverse RoPE of o[t, head] in float32, e4m3
+    bytes per GS-group with a power-of-two scale, into out [G, T, Hg * D] (contiguous); scales
+    token-fastest into [heads (* D / GS), t_pad], zero for the padding tokens.
+
+    One lane holds one GS-group (GS a power of two, the RoPE tail inside the last group): the
+    group maximum, its exponent and the codes need no other lane. The lanes of last groups
+    rotate their tail at their token's position. PAIRS: bf16 read as int32 words (o_ptr and its
+    strides in words)."""
+    NQ: tl.constexpr = D // GS
+    NQP: tl.constexpr = NQP2  # NQ rounded up to a power of two (rows g >= NQ are idle)
+    R: tl.constexpr = BLOCK_T * NQP
+    HP: tl.constexpr = GS // 2
+    head = tl.program_id(1).to(tl.int64)
+    r = tl.arange(0, R)
+    g = r % NQP
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + r // NQP
+    live = (t < n_tok) & (g < NQ)
+    VW: tl.constexpr = 4 if HP >= 4 else HP  # 16-byte vectors of words / floats
+    VE: tl.constexpr = 8 if GS >= 8 else GS  # 16-byte vectors of bf16
+    at = o_ptr + t * o_stride_t + head * o_stride_h
+    if PAIRS:
+        ev, od = words_f32(thread_rows(at + g * HP, live, HP, VW))
+    else:
+        x = thread_rows(at + g * GS, live, GS, VE)
+        x = nj.bf16_bits_f32(x) if IS_BF16 else x.to(tl.float32)
+        ev, od = tl.split(tl.reshape(x, (R, HP, 2)))
+    # the tail: pairs k >= FIRST of the last group, at each row's own position; cos / sin are
+    # gathered row per lane too (a [R, HP] load would lay the rotation out across lanes)
+    FIRST: tl.constexpr = (GS - ROPE) // 2
+    last = live & (g == NQ - 1)
+    pos = tl.load(pos_ptr + t * pos_stride, mask=last, other=0).to(tl.int64)
+    cs = cs_ptr + pos * cs_stride - FIRST
+    cos = thread_rows(cs, last, HP, VW, FIRST, 1.0)
+    sin = -thread_rows(cs + ROPE // 2, last, HP, VW, FIRST, 0.0)  # inverse: the conjugate rotation
+    rot = last[:, None] & (tl.arange(0, HP) >= FIRST)[None, :]
+    ev2 = tl.where(rot, ev * cos - od * sin, ev)
+    od2 = tl.where(rot, ev * sin + od * cos, od)
+    x = tl.reshape(tl.join(ev2, od2), (R, GS))
+    amax = abs_max_nan(x, 1)
+    e = nj.block_exponent(amax, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
+    y = x * nj.pow2(-e)[:, None]
+    if tl.sum(amax) == tl.sum(amax):
+        codes = e4m3_fast(y, HW_E4M3).to(tl.int32)
+    else:  # a NaN somewhere in these rows
+        codes = nj.e4m3_bits(y)
+    hg = head // heads_per_group  # output group, and the head's place in it
+    dst = out_ptr + hg * out_stride_g + t * (heads_per_group * D) + (head - hg * heads_per_group) * D + g * GS
+    j = tl.arange(0, GS)
+    tl.store(dst[:, None] + j[None, :], codes.to(tl.uint8), mask=live[:, None])
+
+    if TMA:  # NQ = 4: one word of four exponent bytes per (token, head)
+        s = tl.where(live, tl.minimum(tl.maximum(e + 127, 0), 255), 0)
+        word = tl.sum(tl.reshape(s << (8 * g), (BLOCK_T, NQP)), axis=1)  # disjoint bytes: the sum is an OR
+        tt = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+        tl.store(scale_ptr + head * t_pad + tt, word, mask=tt < t_pad)
+    else:
+        v = tl.where(live, nj.pow2(e), 0.0)
+        tl.store(scale_ptr + (head * NQ + g) * t_pad + t, v, mask=(t < t_pad) & (g < NQ))
+
+
+@triton.jit
+def hadamard_kernel(x_ptr, out_ptr, n_rows, x_stride, scale,
+                    LOG2_D: tl.constexpr, V: tl.constexpr, IS_BF16: tl.constexpr, BLOCK_M: tl.constexpr):
+    """out (bf16 bits) [N, D] = bf16(scale * H(bf16(x))) row by row; rows are read V elements
+    at a time, one row per lane (V = D: the default layout, for rows too wide for one lane)."""
+    D: tl.constexpr = 1 << LOG2_D
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    live = rows < n_rows
+    x = thread_rows(x_ptr + rows * x_stride, live, D, V)
+    x = nj.bf16_bits_f32(x) if IS_BF16 else nj.bf16_round(x.to(tl.float32))
+    y = tj.hadamard_rows(x, LOG2_D) * scale
+    c = tl.arange(0, D)
+    tl.store(out_ptr + rows[:, None] * D + c[None, :], nj.bf16_rne_bits(y).to(tl.int16), mask=live[:, None])
