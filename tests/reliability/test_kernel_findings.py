@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import kvformats as kvf
-from reliability_harness import Arena, run_op, same_values
+from reliability_harness import DEVICE, Arena, run_op, same_values
 
 
 def test_fp8_ds_mla_decode_odd_page_width():
@@ -15,7 +15,7 @@ def test_fp8_ds_mla_decode_odd_page_width():
     the span down to even (the last RoPE byte ends on an even address inside it)."""
     layout = kvf.Fp8DsMla(head_dim=192, rope_dim=64, page_size=1)
     arena = Arena(layout, 1, pad=0, lead=0, tail=1, sentinel=0xA5, width=layout.page_bytes)
-    slots = torch.tensor([0], dtype=torch.int32)
-    layout.encode(torch.ones(1, 192), arena.cache, slots, backend="reference")
+    slots = torch.tensor([0], dtype=torch.int32, device=DEVICE)
+    layout.encode(torch.ones(1, 192, device=DEVICE), arena.cache, slots, backend="reference")
     got = run_op("triton", layout.decode, arena.cache, slots)
     assert same_values(got, layout.decode(arena.cache, slots, backend="reference"))
