@@ -176,17 +176,18 @@ def add_reads(d: Driver, layout, cache, fmt: str, tag: str) -> None:
         d.skipped.append(f"{fmt}.decode_topk")
     else:
         topk = d.t([[cap - 1, -1, 0], [-1, -1, 2]], torch.int32)
-        d.add(f"{tag} decode_topk", lambda: layout.decode_topk(cache, topk, backend=b))
+        d.add(f"{tag} decode_topk", lambda b=b: layout.decode_topk(cache, topk, backend=b))
 
 
 def add_paged(d: Driver, layout, cache, fmt: str, tag: str) -> None:
     pages, ps = cache.shape[0], layout.page_size
     # -1 entries, a page beyond the cache (pages), and positions beyond the table's width
     table = d.t([[pages - 1, -1, 0], [pages, 1 % pages, -1]], torch.int32)
-    b = codec_backend(fmt, "dequantize_gather", d.device)
+    # each op's backend under its own name: the lambdas run later, after the next op's lookup
+    b_dg = codec_backend(fmt, "dequantize_gather", d.device)
     if layout.decode_dtype is None:  # no single decoded row type: the op does not apply
         pass
-    elif b is None:
+    elif b_dg is None:
         d.skipped.append(f"{fmt}.dequantize_gather")
     else:
         seq = [3 * ps + 2, 2 * ps + 1]
@@ -194,16 +195,16 @@ def add_paged(d: Driver, layout, cache, fmt: str, tag: str) -> None:
         out = torch.zeros((2, 1 + max(glen), layout.head_dim), dtype=layout.decode_dtype, device=d.device)
         d.add(f"{tag} dequantize_gather", lambda: layout.dequantize_gather(
             cache, out, block_table=table, seq_lens=d.t(seq), gather_lens=d.t(glen),
-            block_table_base_offsets=d.t([0, 1]), offset=1, backend=b))
+            block_table_base_offsets=d.t([0, 1]), offset=1, backend=b_dg))
         d.add(f"{tag} dequantize_gather (seq_lens only)", lambda: layout.dequantize_gather(
-            cache, out[:, :ps + 2], block_table=table, seq_lens=d.t([ps + 2, 1]), backend=b))
+            cache, out[:, :ps + 2], block_table=table, seq_lens=d.t([ps + 2, 1]), backend=b_dg))
     b = codec_backend(fmt, "gather_paged", d.device)
     if b is None:
         d.skipped.append(f"{fmt}.gather_paged")
     else:
         cu = [0, 3 * ps + 1, 3 * ps + 1 + 2 * ps]
         ws = tuple(torch.zeros((cu[-1], s.record_bytes), dtype=torch.uint8, device=d.device) for s in layout.segments)
-        d.add(f"{tag} gather_paged", lambda: layout.gather_paged(
+        d.add(f"{tag} gather_paged", lambda b=b: layout.gather_paged(
             cache, block_table=table, cu_seq_lens=d.t(cu, torch.int32), out=ws, backend=b))
 
 
