@@ -15,7 +15,7 @@ CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on 
     ("fp8_ds_mla", "encode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     ("fp8_ds_mla", "decode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     ("fp8_ds_mla", "paged"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1},
-    ("gather", "bytes"): {"tile_bytes": 8192, "num_warps": 4, "max_unit": 8, "paged_max_unit": 4},
+    ("gather", "bytes"): {"tile_bytes": 8192, "num_warps": 4, "max_unit": 8},
     ("indexer", "encode"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1},
     ("indexer", "decode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     ("indexer", "paged"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},

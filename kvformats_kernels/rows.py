@@ -19,10 +19,10 @@ from kvformats_kernels import rows_jit as jit
 UNITS = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
 
-def pick_unit(values, key: str = "max_unit") -> torch.dtype:
-    """The widest unit dtype (at most CONFIG's ``key`` bytes) whose size divides every value
-    (byte counts and addresses)."""
-    widest = cm.config("gather", "bytes").get(key, 8)
+def pick_unit(values) -> torch.dtype:
+    """The widest unit dtype (at most CONFIG's ``max_unit`` bytes) whose size divides every
+    value (byte counts and addresses)."""
+    widest = cm.config("gather", "bytes").get("max_unit", 8)
     return next(u for u in UNITS if u.itemsize <= widest and all(int(v) % u.itemsize == 0 for v in values))
 
 
@@ -98,9 +98,7 @@ def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, 
         return
     row_strides = [v.stride(0) if v.shape[0] > 1 else v.shape[1] for v in views]
     facts = [*(v.data_ptr() for v in views), *row_strides]
-    # paged_max_unit: Triton 3.6 failed to compile this kernel with 8-byte units and a record of
-    # one unit (fp8_ds_mla's 8 B scale record), so the paged copy may be capped at narrower units
-    unit = pick_unit([*_layout_bytes(layout, cache), *facts], "paged_max_unit") if cache.shape[0] else torch.uint8
+    unit = pick_unit([*_layout_bytes(layout, cache), *facts]) if cache.shape[0] else torch.uint8
     src, stride = unit_cache(layout, cache, unit)
     outs = [v.view(unit) for v in views]
     while len(outs) < 2:
@@ -109,6 +107,6 @@ def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, 
     jit.gather_paged_kernel[(cm.grid_rows(t_rows, block_m),)](
         src, block_table, cu_seq_lens, outs[0], outs[1], t_rows, requests, cu_seq_lens.stride(0),
         block_table.stride(0), block_table.stride(1), block_table.shape[1], cache.shape[0], stride,
-        outs[0].stride(0), outs[1].stride(0),
-        PAGE_SIZE=layout.page_size, STEPS=max(1, requests.bit_length()), **_segment_constants(layout, unit),
+        outs[0].stride(0), outs[1].stride(0), layout.page_size,
+        PAGE_SIZE=layout.page_size, RT_PAGE=layout.page_size == 1, STEPS=max(1, requests.bit_length()), **_segment_constants(layout, unit),
         BLOCK_M=block_m, num_warps=warps)

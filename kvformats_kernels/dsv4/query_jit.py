@@ -272,7 +272,9 @@ def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, he
     pos = tl.load(pos_ptr + t * pos_stride, mask=last, other=0).to(tl.int64)
     cs = cs_ptr + pos * cs_stride - FIRST
     cos = thread_rows(cs, last, HP, VW, FIRST, 1.0)
-    sin = -thread_rows(cs + ROPE // 2, last, HP, VW, FIRST, 0.0)  # inverse: the conjugate rotation
+    # inverse: the conjugate rotation. Times -1, not unary minus: compiled for the GPU that was
+    # 0 - sin, +0 for sin = +0, where the reference's -sin is -0 (other signs of zero; seen on the H200)
+    sin = thread_rows(cs + ROPE // 2, last, HP, VW, FIRST, 0.0) * -1.0
     rot = last[:, None] & (tl.arange(0, HP) >= FIRST)[None, :]
     ev2 = tl.where(rot, ev * cos - od * sin, ev)
     od2 = tl.where(rot, ev * sin + od * cos, od)

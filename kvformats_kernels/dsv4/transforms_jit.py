@@ -28,8 +28,8 @@ def rope_rows(x, pos, cs_ptr, cs_stride, D: tl.constexpr, ROPE: tl.constexpr, IN
     row = cs_ptr + pos[:, None] * cs_stride
     cos = tl.load(row + kk[None, :], mask=is_rope[None, :], other=1.0)
     sin = tl.load(row + (ROPE // 2) + kk[None, :], mask=is_rope[None, :], other=0.0)
-    if INVERSE:
-        sin = -sin
+    if INVERSE:  # times -1, not unary minus: compiled, that is 0 - sin, which gives +0 for sin = +0
+        sin = sin * -1.0
     ev2 = ev * cos - od * sin
     od2 = ev * sin + od * cos
     ev2 = tl.where(is_rope[None, :], ev2, ev)

@@ -59,6 +59,7 @@ def test_rope_rows_bit_exact_and_nope_untouched(inverse):
     x = torch.randn(8, 128, generator=g)
     x[0, :4] = -0.0  # NoPE signed zeros pass through
     x[1, 64:70] = torch.tensor([-0.0, 0.0, 3e38, -3e38, 1e-40, -1e-40])
+    x[0, 64:72] = torch.tensor([-0.0, -0.0, 0.0, -0.0, -0.0, 0.0, 0.0, 0.0])  # at position 0: sin = +-0
     cs = cos_sin_cache(64, 4096)
     pos = torch.tensor([0, 1, 4095, 17, 64, 63, 1000, 2047])
     got = _run(x.to(DEV), 2 if inverse else 1, pos.to(DEV), cs.to(DEV)).cpu()

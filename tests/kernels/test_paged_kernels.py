@@ -32,9 +32,11 @@ DECODE_LAYOUTS = {
     "fp8_indexer": kvf.Fp8Indexer(page_size=4),
     "mxfp4_indexer": kvf.Mxfp4Indexer(page_size=4),
     "mxfp4_indexer-96": kvf.Mxfp4Indexer(head_dim=96, page_size=2),
+    "fp8_indexer-p1": kvf.Fp8Indexer(head_dim=256, page_size=1),  # page size 1: the run-time page size path
 }
-BYTE_LAYOUTS = {k: v for k, v in DECODE_LAYOUTS.items() if k in ("fp8_ds_mla", "fp8_ds_mla-256", "fp8_ds_mla_v32", "fp8_indexer",
-                                                                  "mxfp4_indexer", "mxfp4_indexer-96")}
+BYTE_LAYOUTS = {k: v for k, v in DECODE_LAYOUTS.items()
+                if k in ("fp8_ds_mla", "fp8_ds_mla-256", "fp8_ds_mla_v32", "fp8_indexer", "fp8_indexer-p1",
+                         "mxfp4_indexer", "mxfp4_indexer-96")}
 ALL_LAYOUTS = dict(DECODE_LAYOUTS, compressor_state=kvf.CompressorState(head_dim=32, ratio=4, page_size=4))
 
 
@@ -287,13 +289,9 @@ def test_gpu_paged_public_api(fmt):
     t_rows = int(cu[-1]) + 100
     out_t = tuple(sentinel_like((t_rows, s.record_bytes), torch.uint8) for s in layout.segments)
     out_r = tuple(o.clone() for o in out_t)
-    if fmt == "fp8_ds_mla":  # not registered on the GPU (kvformats_kernels.NOT_ON_GPU)
-        with pytest.raises(kvf.BackendUnavailableError):
-            layout.gather_paged(cache, block_table=table.to(DEV), cu_seq_lens=cu, out=out_t, backend="triton")
-    else:
-        layout.gather_paged(cache, block_table=table.to(DEV), cu_seq_lens=cu, out=out_t, backend="triton")
-        layout.gather_paged(cache, block_table=table.to(DEV), cu_seq_lens=cu, out=out_r, backend="reference")
-        assert all(torch.equal(a, b) for a, b in zip(out_t, out_r))
+    layout.gather_paged(cache, block_table=table.to(DEV), cu_seq_lens=cu, out=out_t, backend="triton")
+    layout.gather_paged(cache, block_table=table.to(DEV), cu_seq_lens=cu, out=out_r, backend="reference")
+    assert all(torch.equal(a, b) for a, b in zip(out_t, out_r))
     topk = torch.randint(-1, pages * layout.page_size, (300, 512), generator=g).to(DEV)
     assert_same(layout.decode_topk(cache, topk, backend="triton"), layout.decode_topk(cache, topk, backend="reference"))
 
@@ -317,8 +315,7 @@ def test_gpu_paged_cuda_graph_capture_and_replay(fmt):
     def ops():
         layout.dequantize_gather(cache, out, block_table=table, seq_lens=seq, gather_lens=glen,
                                  block_table_base_offsets=base, offset=1, backend="triton")
-        if fmt != "fp8_ds_mla":  # not registered on the GPU (kvformats_kernels.NOT_ON_GPU)
-            layout.gather_paged(cache, block_table=table, cu_seq_lens=cu, out=ws, backend="triton")
+        layout.gather_paged(cache, block_table=table, cu_seq_lens=cu, out=ws, backend="triton")
         return layout.decode_topk(cache, topk, backend="triton")
 
     ops()  # compile outside capture
