@@ -22,6 +22,11 @@ like the layout method it wraps (same errors, same bytes, ``check=True``); the f
 implementations only compute output shapes, so ``torch.compile(fullgraph=True)`` traces through
 them without a graph break. ``gather_paged`` takes preallocated workspaces (an output whose size
 depends on ``cu_seq_lens[-1]`` would need a data-dependent shape).
+
+The wrappers (``kops.encode(layout, ...)``) compile from torch 2.13 on, where dynamo folds
+``layout_key(layout)`` into a constant; torch 2.11 raises there (seen on the GPU host). With an
+older torch, compute ``key = kops.layout_key(layout)`` outside the compiled function and call
+``torch.ops.kvformats.encode(*key, [x], cache, slots, "auto")`` inside it.
 """
 
 from __future__ import annotations
