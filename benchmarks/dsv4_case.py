@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 import attrs
+import torch
 
 
 @attrs.frozen
@@ -22,3 +23,19 @@ class Case:
     how: str
     run_triton: Callable[[], object]
     run_reference: Callable[[], object]
+
+
+def implementation(op: str, backend: str):
+    """The registered ``backend`` implementation of ``deepseek_v4.op`` for CUDA tensors (called
+    with prepared arguments, so the public functions' validation is not timed)."""
+    from kvformats import registry
+    from kvformats.deepseek_v4 import FAMILY
+
+    return registry.resolve(FAMILY, op, backend, torch.device("cuda"))
+
+
+def registered_case(op: str, label: str, rows: int, min_bytes: int, how: str, args: tuple) -> Case:
+    """A Case running the registered triton and reference implementations on ``args``."""
+    tri, ref = implementation(op, "triton"), implementation(op, "reference")
+    return Case(op=op, label=label, rows=rows, min_bytes=int(min_bytes), how=how,
+                run_triton=lambda: tri(*args), run_reference=lambda: ref(*args))

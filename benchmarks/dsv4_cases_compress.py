@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import torch
 from dsv4_case import Case
+from dsv4_case import registered_case as _case
 
-from kvformats import registry
-from kvformats.deepseek_v4 import FAMILY
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 from kvformats.rope import cos_sin_cache
 
@@ -35,16 +34,6 @@ ROPE = 64
 KV = {4: {"h": 512, "rows": 4, "tps": 64}, 128: {"h": 512, "rows": 8, "tps": 2}}
 INDEX = {"h": 128, "rows": 4, "tps": 64}
 MAX_SEQ = 1 << 17  # decode requests sit below this position
-
-
-def _impl(op: str, backend: str):
-    return registry.resolve(FAMILY, op, backend, torch.device(DEV))
-
-
-def _case(op, label, rows, min_bytes, how, args):
-    tri, ref = _impl(op, "triton"), _impl(op, "reference")
-    return Case(op=op, label=label, rows=rows, min_bytes=int(min_bytes), how=how,
-                run_triton=lambda: tri(*args), run_reference=lambda: ref(*args))
 
 
 def _scenario(ratio: int, rows: int, tps: int, n: int, g) -> dict:

@@ -19,8 +19,7 @@ from __future__ import annotations
 import torch
 
 from dsv4_case import Case
-from kvformats import registry
-from kvformats.deepseek_v4 import FAMILY
+from dsv4_case import registered_case as _case
 
 DECODE_MAX = 4096
 PREFILL_REQUEST = 16384
@@ -29,16 +28,6 @@ WINDOW, PAGE = 128, 64
 DEV = "cuda"
 WORKSPACE_SWA = PREFILL_REQUEST + WINDOW  # SWA rows of a request's prefill workspace
 I64, I32 = 8, 4
-
-
-def _impl(op: str, backend: str):
-    return registry.resolve(FAMILY, op, backend, torch.device(DEV))
-
-
-def _case(op, label, rows, min_bytes, how, args):
-    tri, ref = _impl(op, "triton"), _impl(op, "reference")
-    return Case(op=op, label=label, rows=rows, min_bytes=int(min_bytes), how=how,
-                run_triton=lambda: tri(*args), run_reference=lambda: ref(*args))
 
 
 def _batch(n: int, g: torch.Generator) -> dict:

@@ -23,10 +23,8 @@ the SWA cache; the inverse-RoPE scale store with its padding).
 from __future__ import annotations
 
 import torch
-from dsv4_case import Case
+from dsv4_case import Case, implementation
 
-from kvformats import registry
-from kvformats.deepseek_v4 import FAMILY
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.formats import Fp8DsMla
 from kvformats.rope import cos_sin_cache
@@ -39,12 +37,8 @@ GROUPS, HPG = 8, 16
 MAX_POS = 65536
 
 
-def _impl(op: str, backend: str):
-    return registry.resolve(FAMILY, op, backend, torch.device(DEV))
-
-
 def _case(op, label, rows, min_bytes, how, args, hw=False):
-    tri, ref = _impl(op, "triton"), _impl(op, "reference")
+    tri, ref = implementation(op, "triton"), implementation(op, "reference")
 
     def run_triton():  # rows without "hw e4m3" time the integer e4m3 rounding
         from kvformats_kernels.dsv4 import query as kq

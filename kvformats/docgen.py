@@ -27,7 +27,7 @@ def format_page(name: str, repo: Path) -> str:
                 r["doc"]] for r in spec["regions"]]
     parts = [
         f"# {name}\n",
-        f"*Generated from the layout declaration (`kvformats spec`); do not edit by hand.*\n",
+        "*Generated from the layout declaration (`kvformats spec`); do not edit by hand.*\n",
         f"`kvformats.get_format({name!r}, " + ", ".join(f"{k}={v}" for k, v in spec["params"].items()) + ")`: "
         f"row {spec['row_bytes']} B, page {spec['page_bytes']} B (minimum {spec['min_page_bytes']} B), "
         f"cache dtype {spec['container_dtype']}.\n",

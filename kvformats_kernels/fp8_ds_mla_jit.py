@@ -82,6 +82,20 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
 
 
 @triton.jit
+def ue8m0_block_bits(b, s, HW: tl.constexpr):
+    """bf16 bits (int32) of e4m3 bytes b [BM, NB, QB] times 2^(s - 127) (ue8m0 bytes s [BM, NB]).
+    With HW the GPU's conversions (NaN bytes and scales give NaN through them); else integer
+    rounding, where NaN can come only from a NaN byte (0x7F / 0xFF) or a NaN scale (0xFF):
+    decided on the bytes, so the per-element rounding needs no NaN test."""
+    if HW:
+        return nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.ue8m0_value(s)[:, :, None], HW)
+    else:
+        v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
+        nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
+        return tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
+
+
+@triton.jit
 def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride, page_stride16,
                 PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
                 ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
@@ -107,15 +121,7 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
                     mask=ok[:, None, None] & nope, other=0)
         s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
                     mask=ok[:, None] & (blk < NB)[None, :], other=127)
-        if HW:  # NaN bytes and scales give NaN through the conversions themselves
-            bits = nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.ue8m0_value(s)[:, :, None], HW)
-        else:
-            if HW:
-                bits = nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.ue8m0_value(s)[:, :, None], HW)
-            else:
-                v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
-                nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
-                bits = tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
+        bits = ue8m0_block_bits(b, s, HW)
         if ROPE16:
             at = page * page_stride16 + (ROPE_OFF // 2) + row * (ROPE_STRIDE // 2)
             r = tl.load(rope16_ptr + at[:, None, None] + c[None, None, :], mask=ok[:, None, None] & tail,
@@ -143,14 +149,7 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
             bits = nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.bits_f32(sb)[:, :, None], HW)
         else:
             s = tl.load(scale_at + blk[None, :], mask=ok[:, None] & (blk < NB)[None, :], other=127)
-            # NaN only from a NaN byte (0x7F / 0xFF) or a NaN scale (0xFF): decided on the bytes,
-            # so the per-element rounding needs no NaN test.
-            if HW:
-                bits = nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.ue8m0_value(s)[:, :, None], HW)
-            else:
-                v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
-                nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
-                bits = tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
+            bits = ue8m0_block_bits(b, s, HW)
         tl.store(out_row[:, None, None] + elem[None, :, :], bits.to(tl.int16), mask=live[:, None, None] & inb)
         k = tl.arange(0, 2 * ROPE_P2)
         pairs = tl.load((cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE)[:, None] + k[None, :],

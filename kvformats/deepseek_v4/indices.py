@@ -233,7 +233,7 @@ def combine_dense_swa_indices(*, positions, req_indices, seq_lens, compressed_le
 @D.reference("combine_dense_swa_indices")
 def combine_dense_swa_indices_reference(positions, req, seq_lens, compressed_lens, gather_lens, window, ratio,
                                         ww, cb):
-    n, dev, rq = positions.shape[0], positions.device, seq_lens.shape[0]
+    dev, rq = positions.device, seq_lens.shape[0]
     width = _roundup(max(cb + window, 1), ALIGN)
     ok = _valid_tokens(req.long(), rq, None)
     r = req.long().clamp(0, max(rq - 1, 0))

@@ -134,7 +134,6 @@ def test_all_missing_window_writes_a_zero_row():
 
 def test_save_compressor_state_through_table_and_slots():
     g = torch.Generator().manual_seed(5)
-    layout = kvf.CompressorState(head_dim=64, ratio=4, page_size=4)
     table = torch.tensor([[3, -1, 0], [1, 2, -1]])
     base = torch.tensor([1, 0])
     positions = torch.tensor([4, 5, 6, 9, 10, 0, 7, 8])

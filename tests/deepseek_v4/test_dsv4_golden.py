@@ -3,7 +3,6 @@ for byte, and the pooling numbers of C."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

@@ -2,7 +2,6 @@
 the op's results and written bytes equal the Python function's, torch.compile(fullgraph=True)
 of a compress insert + index helpers has no graph break and the eager bytes, lazy import."""
 
-import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -240,12 +239,15 @@ def test_import_is_lazy():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_every_wrapper_compiles_fullgraph_with_eager_bytes(case):
+def _to_cuda(kw: dict) -> dict:
+    return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+
+
+def _compiled_equals_eager(case: str, backend: str, move=lambda kw: kw) -> None:
     name, build = CASES[case]
-    kw_c, kw_e = build(), build()
+    kw_c, kw_e = move(build()), move(build())
     fn = getattr(dops, name)
-    got = torch.compile(lambda kw: fn(**kw), fullgraph=True, backend="aot_eager")(kw_c)
+    got = torch.compile(lambda kw: fn(**kw), fullgraph=True, backend=backend)(kw_c)
     want = fn(**kw_e)
     for a, b in zip(_flat(got), _flat(want)):
         _same(a, b)
@@ -255,8 +257,9 @@ def test_every_wrapper_compiles_fullgraph_with_eager_bytes(case):
     torch._dynamo.reset()
 
 
-def _to_cuda(kw: dict) -> dict:
-    return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_wrapper_compiles_fullgraph_with_eager_bytes(case):
+    _compiled_equals_eager(case, "aot_eager")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -264,14 +267,4 @@ def _to_cuda(kw: dict) -> dict:
 def test_gpu_every_wrapper_compiles_fullgraph_on_the_triton_backend(case):
     """On CUDA tensors the ops run their Triton kernels (backend auto); compiled under inductor
     with fullgraph=True they give exactly the eager results and written bytes."""
-    name, build = CASES[case]
-    kw_c, kw_e = _to_cuda(build()), _to_cuda(build())
-    fn = getattr(dops, name)
-    got = torch.compile(lambda kw: fn(**kw), fullgraph=True)(kw_c)
-    want = fn(**kw_e)
-    for a, b in zip(_flat(got), _flat(want)):
-        _same(a, b)
-    for k, v in kw_e.items():
-        if isinstance(v, torch.Tensor):
-            assert torch.equal(storage_bytes(kw_c[k]), storage_bytes(v)), k
-    torch._dynamo.reset()
+    _compiled_equals_eager(case, "inductor", _to_cuda)
