@@ -21,8 +21,8 @@ Profiles by name (which formats support each: ``supported_profiles()``; prose: s
 
 The Triton encode kernels honour every profile of fp8_ds_mla (584 B and V3.2 656 B rows),
 fp8_indexer and mxfp4_indexer (the kernel package declares them with
-``registry.register_kernel_profiles``); a profile no kernel declares runs on the reference (``backend="auto"``) or raises BackendUnavailableError
-(``backend="triton"``). Reads (decode, gather, the paged ops) do not depend on the profile: they
+``registry.register_kernel_profiles``); a profile no kernel declares runs on the reference
+(``backend="auto"``) or raises BackendUnavailableError (``backend="triton"``). Reads (decode, gather, the paged ops) do not depend on the profile: they
 multiply each element by the stored scale, whatever rule chose it.
 """
 

@@ -91,7 +91,8 @@ def rule_constants(rule) -> dict:
 def profile_constants(layout, e2m1: bool = False) -> dict:
     """The rest of a layout's numerics profile as encode-kernel constexprs (with
     ``rule_constants``): exponent mode, and for e2m1 formats the rounding and sign of zero.
-    Power-of-two-free rules (``POW2=False``) are honoured by the fp8_indexer kernel only."""
+    Rules with arbitrary float32 scales (``POW2=False``, passed by the launchers) are honoured by
+    the fp8_indexer and fp8_ds_mla (V3.2 rows) encoders."""
     rule = layout.scale_rule
     out = dict(FLOOR_MODE=rule.exponent_mode == "floor_minus_emax", ELEM_EMAX=rule.element_emax)
     if e2m1:
