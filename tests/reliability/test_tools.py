@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -263,3 +264,9 @@ def test_fuzz_preflight_flags_ops_without_a_registered_kernel():
                                               ("no_such_format", "reference", None)], offered)
     assert flagged == [f"no_such_format.{op}" for op in ("encode", "decode", "gather", "dequantize_gather",
                                                          "gather_paged", "decode_topk")]
+
+
+def test_gpu_session_script_refuses_an_unknown_part():
+    script = Path(__file__).resolve().parents[2] / "tools" / "gpu_session.sh"
+    done = subprocess.run(["bash", str(script), "bogus"], capture_output=True, text=True)
+    assert done.returncode == 2 and "usage:" in done.stderr
