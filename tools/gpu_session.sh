@@ -11,6 +11,10 @@
 # failures first, so a truncated console still shows what matters. Time boxes (seconds) come
 # from TESTS_S, BENCH_S, SANITIZE_S, FUZZ_SECONDS.
 set -u
+case "${1:-all}" in
+  tests|bench|sanitize|fuzz|all) ;;
+  *) echo "usage: $0 tests|bench|sanitize|fuzz|all" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 LOG=${OUT:-gpu-logs}
@@ -47,5 +51,4 @@ fuzz() {
 case "${1:-all}" in
   tests) tests ;; bench) bench ;; sanitize) sanitize ;; fuzz) fuzz ;;
   all) tests; bench; sanitize; fuzz ;;
-  *) echo "usage: $0 tests|bench|sanitize|fuzz|all" >&2; exit 2 ;;
 esac
