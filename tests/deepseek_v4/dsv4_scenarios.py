@@ -85,3 +85,14 @@ def sentinel_cache(layout, num_pages: int, extra_stride: int = 64) -> torch.Tens
 def writers(b: Batch) -> torch.Tensor:
     p = b.positions
     return ((p + 1) % b.ratio == 0) & (b.state_slots >= 0) & (b.target_slots >= 0)
+
+
+def state_c():
+    """Example C: ratio 4, head_dim 2 (W = 4), tokens 0..7 saved through save_compressor_state."""
+    state = torch.zeros(2, 4, 8)
+    kv = torch.tensor([[0.5 * p + j for j in range(4)] for p in range(8)])
+    score = torch.tensor([[0.1 * ((3 * p + j) % 5) for j in range(4)] for p in range(8)])
+    ape = torch.tensor([[0.01 * (10 * r + j) for j in range(4)] for r in range(4)])
+    dsv4.save_compressor_state(kv, score, ape, state, ratio=4, positions=torch.arange(8),
+                               req_indices=torch.zeros(8, dtype=torch.int64), block_table=torch.tensor([[0, 1]]))
+    return state

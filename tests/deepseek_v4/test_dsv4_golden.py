@@ -11,6 +11,8 @@ import torch
 from kvformats import deepseek_v4 as dsv4
 from kvformats.vectors import load_vector, run_vector, tensor_from_spec
 
+from dsv4_scenarios import state_c
+
 ROOT = Path(__file__).resolve().parents[2]
 F_PATH = ROOT / "spec" / "vectors" / "F.json"
 F_PACKED = (  # formats.md §12 F, literal
@@ -55,25 +57,14 @@ def test_f_vector_file_generic_harness():
     assert [c for c in run_vector(load_vector(F_PATH)) if not c.ok] == []
 
 
-def _state_c():
-    """Example C: ratio 4, head_dim 2 (W = 4), tokens 0..7 saved through save_compressor_state."""
-    state = torch.zeros(2, 4, 8)
-    kv = torch.tensor([[0.5 * p + j for j in range(4)] for p in range(8)])
-    score = torch.tensor([[0.1 * ((3 * p + j) % 5) for j in range(4)] for p in range(8)])
-    ape = torch.tensor([[0.01 * (10 * r + j) for j in range(4)] for r in range(4)])
-    dsv4.save_compressor_state(kv, score, ape, state, ratio=4, positions=torch.arange(8),
-                               req_indices=torch.zeros(8, dtype=torch.int64), block_table=torch.tensor([[0, 1]]))
-    return state
-
-
 def test_c_state_rows():
-    rows = _state_c().reshape(8, 8)
+    rows = state_c().reshape(8, 8)
     assert torch.allclose(rows[0], torch.tensor([0, 1, 2, 3, 0, 0.11, 0.22, 0.33]), atol=1e-7)
     assert torch.allclose(rows[5], torch.tensor([2.5, 3.5, 4.5, 5.5, 0.10, 0.21, 0.32, 0.43]), atol=1e-7)
 
 
 def test_c_pooling_numbers():
-    out = dsv4.pool_compressor_state(_state_c(), ratio=4, positions=torch.tensor([3, 7]),
+    out = dsv4.pool_compressor_state(state_c(), ratio=4, positions=torch.tensor([3, 7]),
                                      req_indices=torch.tensor([0, 0]), block_table=torch.tensor([[0, 1]]),
                                      rms_weight=torch.tensor([1.0, 0.5]), rms_eps=1e-6)
     want = torch.tensor([[0.83951861, 0.56903607], [0.83646274, 0.57016009]], dtype=torch.float64)

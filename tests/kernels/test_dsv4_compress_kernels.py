@@ -23,7 +23,7 @@ from kvformats.formats import CompressorState
 from kvformats.strategies import storage_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deepseek_v4"))
-from dsv4_scenarios import SENTINEL, make_batch, writers
+from dsv4_scenarios import SENTINEL, make_batch, state_c, writers
 
 triton = pytest.importorskip("triton")
 from kvformats_kernels.dsv4 import compress as K
@@ -200,13 +200,7 @@ def test_pool_matches_reference(case, plan):
 
 def test_pool_golden_c():
     """formats.md §12 C (ratio 4, head_dim 2) through the kernel."""
-    state = torch.zeros(2, 4, 8)
-    kv = torch.tensor([[0.5 * p + j for j in range(4)] for p in range(8)])
-    score = torch.tensor([[0.1 * ((3 * p + j) % 5) for j in range(4)] for p in range(8)])
-    ape = torch.tensor([[0.01 * (10 * r + j) for j in range(4)] for r in range(4)])
-    dsv4.save_compressor_state(kv, score, ape, state, ratio=4, positions=torch.arange(8),
-                               req_indices=torch.zeros(8, dtype=torch.int64), block_table=torch.tensor([[0, 1]]))
-    out = K.pool_compressor_state(state.to(DEV), 4, torch.tensor([3, 7], device=DEV),
+    out = K.pool_compressor_state(state_c().to(DEV), 4, torch.tensor([3, 7], device=DEV),
                                   torch.tensor([0, 0], device=DEV), torch.tensor([[0, 1]], device=DEV), None,
                                   torch.tensor([1.0, 0.5], device=DEV), 1e-6)
     want = torch.tensor([[0.83951861, 0.56903607], [0.83646274, 0.57016009]], dtype=torch.float64)
