@@ -107,6 +107,6 @@ def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, 
     jit.gather_paged_kernel[(cm.grid_rows(t_rows, block_m),)](
         src, block_table, cu_seq_lens, outs[0], outs[1], t_rows, requests, cu_seq_lens.stride(0),
         block_table.stride(0), block_table.stride(1), block_table.shape[1], cache.shape[0], stride,
-        outs[0].stride(0), outs[1].stride(0), layout.page_size,
-        PAGE_SIZE=layout.page_size, RT_PAGE=layout.page_size == 1, STEPS=max(1, requests.bit_length()), **_segment_constants(layout, unit),
+        outs[0].stride(0), outs[1].stride(0), PAGE_SIZE=layout.page_size, STEPS=max(1, requests.bit_length()),
+        **_segment_constants(layout, unit),
         BLOCK_M=block_m, num_warps=warps)

@@ -28,15 +28,18 @@ def locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE: tl.constex
 @triton.jit
 def table_page(table_ptr, t_stride0, t_stride1, table_cols, num_pages, req, pos, live, PAGE_SIZE):
     """Page and row of positions ``pos`` (int64 [BM]) of requests ``req`` through the block table:
-    (ok, page, row); not ok (page 0, row 0) where the row is not live, pos < 0, the page index is
-    outside the table, or the entry is < 0 or >= num_pages (no base offsets: gather_paged)."""
+    (ok, page, row), both inside the cache even where not ok; not ok where the row is not
+    live, pos < 0, the page index is outside the table, or the entry is < 0 or >= num_pages
+    (no base offsets: gather_paged)."""
     safe = tl.where(live & (pos >= 0), pos, 0)
     pidx = safe // PAGE_SIZE
     inside = live & (pos >= 0) & (pidx < table_cols)
     entry = tl.load(table_ptr + req * t_stride0 + pidx * t_stride1, mask=inside, other=-1).to(tl.int64)
     ok = inside & (entry >= 0) & (entry < num_pages)
-    keep = ok.to(tl.int64)  # multiply, not tl.where: Triton 3.6 mis-layouts these selects (see cu_rows)
-    return ok, entry * keep, (safe % PAGE_SIZE) * keep
+    # the page clamped into the cache by arithmetic: Triton 3.6 fails to compile both a select
+    # on these int64 values and a cast of ``ok`` to int64 here (TritonGPURemoveLayoutConversions,
+    # some geometries); the row is in [0, PAGE_SIZE) already
+    return ok, tl.minimum(tl.maximum(entry, 0), num_pages - 1), safe % PAGE_SIZE
 
 
 @triton.jit
@@ -129,26 +132,19 @@ def gather_bytes_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capa
                     S1_A, S1_B, S1_C, S1_CP)
 
 
-@triton.jit(do_not_specialize=["page_size_rt"])
+@triton.jit
 def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, t_rows, requests, cu_stride,
                         t_stride0, t_stride1, table_cols, num_pages, page_stride, v0_stride, v1_stride,
-                        page_size_rt, PAGE_SIZE: tl.constexpr, RT_PAGE: tl.constexpr, STEPS: tl.constexpr,
+                        PAGE_SIZE: tl.constexpr, STEPS: tl.constexpr,
                         S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_A: tl.constexpr, S0_B: tl.constexpr,
                         S0_C: tl.constexpr, S0_CP: tl.constexpr,
                         S1_OFF: tl.constexpr, S1_REC: tl.constexpr, S1_A: tl.constexpr, S1_B: tl.constexpr,
                         S1_C: tl.constexpr, S1_CP: tl.constexpr, BLOCK_M: tl.constexpr):
     """views[s][t] = segment s's record of position t - cu[r] of the request r holding row t;
-    zeros for a missing page; rows not covered by cu_seq_lens untouched. Units as above.
-    RT_PAGE: the page size arrives at run time (``page_size_rt``): Triton 3.6 fails to compile
-    this kernel with a constant page size of 1 (TritonGPURemoveLayoutConversions, H200)."""
+    zeros for a missing page; rows not covered by cu_seq_lens untouched. Units as above."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     covered, req, pos = cu_rows(cu_ptr, cu_stride, requests, t, t_rows, STEPS)
-    if RT_PAGE:
-        ok, page, row = table_page(table_ptr, t_stride0, t_stride1, table_cols, num_pages, req, pos, covered,
-                                   page_size_rt.to(tl.int64))
-    else:
-        ok, page, row = table_page(table_ptr, t_stride0, t_stride1, table_cols, num_pages, req, pos, covered,
-                                   PAGE_SIZE)
+    ok, page, row = table_page(table_ptr, t_stride0, t_stride1, table_cols, num_pages, req, pos, covered, PAGE_SIZE)
     base = page * page_stride
     copy_record(cache_ptr, v0_ptr, base + S0_OFF + row * S0_REC, t * v0_stride, ok, covered,
                 S0_A, S0_B, S0_C, S0_CP)

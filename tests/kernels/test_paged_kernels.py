@@ -32,7 +32,7 @@ DECODE_LAYOUTS = {
     "fp8_indexer": kvf.Fp8Indexer(page_size=4),
     "mxfp4_indexer": kvf.Mxfp4Indexer(page_size=4),
     "mxfp4_indexer-96": kvf.Mxfp4Indexer(head_dim=96, page_size=2),
-    "fp8_indexer-p1": kvf.Fp8Indexer(head_dim=256, page_size=1),  # page size 1: the run-time page size path
+    "fp8_indexer-p1": kvf.Fp8Indexer(head_dim=256, page_size=1),  # page size 1: once a Triton 3.6 compile failure
 }
 BYTE_LAYOUTS = {k: v for k, v in DECODE_LAYOUTS.items()
                 if k in ("fp8_ds_mla", "fp8_ds_mla-256", "fp8_ds_mla_v32", "fp8_indexer", "fp8_indexer-p1",
