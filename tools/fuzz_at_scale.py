@@ -3,6 +3,7 @@
     python tools/fuzz_at_scale.py --examples 100000                  # reference (+ kernels on CUDA)
     python tools/fuzz_at_scale.py --examples 100000 --seconds 240    # stop at whichever comes first
     python tools/fuzz_at_scale.py --examples 20000 --interpreter     # + Triton launchers on CPU
+    python tools/fuzz_at_scale.py --examples 100000 --workers 8      # 8 processes, tables summed
 
 ``--examples N`` is the number of fuzzed operations (state-machine steps: encodes, decodes,
 gathers, paged reads, page reuse, re-encodes, compressor saves/inserts) to run, split evenly over
@@ -24,8 +25,10 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,6 +47,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=25, help="steps per state-machine run (default 25)")
     p.add_argument("--formats", nargs="*", default=None, help="only these formats (default: all registered)")
     p.add_argument("--no-pipeline", action="store_true", help="skip the compressor pipeline machine")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes fuzzing in parallel, each with its share of --examples (default 1)")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a worker's result, for the parent
     return p.parse_args(argv)
 
 
@@ -105,8 +111,78 @@ def _ops(counts, name: str, backend: str) -> int:
     return sum(v for k, v in counts.items() if k[0] == name and k[1] == backend)
 
 
+def run_workers(args, argv) -> int:
+    """--workers N: N processes of this script with --examples / N each (fresh hypothesis data
+    in each; compiled kernels shared through Triton's on-disk cache); their tables summed."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--workers" in argv:
+        i = argv.index("--workers")
+        del argv[i:i + 2]
+    argv = [a for a in argv if not a.startswith("--workers=")]
+    share = -(-args.examples // args.workers)
+    procs = [subprocess.Popen([sys.executable, __file__, *argv, "--examples", str(share), "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(args.workers)]
+    counts, runs, outside, arena, launches, lines, failed = collections.Counter(), {}, 0, 0, 0, [], 0
+    started = time.time()
+    for p in procs:
+        out, _ = p.communicate()
+        result = [ln for ln in out.splitlines() if ln.startswith(RESULT)]
+        if not result:
+            failed += 1
+            lines.append(out[-4000:])
+            continue
+        r = json.loads(result[-1][len(RESULT):])
+        for name, b, op, v in r["counts"]:
+            counts[(name, b, op)] += v
+        for name, b, st in r["runs"]:
+            acc = runs.setdefault((name, b), dict(done=0, runs=0, seconds=0.0, share=0))
+            for k in acc:
+                acc[k] += st[k]
+        outside += r["mismatched"]
+        arena += r["arena"]
+        launches += r["launches"]
+        if r["mismatched"] or p.returncode:
+            lines.append(out[-4000:])
+        header = r["header"]
+    for text in lines:
+        print(text)
+    if failed == len(procs):
+        print(f"every worker failed ({failed})")
+        return 1
+    report(header + f"   workers: {args.workers} ({failed} failed)", counts, runs, arena, started, args,
+           r["triton"], launches, outside)
+    return 1 if outside or failed else 0
+
+
+def report(header, counts, runs, arena, started, args, triton_line, launches, mismatched) -> None:
+    print()
+    print(header)
+    print(f"{'format':<18} {'backend':<9} {'op':<24} {'count':>9}")
+    total = 0
+    for (name, b, op), v in sorted(counts.items()):
+        print(f"{name:<18} {b:<9} {op:<24} {v:>9}")
+        total += v
+    for (name, b), st in runs.items():
+        print(f"{name:<18} {b:<9} {'(machine total)':<24} {st['done']:>9}   in {st['runs']} examples, "
+              f"{st['seconds']:.1f} s ({st['done'] / max(st['seconds'], 1e-9):.0f} ops/s)")
+    examples = sum(r["runs"] for r in runs.values())
+    print(f"total fuzzed operations: {total}   hypothesis examples (machine runs): {examples}   "
+          f"arena bytes compared: {arena}   wall: {time.time() - started:.0f}s")
+    if any(st["done"] < st["share"] for st in runs.values()):
+        print(f"stopped by the --seconds {args.seconds:g} budget: {total} of --examples {args.examples} operations")
+    if triton_line:
+        print(triton_line.replace("{launches}", str(launches)))
+    print(f"bytes changed outside written rows: {mismatched}")
+
+
+RESULT = "FUZZ-WORKER-RESULT "
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.workers > 1:
+        return run_workers(args, argv)
     import torch
 
     if args.interpreter and not torch.cuda.is_available():
@@ -151,29 +227,21 @@ def main(argv=None) -> int:
     counter.remove()
     counts = COUNTS - before
     mismatched = MISMATCHED[0] - mismatched_before
-    stopped_by_time = any(st["done"] < st["share"] for st in runs.values())
-    print()
-    print(f"date: {datetime.date.today().isoformat()}   machine: {platform.node()} ({platform.machine()}, "
-          f"{os.cpu_count()} CPUs, {'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'})"
-          f"   triton: {triton_mode(torch, backends)}"
-          f"   --examples {args.examples} --steps {args.steps}")
-    print(f"{'format':<18} {'backend':<9} {'op':<24} {'count':>9}")
-    total = 0
-    for (name, b, op), v in sorted(counts.items()):
-        print(f"{name:<18} {b:<9} {op:<24} {v:>9}")
-        total += v
-    for (name, b), st in runs.items():
-        print(f"{name:<18} {b:<9} {'(machine total)':<24} {st['done']:>9}   in {st['runs']} examples, "
-              f"{st['seconds']:.1f} s ({st['done'] / max(st['seconds'], 1e-9):.0f} ops/s)")
-    examples = sum(r["runs"] for r in runs.values())
-    print(f"total fuzzed operations: {total}   hypothesis examples (machine runs): {examples}   "
-          f"arena bytes compared: {ARENA_BYTES_CHECKED[0]}   wall: {time.time() - started:.0f}s")
-    if stopped_by_time:
-        print(f"stopped by the --seconds {args.seconds:g} budget: {total} of --examples {args.examples} operations")
+    header = (f"date: {datetime.date.today().isoformat()}   machine: {platform.node()} ({platform.machine()}, "
+              f"{os.cpu_count()} CPUs, {'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'})"
+              f"   triton: {triton_mode(torch, backends)}   --examples {args.examples} --steps {args.steps}")
+    triton_line = ""
     if "triton" in backends:
-        print(f"compiled Triton launches: {counter.total() if counted else 'not counted'}"
-              + ("" if torch.cuda.is_available() else " (the interpreter launches nothing compiled)"))
-    print(f"bytes changed outside written rows: {mismatched}")
+        triton_line = ("compiled Triton launches: " + ("{launches}" if counted else "not counted")
+                       + ("" if torch.cuda.is_available() else " (the interpreter launches nothing compiled)"))
+    if args.json:
+        print(RESULT + json.dumps(dict(
+            counts=[[*k, v] for k, v in counts.items()], runs=[[*k, st] for k, st in runs.items()],
+            mismatched=mismatched, arena=ARENA_BYTES_CHECKED[0], header=header, triton=triton_line,
+            launches=counter.total() if counted else 0)), flush=True)
+    else:
+        report(header, counts, runs, ARENA_BYTES_CHECKED[0], started, args, triton_line,
+               counter.total() if counted else 0, mismatched)
     return 0 if mismatched == 0 else 1
 
 
