@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Everything the GPU half of the issues needs, in time-boxed parts, for one short device lease.
 #
-#   tools/gpu_session.sh tests        # every GPU test, compiled (pytest-xdist, 12 workers)
+#   tools/gpu_session.sh tests        # the GPU tests, compiled (pytest-xdist)
 #   tools/gpu_session.sh bench        # codec, deepseek_v4 and custom-op benchmarks
-#   tools/gpu_session.sh sanitize     # compute-sanitizer, the four tools in parallel
+#   tools/gpu_session.sh sanitize     # compute-sanitizer: one warm-up run, then the four tools in parallel
 #   tools/gpu_session.sh fuzz         # tools/fuzz_at_scale.py for FUZZ_SECONDS (default 300)
-#   tools/gpu_session.sh all          # all four, in that order
+#   tools/gpu_session.sh checks       # tests, fuzz and sanitize at the same time (none of them times anything)
+#   tools/gpu_session.sh all          # checks, then bench (alone on the GPU)
 #
 # Logs go to $OUT (the device tool's folder) or ./gpu-logs; each part prints a short summary,
-# failures first, so a truncated console still shows what matters. Time boxes (seconds) come
-# from TESTS_S, BENCH_S, SANITIZE_S, FUZZ_SECONDS.
+# failures first, so a truncated console still shows what matters. Knobs (environment):
+# time boxes TESTS_S, BENCH_S, SANITIZE_S, FUZZ_SECONDS; TEST_PATHS and TEST_WORKERS (pytest);
+# FUZZ_WORKERS and FUZZ_EXAMPLES; SANITIZE_QUICK=1 for the driver's quick set; BENCH_DSV4_PARTS.
 set -u
 case "${1:-all}" in
-  tests|bench|sanitize|fuzz|all) ;;
-  *) echo "usage: $0 tests|bench|sanitize|fuzz|all" >&2; exit 2 ;;
+  tests|bench|sanitize|fuzz|checks|all) ;;
+  *) echo "usage: $0 tests|bench|sanitize|fuzz|checks|all" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -21,34 +23,51 @@ LOG=${OUT:-gpu-logs}
 mkdir -p "$LOG"
 
 tests() {
-  timeout "${TESTS_S:-420}" python3 -m pytest -q -p no:cacheprovider -n 12 --timeout 240 -rfE --tb=line \
-    tests/kernels tests/reliability tests/interop > "$LOG/tests.log" 2>&1
+  # shellcheck disable=SC2086  # TEST_PATHS is a list of paths
+  timeout "${TESTS_S:-420}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" --timeout 240 -rfE \
+    --tb=line ${TEST_PATHS:-tests/kernels tests/reliability tests/interop} > "$LOG/tests.log" 2>&1
   echo "== tests (exit $?)"; grep -E "^(FAILED|ERROR)|^/.*Error|passed|failed" "$LOG/tests.log" | tail -40
 }
 
 bench() {
   timeout "${BENCH_S:-420}" bash -c "python3 benchmarks/bench_kernels_gpu.py --sizes 64,131072 --no-reference \
-    > '$LOG/bench_codecs.log' 2>&1; python3 benchmarks/bench_dsv4_gpu.py > '$LOG/bench_dsv4.log' 2>&1; \
-    python3 benchmarks/bench_custom_ops_gpu.py > '$LOG/bench_custom_ops.log' 2>&1"
+    > '$LOG/bench_codecs.log' 2>&1; python3 benchmarks/bench_dsv4_gpu.py --parts ${BENCH_DSV4_PARTS:-compress,query,indices} \
+    > '$LOG/bench_dsv4.log' 2>&1; python3 benchmarks/bench_custom_ops_gpu.py > '$LOG/bench_custom_ops.log' 2>&1"
   echo "== bench (exit $?)"; grep -h -E "131072|prefill|decode 64|largest" "$LOG"/bench_*.log | tail -60
 }
 
 sanitize() {
+  # one unsanitized run compiles every kernel into a shared cache; the four tools then only load them
+  local quick=() cache=/tmp/kvf-sanitize-cache
+  [ "${SANITIZE_QUICK:-0}" = 1 ] && quick=(--quick)
+  TRITON_CACHE_DIR=$cache timeout "${SANITIZE_S:-420}" python3 tools/sanitize_driver.py "${quick[@]}" \
+    > "$LOG/sanitize_warm.log" 2>&1
   for t in memcheck initcheck racecheck synccheck; do
-    timeout "${SANITIZE_S:-420}" python3 tools/sanitize.py --quick --tools "$t" --cache-dir "/tmp/tc_$t" \
-      --logs "/tmp/sanitize_$t" > "$LOG/sanitize_$t.log" 2>&1 &
+    timeout "${SANITIZE_S:-420}" python3 tools/sanitize.py "${quick[@]}" --tools "$t" --cache-dir "$cache" --no-warm \
+      --timeout "${SANITIZE_S:-420}" --logs "/tmp/sanitize_$t" > "$LOG/sanitize_$t.log" 2>&1 &
   done
   wait
-  echo "== sanitize"; grep -h -E "^(memcheck|initcheck|racecheck|synccheck) " "$LOG"/sanitize_*.log
+  echo "== sanitize"; tail -1 "$LOG/sanitize_warm.log"
+  grep -h -E "^(memcheck|initcheck|racecheck|synccheck) " "$LOG"/sanitize_*.log
 }
 
 fuzz() {
-  timeout $(( ${FUZZ_SECONDS:-300} + 60 )) python3 tools/fuzz_at_scale.py --examples 100000 \
-    --seconds "${FUZZ_SECONDS:-300}" > "$LOG/fuzz.log" 2>&1
-  echo "== fuzz (exit $?)"; grep -E "Error|FAIL|stopped|total|outside|launches" "$LOG/fuzz.log" | tail -20
+  timeout $(( ${FUZZ_SECONDS:-300} + 90 )) python3 tools/fuzz_at_scale.py --examples "${FUZZ_EXAMPLES:-100000}" \
+    --workers "${FUZZ_WORKERS:-1}" --seconds "${FUZZ_SECONDS:-300}" > "$LOG/fuzz.log" 2>&1
+  echo "== fuzz (exit $?)"; grep -E "Error|FAIL|stopped|total|outside|launches|workers" "$LOG/fuzz.log" | tail -20
+}
+
+checks() {
+  local sums
+  sums=$(mktemp -d)
+  tests > "$sums/tests" 2>&1 &
+  fuzz > "$sums/fuzz" 2>&1 &
+  sanitize > "$sums/sanitize" 2>&1 &
+  wait
+  cat "$sums/tests" "$sums/fuzz" "$sums/sanitize"
 }
 
 case "${1:-all}" in
-  tests) tests ;; bench) bench ;; sanitize) sanitize ;; fuzz) fuzz ;;
-  all) tests; bench; sanitize; fuzz ;;
+  tests) tests ;; bench) bench ;; sanitize) sanitize ;; fuzz) fuzz ;; checks) checks ;;
+  all) checks; bench ;;
 esac
