@@ -2,6 +2,7 @@
 reference backend.
 
     python3 benchmarks/bench_dsv4_gpu.py [--parts compress,query,indices] [--sizes 64,131072] [--out f.md]
+    python3 benchmarks/bench_dsv4_gpu.py --parts query --ops hadamard_transform --set query.hadamard.lane_store=0
 
 Cases come from ``dsv4_cases_<part>.py`` (each a ``cases(sizes)`` list of ``dsv4_case.Case``).
 Per case it prints: eager µs (do_bench median, L2 flushed between calls; at decode sizes this is
@@ -41,13 +42,33 @@ def time_case(case, bw: float, reference: bool) -> str:
             f"{gbs:.0f} | {100 * gbs / bw:.1f} | {ref_us} |")
 
 
+def apply_setting(item: str) -> None:
+    """``MODULE.ENTRY.KEY=INT``: CONFIG[ENTRY][KEY] = INT in kvformats_kernels.dsv4.MODULE (an
+    ENTRY of the form ``what:ratio`` names a tuple key such as ("kv", 4))."""
+    path, _, value = item.partition("=")
+    module, entry, key = path.split(".")
+    config = importlib.import_module(f"kvformats_kernels.dsv4.{module}").CONFIG
+    if ":" in entry:
+        what, ratio = entry.split(":")
+        entry = (what, int(ratio))
+    if entry not in config or key not in config[entry]:
+        raise SystemExit(f"--set {item}: no {key!r} in {module}.CONFIG[{entry!r}]")
+    config[entry][key] = int(value)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--sizes", default="64,131072")
     ap.add_argument("--no-reference", dest="reference", action="store_false")
     ap.add_argument("--out", default=None, help="also write the table to this file")
+    ap.add_argument("--ops", default=None, help="only these operations (comma-separated)")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.ENTRY.KEY=INT",
+                    help="override a launch constant of kvformats_kernels.dsv4.MODULE.CONFIG, e.g. "
+                         "query.inv_rope.lane_store=0 or compress.kv:4.block_t=8 (repeatable)")
     args = ap.parse_args(argv)
+    for item in args.set:
+        apply_setting(item)
     import triton
 
     lines: list[str] = []
@@ -58,7 +79,8 @@ def main(argv=None) -> int:
 
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     log(f"date {datetime.date.today()}  device {torch.cuda.get_device_name()}  torch {torch.__version__}  "
-        f"triton {triton.__version__}  git {rev or '?'} (+ working tree)")
+        f"triton {triton.__version__}  git {rev or '?'} (+ working tree)"
+        + (f"  settings {' '.join(args.set)}" if args.set else ""))
     bw = copy_bandwidth()
     log(f"device-to-device copy bandwidth (read + write): {bw:.0f} GB/s")
     log()
@@ -76,6 +98,8 @@ def main(argv=None) -> int:
             traceback.print_exc()
             continue
         for case in cases:
+            if args.ops and case.op not in args.ops.split(","):
+                continue
             hows.setdefault(case.op, case.how)
             try:
                 log(time_case(case, bw, args.reference))

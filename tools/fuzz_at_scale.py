@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +36,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH_SECONDS = 2.0  # target length of one machine's batch: the --seconds budget overruns by about this
+OVERRUN_SECONDS = 30.0  # a batch still running this long after the budget (kernel compiles) is cut short
+
+
+class OutOfTime(KeyboardInterrupt):
+    """Raised into a running batch by the deadline timer or by SIGTERM (a --workers parent at
+    its deadline): the run stops and reports the operations done so far. A KeyboardInterrupt,
+    so that hypothesis lets it through rather than reporting it as a failing example."""
+
+
+def _out_of_time(signum, frame):
+    raise OutOfTime()
 
 
 def parse_args(argv=None):
@@ -55,14 +67,31 @@ def parse_args(argv=None):
 
 def fuzz(machines, args, counts, started: float) -> dict:
     """Round-robin batches of hypothesis runs until each machine has its share of ``--examples``
-    operations or ``--seconds`` is spent. Returns {(name, backend): {done, runs, seconds}}."""
-    from hypothesis import HealthCheck, Phase, settings
-    from hypothesis.stateful import run_state_machine_as_test
-
+    operations or ``--seconds`` is spent (a batch running OVERRUN_SECONDS past it is cut short).
+    Returns {(name, backend): {done, runs, seconds}}."""
     share = max(1, args.examples // max(1, len(machines)))
     state = {(name, b): dict(done=0, runs=0, seconds=0.0, batch=1, share=share) for name, b, _ in machines}
     base = {key: _ops(counts, *key) for key in state}  # counts of earlier runs in this process
     budget = float("inf") if args.seconds is None else args.seconds
+    signal.signal(signal.SIGTERM, _out_of_time)
+    if args.seconds is not None:
+        signal.signal(signal.SIGALRM, _out_of_time)
+        signal.setitimer(signal.ITIMER_REAL, max(1.0, budget - (time.time() - started)) + OVERRUN_SECONDS)
+    try:
+        _batches(machines, args, counts, started, state, base, share, budget)
+    except OutOfTime:
+        print(f"[{time.time() - started:7.1f}s] out of time: a batch was cut short", flush=True)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    for (name, b), st in state.items():  # operations of a batch cut short count too (each was checked)
+        st["done"] = _ops(counts, name, b) - base[(name, b)]
+    return state
+
+
+def _batches(machines, args, counts, started, state, base, share, budget) -> None:
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
     last_report = started
     while time.time() - started < budget:
         pending = [(name, b, cls) for name, b, cls in machines if state[(name, b)]["done"] < share]
@@ -87,7 +116,6 @@ def fuzz(machines, args, counts, started: float) -> dict:
         if time.time() - last_report > 30:
             last_report = time.time()
             print(f"[{last_report - started:7.1f}s] {sum(x['done'] for x in state.values()):>8} operations", flush=True)
-    return state
 
 
 def unregistered_ops(machines, backend_has) -> list[str]:
@@ -120,13 +148,22 @@ def run_workers(args, argv) -> int:
         del argv[i:i + 2]
     argv = [a for a in argv if not a.startswith("--workers=")]
     share = -(-args.examples // args.workers)
+    started = time.time()
     procs = [subprocess.Popen([sys.executable, __file__, *argv, "--examples", str(share), "--json"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(args.workers)]
     counts, runs, outside, arena, launches, lines, failed = collections.Counter(), {}, 0, 0, 0, [], 0
-    started = time.time()
+    deadline = None if args.seconds is None else started + args.seconds + OVERRUN_SECONDS + 60
     for p in procs:
-        out, _ = p.communicate()
+        try:
+            out, _ = p.communicate(timeout=None if deadline is None else max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:  # stuck past its own deadline: SIGTERM makes it report
+            p.terminate()
+            try:
+                out, _ = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
         result = [ln for ln in out.splitlines() if ln.startswith(RESULT)]
         if not result:
             failed += 1

@@ -151,8 +151,6 @@ def tool_command(binary: str, tool: str, driver_args: list[str], options: set[st
     wanted = [("--target-processes", "all"), ("--print-limit", "50")]
     if not api_errors:  # CUDA API errors of torch / Triton internals are not kernel findings
         wanted.append(("--report-api-errors", "no"))
-    if tool == "initcheck":
-        wanted.append(("--track-unused-memory", "no"))
     if tool == "racecheck":
         wanted.append(("--racecheck-report", "all"))
     for opt, value in wanted:  # "--opt=value": also right where an option's value is optional
@@ -259,6 +257,8 @@ def main(argv=None) -> int:
         print(f"{tool}: {res.status} ({secs:.1f} s, exit {rc}, log {logs / (tool + '.log')})", flush=True)
         for ln in res.first:
             print(f"    {ln}")
+        if res.status == "failed":  # e.g. an option this release rejects: its own words
+            print("\n".join(f"    | {ln}" for ln in text.strip().splitlines()[:15]))
     print()
     print(f"compute-sanitizer: {binary}")
     print(format_table(results, warm))

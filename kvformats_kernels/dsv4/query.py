@@ -17,11 +17,17 @@ from kvformats_kernels.dsv4 import query_jit as jit
 # Program sizes (benchmarks may override). indexer_q: heads per program (a row per lane);
 # hadamard: warps per program (a row per lane up to ROW_IN_LANE_MAX_D; wider rows: tile elements
 # per program); inv_rope: quantization groups per program (a group per lane).
+# lane_load / lane_store: rows loaded / stored one per lane (query_jit.thread_rows, store_rows),
+# else in the layouts Triton picks; bit-identical either way, only the speed differs.
 CONFIG = {
-    "indexer_q": {"block_h": 32, "num_warps": 1},
-    "hadamard": {"num_warps": 1, "tile": 4096},
-    "inv_rope": {"lanes": 32, "num_warps": 1},
+    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 1},
+    "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 1},
+    "inv_rope": {"lanes": 32, "num_warps": 1, "lane_load": 1, "lane_store": 1},
 }
+
+
+def _lanes(cfg: dict) -> dict:
+    return dict(LANE_LOAD=bool(cfg["lane_load"]), LANE_STORE=bool(cfg["lane_store"]))
 HADAMARD_MAX_D = 1024  # wider rows run the reference (a row tile in registers stops paying off)
 ROW_IN_LANE_MAX_D = 128  # rows up to this width live in one lane's registers
 INV_ROPE_MAX_GROUP = 128  # a group per lane: wider groups would spill
@@ -79,7 +85,8 @@ def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, 
             qk, positions, cs, w, out, scales, w_out, h, qk.stride(0), qk.stride(1), positions.stride(0),
             cs.stride(0), w.stride(0), w.stride(1), cm.f32(d ** -0.5), cm.f32(softmax_scale), cm.f32(head_scale),
             ROPE=cs.shape[1], MXFP4=mxfp4, **rule, IS_BF16=is_bf16, PAIRS=pairs, W_BF16=w_bf16,
-            HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], num_warps=cfg["num_warps"], enable_fp_fusion=False)
+            HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], **_lanes(cfg), num_warps=cfg["num_warps"],
+            enable_fp_fusion=False)
     if mxfp4:
         return (out, scales), w_out
     return out.view(torch.float8_e4m3fn), w_out
@@ -126,7 +133,7 @@ def inv_rope_fp8_quant(o, positions, cos_sin, n_groups, heads_per_group, group, 
             x, positions, cs, buf, store, t, t_pad, heads_per_group, x.stride(0), x.stride(1), positions.stride(0),
             cs.stride(0), buf.stride(0), D=d, ROPE=rope, GS=group, NQP2=nqp, **cm.rule_constants(ref.OUT_SCALE_RULE),
             TMA=bool(tma_aligned), IS_BF16=is_bf16, PAIRS=pairs, HW_E4M3=_hw_e4m3(dev), BLOCK_T=block_t,
-            num_warps=cfg["num_warps"], enable_fp_fusion=False)
+            **_lanes(cfg), num_warps=cfg["num_warps"], enable_fp_fusion=False)
     return buf.view(torch.float8_e4m3fn).transpose(0, 1), store.permute(2, 0, 1)[:t]
 
 
@@ -149,7 +156,7 @@ def hadamard_transform(x, scale):
             block_m, vec, warps = max(1, cfg["tile"] // d), d, 4  # the compiler's layout, 4 warps
         jit.hadamard_kernel[(cm.grid_rows(n, block_m),)](
             src, out, n, cm.row_stride(src), cm.f32(scale), LOG2_D=d.bit_length() - 1, V=vec, IS_BF16=is_bf16,
-            BLOCK_M=block_m, num_warps=warps, enable_fp_fusion=False)
+            BLOCK_M=block_m, **_lanes(cfg), num_warps=warps, enable_fp_fusion=False)
     return out.view(torch.bfloat16).reshape(shape)
 
 

@@ -35,27 +35,37 @@ def abs_max_nan(x, axis: tl.constexpr):
 
 
 @triton.jit
-def thread_rows(row_ptr, live, W: tl.constexpr, V: tl.constexpr, LO: tl.constexpr = 0, OTHER: tl.constexpr = 0):
-    """W consecutive elements at each of the BM pointers ``row_ptr`` -> [BM, W] (raw dtype), one
-    row per lane when BM is at least the number of lanes; rows not ``live`` and columns below
-    LO read OTHER."""
+def thread_rows(row_ptr, live, W: tl.constexpr, V: tl.constexpr, LO: tl.constexpr = 0, OTHER: tl.constexpr = 0,
+                LANE: tl.constexpr = True):
+    """W consecutive elements at each of the BM pointers ``row_ptr`` -> [BM, W] (raw dtype); rows
+    not ``live`` and columns below LO read OTHER. LANE: loaded as [BM, W / V, V], one row per
+    lane (see the module docstring); else as [W / V, BM, V] permuted, which Triton 3.6 spreads
+    over lanes (kept for the kernels where that measured faster: docs/performance_gpu.md)."""
     BM: tl.constexpr = row_ptr.shape[0]
     col = (tl.arange(0, W // V) * V)[:, None] + tl.arange(0, V)[None, :]
-    x = tl.load(row_ptr[:, None, None] + col[None, :, :], mask=live[:, None, None] & (col >= LO)[None, :, :],
-                other=OTHER)
-    return tl.reshape(x, (BM, W))
+    if LANE:
+        x = tl.load(row_ptr[:, None, None] + col[None, :, :], mask=live[:, None, None] & (col >= LO)[None, :, :],
+                    other=OTHER)
+        return tl.reshape(x, (BM, W))
+    else:
+        x = tl.load(row_ptr[None, :, None] + col[:, None, :], mask=live[None, :, None] & (col >= LO)[:, None, :],
+                    other=OTHER)
+        return tl.reshape(tl.permute(x, (1, 0, 2)), (BM, W))
 
 
 @triton.jit
-def store_thread_rows(row_ptr, x, live, V: tl.constexpr):
-    """Store x [BM, W] at the BM pointers ``row_ptr`` (rows where ``live``), V elements per
-    access: the store twin of thread_rows, so that the store too lays a row in one lane (a
-    plain [BM, W] store is laid out across lanes, and the compiler carries that layout back
-    through the whole computation)."""
+def store_rows(row_ptr, x, live, V: tl.constexpr, LANE: tl.constexpr):
+    """Store x [BM, W] at the BM pointers ``row_ptr`` (rows where ``live``). LANE: as
+    [BM, W / V, V], V elements per access and a row per lane, the store twin of thread_rows
+    (a plain [BM, W] store is laid out across lanes, and the compiler carries that layout back
+    through the computation); else the plain, coalesced store."""
     BM: tl.constexpr = x.shape[0]
     W: tl.constexpr = x.shape[1]
-    col = (tl.arange(0, W // V) * V)[:, None] + tl.arange(0, V)[None, :]
-    tl.store(row_ptr[:, None, None] + col[None, :, :], tl.reshape(x, (BM, W // V, V)), mask=live[:, None, None])
+    if LANE:
+        col = (tl.arange(0, W // V) * V)[:, None] + tl.arange(0, V)[None, :]
+        tl.store(row_ptr[:, None, None] + col[None, :, :], tl.reshape(x, (BM, W // V, V)), mask=live[:, None, None])
+    else:
+        tl.store(row_ptr[:, None] + tl.arange(0, W)[None, :], x, mask=live[:, None])
 
 
 @triton.jit
@@ -112,16 +122,16 @@ def rope_pairs(ev, od, cs_row, FIRST: tl.constexpr, ROPE: tl.constexpr):
 
 @triton.jit
 def _half(row, live, cs_row, HALF_IDX: tl.constexpr, ROPE: tl.constexpr, IS_BF16: tl.constexpr,
-          PAIRS: tl.constexpr, SAFE: tl.constexpr):
+          PAIRS: tl.constexpr, SAFE: tl.constexpr, LANE: tl.constexpr):
     """Half HALF_IDX (64 dims) of 128-dim rows, RoPE'd where it holds RoPE dims and rounded to
     bf16 where that changes anything (RoPE dims, non-bf16 input) -> (float32 [BM, 64], the sum
     of the values read: not finite when one of them is not). PAIRS: bf16 read as int32 words
     (``row`` points at words)."""
     BM: tl.constexpr = row.shape[0]
     if PAIRS:
-        ev, od = words_f32(thread_rows(row + HALF_IDX * 32, live, 32, 4))
+        ev, od = words_f32(thread_rows(row + HALF_IDX * 32, live, 32, 4, LANE=LANE))
     else:
-        x = thread_rows(row + HALF_IDX * 64, live, 64, 8)
+        x = thread_rows(row + HALF_IDX * 64, live, 64, 8, LANE=LANE)
         x = nj.bf16_bits_f32(x) if IS_BF16 else x.to(tl.float32)
         ev, od = tl.split(tl.reshape(x, (BM, 32, 2)))
     check = tl.sum(ev + od)
@@ -137,7 +147,8 @@ def _half(row, live, cs_row, HALF_IDX: tl.constexpr, ROPE: tl.constexpr, IS_BF16
 def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.constexpr,
                   FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                   E_MIN: tl.constexpr, E_MAX: tl.constexpr,
-                  IS_BF16: tl.constexpr, PAIRS: tl.constexpr, HW_E4M3: tl.constexpr, SAFE: tl.constexpr):
+                  IS_BF16: tl.constexpr, PAIRS: tl.constexpr, HW_E4M3: tl.constexpr, SAFE: tl.constexpr,
+                  LANE: tl.constexpr):
     """(bytes of dims 0..63, bytes of dims 64..127, MXFP4 scale words, check) of rows of 128
     dims: y = bf16(scale * H(bf16(rope_p(q)))), then MXFP4 ([BM, 32] byte halves) or e4m3
     ([BM, 64] byte halves).
@@ -150,8 +161,8 @@ def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.co
 
     H_128 = H_64 on each half, then one stage (a, b) -> (a + b, a - b) across the halves: the
     reference's butterfly stage for stage, with the RoPE tail (the second half) alone."""
-    xa, check_a = _half(row, live, cs_row, 0, ROPE, IS_BF16, PAIRS, SAFE)
-    xb, check_b = _half(row, live, cs_row, 1, ROPE, IS_BF16, PAIRS, SAFE)
+    xa, check_a = _half(row, live, cs_row, 0, ROPE, IS_BF16, PAIRS, SAFE, LANE)
+    xb, check_b = _half(row, live, cs_row, 1, ROPE, IS_BF16, PAIRS, SAFE, LANE)
     a = tj.hadamard_rows(xa, 6)
     b = tj.hadamard_rows(xb, 6)
     BM: tl.constexpr = a.shape[0]
@@ -180,12 +191,12 @@ def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.co
 
 
 @triton.jit
-def _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4: tl.constexpr):
+def _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4: tl.constexpr, LANE: tl.constexpr):
     """Rows r of the packed output (two halves of W bytes) and, for MXFP4, their scale words."""
     W: tl.constexpr = 32 if MXFP4 else 64
     at = out_ptr + r * (2 * W)
-    store_thread_rows(at, out0.to(tl.uint8), live, 16)
-    store_thread_rows(at + W, out1.to(tl.uint8), live, 16)
+    store_rows(at, out0.to(tl.uint8), live, 16, LANE)
+    store_rows(at + W, out1.to(tl.uint8), live, 16, LANE)
     if MXFP4:
         tl.store(scale_out_ptr + r, word, mask=live)
 
@@ -198,7 +209,7 @@ def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_ou
                      FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                      E_MIN: tl.constexpr, E_MAX: tl.constexpr,
                      IS_BF16: tl.constexpr, PAIRS: tl.constexpr, W_BF16: tl.constexpr, HW_E4M3: tl.constexpr,
-                     BLOCK_H: tl.constexpr):
+                     BLOCK_H: tl.constexpr, LANE_LOAD: tl.constexpr = True, LANE_STORE: tl.constexpr = True):
     """Token program_id(0), heads BLOCK_H * program_id(1) + i of q [T, H, 128] (strides in
     q_ptr's units): MXFP4 nibbles [T * H, 64] and one int32 of the four ue8m0 bytes per row, or
     e4m3 bytes [T * H, 128]; w_out[t * H + h] = (w[t, h] * softmax_scale) * head_scale."""
@@ -209,15 +220,15 @@ def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_ou
     row = q_ptr + t * q_stride_t + h.to(tl.int64) * q_stride_h
     r = t * heads + h
     out0, out1, word, check = _indexer_rows(row, live, cs_row, had_scale, ROPE, MXFP4, FLOOR, ELEM_MAX,
-                                            FLOOR_ON_SCALE, E_MIN, E_MAX, IS_BF16, PAIRS, HW_E4M3, False)
-    _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4)
+                                            FLOOR_ON_SCALE, E_MIN, E_MAX, IS_BF16, PAIRS, HW_E4M3, False, LANE_LOAD)
+    _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4, LANE_STORE)
     if check * 0.0 != check * 0.0:  # the check is Inf or NaN
         # stored first and redone here, so that no result of the fast path stays live (in
         # registers) through this rarely taken branch; the barrier orders the two stores
         tl.debug_barrier()
         out0, out1, word, check = _indexer_rows(row, live, cs_row, had_scale, ROPE, MXFP4, FLOOR, ELEM_MAX,
-                                                FLOOR_ON_SCALE, E_MIN, E_MAX, IS_BF16, PAIRS, HW_E4M3, True)
-        _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4)
+                                                FLOOR_ON_SCALE, E_MIN, E_MAX, IS_BF16, PAIRS, HW_E4M3, True, LANE_LOAD)
+        _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4, LANE_STORE)
     w = nj.load_f32(w_ptr + t * w_stride_t + h * w_stride_h, live, W_BF16)
     tl.store(w_out_ptr + r, (w * softmax_scale) * head_scale, mask=live)
 
@@ -252,7 +263,7 @@ def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, he
                     FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                     E_MIN: tl.constexpr, E_MAX: tl.constexpr,
                     TMA: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr, HW_E4M3: tl.constexpr,
-                    BLOCK_T: tl.constexpr):
+                    BLOCK_T: tl.constexpr, LANE_LOAD: tl.constexpr = True, LANE_STORE: tl.constexpr = True):
     """BLOCK_T tokens of one head (program axis 1): inverse RoPE of o[t, head] in float32, e4m3
     bytes per GS-group with a power-of-two scale, into out [G, T, Hg * D] (contiguous); scales
     token-fastest into [heads (* D / GS), t_pad], zero for the padding tokens.
@@ -274,9 +285,9 @@ def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, he
     VE: tl.constexpr = 8 if GS >= 8 else GS  # 16-byte vectors of bf16
     at = o_ptr + t * o_stride_t + head * o_stride_h
     if PAIRS:
-        ev, od = words_f32(thread_rows(at + g * HP, live, HP, VW))
+        ev, od = words_f32(thread_rows(at + g * HP, live, HP, VW, LANE=LANE_LOAD))
     else:
-        x = thread_rows(at + g * GS, live, GS, VE)
+        x = thread_rows(at + g * GS, live, GS, VE, LANE=LANE_LOAD)
         x = nj.bf16_bits_f32(x) if IS_BF16 else x.to(tl.float32)
         ev, od = tl.split(tl.reshape(x, (R, HP, 2)))
     # the tail: pairs k >= FIRST of the last group, at each row's own position; cos / sin are
@@ -285,10 +296,10 @@ def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, he
     last = live & (g == NQ - 1)
     pos = tl.load(pos_ptr + t * pos_stride, mask=last, other=0).to(tl.int64)
     cs = cs_ptr + pos * cs_stride - FIRST
-    cos = thread_rows(cs, last, HP, VW, FIRST, 1.0)
+    cos = thread_rows(cs, last, HP, VW, FIRST, 1.0, LANE_LOAD)
     # inverse: the conjugate rotation. Times -1, not unary minus: compiled for the GPU that was
     # 0 - sin, +0 for sin = +0, where the reference's -sin is -0 (other signs of zero; seen on the H200)
-    sin = thread_rows(cs + ROPE // 2, last, HP, VW, FIRST, 0.0) * -1.0
+    sin = thread_rows(cs + ROPE // 2, last, HP, VW, FIRST, 0.0, LANE_LOAD) * -1.0
     rot = last[:, None] & (tl.arange(0, HP) >= FIRST)[None, :]
     ev2 = tl.where(rot, ev * cos - od * sin, ev)
     od2 = tl.where(rot, ev * sin + od * cos, od)
@@ -302,7 +313,7 @@ def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, he
         codes = nj.e4m3_bits(y)
     hg = head // heads_per_group  # output group, and the head's place in it
     dst = out_ptr + hg * out_stride_g + t * (heads_per_group * D) + (head - hg * heads_per_group) * D + g * GS
-    store_thread_rows(dst, codes.to(tl.uint8), live, 16 if GS >= 16 else GS)
+    store_rows(dst, codes.to(tl.uint8), live, 16 if GS >= 16 else GS, LANE_STORE)
 
     if TMA:  # NQ = 4: one word of four exponent bytes per (token, head)
         s = tl.where(live, tl.minimum(tl.maximum(e + 127, 0), 255), 0)
@@ -316,13 +327,14 @@ def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, he
 
 @triton.jit
 def hadamard_kernel(x_ptr, out_ptr, n_rows, x_stride, scale,
-                    LOG2_D: tl.constexpr, V: tl.constexpr, IS_BF16: tl.constexpr, BLOCK_M: tl.constexpr):
+                    LOG2_D: tl.constexpr, V: tl.constexpr, IS_BF16: tl.constexpr, BLOCK_M: tl.constexpr,
+                    LANE_LOAD: tl.constexpr = True, LANE_STORE: tl.constexpr = True):
     """out (bf16 bits) [N, D] = bf16(scale * H(bf16(x))) row by row; rows are read V elements
     at a time, one row per lane (V = D: the default layout, for rows too wide for one lane)."""
     D: tl.constexpr = 1 << LOG2_D
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     live = rows < n_rows
-    x = thread_rows(x_ptr + rows * x_stride, live, D, V)
+    x = thread_rows(x_ptr + rows * x_stride, live, D, V, LANE=LANE_LOAD)
     x = nj.bf16_bits_f32(x) if IS_BF16 else nj.bf16_round(x.to(tl.float32))
     y = tj.hadamard_rows(x, LOG2_D) * scale
-    store_thread_rows(out_ptr + rows * D, nj.bf16_rne_bits(y).to(tl.int16), live, V)
+    store_rows(out_ptr + rows * D, nj.bf16_rne_bits(y).to(tl.int16), live, V, LANE_STORE)
