@@ -73,16 +73,17 @@ def fuzz(machines, args, counts, started: float) -> dict:
     state = {(name, b): dict(done=0, runs=0, seconds=0.0, batch=1, share=share) for name, b, _ in machines}
     base = {key: _ops(counts, *key) for key in state}  # counts of earlier runs in this process
     budget = float("inf") if args.seconds is None else args.seconds
-    signal.signal(signal.SIGTERM, _out_of_time)
+    previous = {sig: signal.signal(sig, _out_of_time) for sig in (signal.SIGTERM, signal.SIGALRM)}
     if args.seconds is not None:
-        signal.signal(signal.SIGALRM, _out_of_time)
-        signal.setitimer(signal.ITIMER_REAL, max(1.0, budget - (time.time() - started)) + OVERRUN_SECONDS)
+        signal.setitimer(signal.ITIMER_REAL, max(0.1, budget - (time.time() - started) + OVERRUN_SECONDS))
     try:
         _batches(machines, args, counts, started, state, base, share, budget)
     except OutOfTime:
         print(f"[{time.time() - started:7.1f}s] out of time: a batch was cut short", flush=True)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     for (name, b), st in state.items():  # operations of a batch cut short count too (each was checked)
         st["done"] = _ops(counts, name, b) - base[(name, b)]
     return state

@@ -18,11 +18,13 @@ from kvformats_kernels.dsv4 import query_jit as jit
 # hadamard: warps per program (a row per lane up to ROW_IN_LANE_MAX_D; wider rows: tile elements
 # per program); inv_rope: quantization groups per program (a group per lane).
 # lane_load / lane_store: rows loaded / stored one per lane (query_jit.thread_rows, store_rows),
-# else in the layouts Triton picks; bit-identical either way, only the speed differs.
+# else in the layouts Triton picks; bit-identical either way, only the speed differs. Lane loads
+# with plain (coalesced) stores measured fastest for all three on the H200 (docs/performance_gpu.md:
+# MXFP4 query prep 5.6 % -> 32.8 % of copy bandwidth, Hadamard 62 % -> 77 %).
 CONFIG = {
-    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 1},
-    "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 1},
-    "inv_rope": {"lanes": 32, "num_warps": 1, "lane_load": 1, "lane_store": 1},
+    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0},
+    "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0},
+    "inv_rope": {"lanes": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0},
 }
 
 

@@ -5,12 +5,15 @@ the reference's own, so the bytes equal the reference's; launch with ``enable_fp
 (RoPE's products and sums must not fuse).
 
 The Hadamard kernels keep each row (inv_rope: each quantization group) in one lane's
-registers: a row is loaded and stored as ``[BM, W / V, V]`` (V-element vectors; the column-chunk
-axis is not contiguous to Triton's coalescing pass, which then gives the row axis the lanes), so
-the butterfly's splits and joins, the group maximum and its exponent involve no other lane. A
-plain ``[BM, W]`` load or store is laid out across lanes, and the compiler carries that layout
-through the whole computation (Triton 3.6, sm_90: the MXFP4 query prep went from 27,584 SASS
-instructions with 448 B of spills to 10,008 without, ``tools/compile_check.py``). The integer roundings, not the memory, bound
+registers: a row is loaded as ``[BM, W / V, V]`` (V-element vectors; the column-chunk axis is
+not contiguous to Triton's coalescing pass, which then gives the row axis the lanes), so the
+butterfly's splits and joins, the group maximum and its exponent involve no other lane. Loaded
+the other way (``[W / V, BM, V]`` permuted, or a plain ``[BM, W]`` tile) a row is spread over
+lanes and the compiler carries that layout through the whole computation (Triton 3.6, sm_90:
+the MXFP4 query prep took 27,584 SASS instructions with 448 B of spills, 10,008 and none with
+lane loads, ``tools/compile_check.py``). Stores may go either way (``store_rows``): per lane
+they need no layout conversion, plain they coalesce; the launchers' CONFIG picks what measured
+faster. The integer roundings, not the memory, bound
 these kernels, so the hot path takes shortcuts that hold for finite values, and a program that
 meets a non-finite value redoes its rows the long way.
 """

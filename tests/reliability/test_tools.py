@@ -1,8 +1,8 @@
 """The CPU-testable parts of the GPU reliability tools: tools/sanitize.py's reading of
 compute-sanitizer reports (on sample outputs written here) and its whole flow with a stand-in
 sanitizer; the sanitize driver's coverage and its calls (reference backend, and the Triton
-launchers under the interpreter); tools/fuzz_at_scale.py's --seconds budget; the launch counter;
-benchmarks/bench_custom_ops_gpu.py's table."""
+launchers under the interpreter); tools/fuzz_at_scale.py's --seconds budget, deadline and
+--workers; tools/compile_check.py; the launch counter; benchmarks/bench_custom_ops_gpu.py's table."""
 
 from __future__ import annotations
 
@@ -227,6 +227,53 @@ def test_fuzz_seconds_budget_stops_the_run(capsys):
     assert "bytes changed outside written rows: 0" in out
     totals = [ln for ln in out.splitlines() if "(machine total)" in ln]
     assert len(totals) == 2 and all(int(ln.split()[4]) > 0 for ln in totals)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU timing: on a GPU the first batch compiles kernels")
+def test_fuzz_cuts_short_a_batch_that_overruns_its_budget(capsys, monkeypatch):
+    import fuzz_at_scale
+
+    # batches planned at 30 s and a deadline timer 1.5 s after the start: the first batch is cut
+    monkeypatch.setattr(fuzz_at_scale, "BATCH_SECONDS", 30.0)
+    monkeypatch.setattr(fuzz_at_scale, "OVERRUN_SECONDS", -1.5)
+    t0 = time.time()
+    rc = fuzz_at_scale.main(["--examples", "1000000", "--seconds", "3", "--formats", "fp8_indexer", "--no-pipeline"])
+    took = time.time() - t0
+    out = capsys.readouterr().out
+    assert rc == 0 and took < 10 and "out of time: a batch was cut short" in out
+    assert int(out.split("total fuzzed operations: ")[1].split()[0]) > 0  # the cut batch's operations count
+    assert "bytes changed outside written rows: 0" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU run: on a GPU each worker compiles kernels first")
+def test_fuzz_workers_sum_their_tables():
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "fuzz_at_scale.py"), "--examples", "200",
+                           "--workers", "2", "--formats", "fp8_indexer", "--no-pipeline", "--steps", "5"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = done.stdout
+    assert "workers: 2 (0 failed)" in out and "bytes changed outside written rows: 0" in out
+    total = [ln for ln in out.splitlines() if "(machine total)" in ln]
+    assert len(total) == 1 and int(total[0].split()[4]) >= 200  # each worker did its 100
+
+
+def _triton_ptxas() -> bool:
+    try:
+        import triton
+    except ImportError:
+        return False
+    return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists()
+
+
+@pytest.mark.skipif(not _triton_ptxas(), reason="needs Triton's NVIDIA backend (ptxas, cuobjdump in its wheel)")
+def test_compile_check_compiles_every_codec_kernel_for_sm90():
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check.py"), "--quick", "--only", "codec"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert ", 0 compile failures," in done.stdout
+    rows = {ln.split("|")[1].strip() for ln in done.stdout.splitlines() if ln.startswith("| ") and "kernel" in ln}
+    assert {"encode_kernel", "decode_kernel", "gather_paged_kernel", "paged_decode_kernel",
+            "mxfp4_encode_kernel", "fp8_encode_kernel"} <= rows
 
 
 def test_launch_counter_hooks_and_unhooks():
