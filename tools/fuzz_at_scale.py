@@ -39,16 +39,6 @@ BATCH_SECONDS = 2.0  # target length of one machine's batch: the --seconds budge
 OVERRUN_SECONDS = 30.0  # a batch still running this long after the budget (kernel compiles) is cut short
 
 
-class OutOfTime(KeyboardInterrupt):
-    """Raised into a running batch by the deadline timer or by SIGTERM (a --workers parent at
-    its deadline): the run stops and reports the operations done so far. A KeyboardInterrupt,
-    so that hypothesis lets it through rather than reporting it as a failing example."""
-
-
-def _out_of_time(signum, frame):
-    raise OutOfTime()
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--examples", type=int, default=100_000, help="fuzzed operations in all (default 100000)")
@@ -73,17 +63,24 @@ def fuzz(machines, args, counts, started: float) -> dict:
     state = {(name, b): dict(done=0, runs=0, seconds=0.0, batch=1, share=share) for name, b, _ in machines}
     base = {key: _ops(counts, *key) for key in state}  # counts of earlier runs in this process
     budget = float("inf") if args.seconds is None else args.seconds
-    previous = {sig: signal.signal(sig, _out_of_time) for sig in (signal.SIGTERM, signal.SIGALRM)}
+    from reliability_harness import OutOfTime
+
+    # the budget (plus OVERRUN_SECONDS) cuts a running batch at its next operation (OpCounter);
+    # SIGTERM (a --workers parent at its deadline) does the same at once
     if args.seconds is not None:
-        signal.setitimer(signal.ITIMER_REAL, max(0.1, budget - (time.time() - started) + OVERRUN_SECONDS))
+        counts.deadline = time.monotonic() + budget - (time.time() - started) + OVERRUN_SECONDS
+
+    def stop_now(signum, frame):
+        counts.deadline = float("-inf")
+
+    previous = signal.signal(signal.SIGTERM, stop_now)
     try:
         _batches(machines, args, counts, started, state, base, share, budget)
     except OutOfTime:
         print(f"[{time.time() - started:7.1f}s] out of time: a batch was cut short", flush=True)
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        counts.deadline = float("inf")
+        signal.signal(signal.SIGTERM, previous)
     for (name, b), st in state.items():  # operations of a batch cut short count too (each was checked)
         st["done"] = _ops(counts, name, b) - base[(name, b)]
     return state

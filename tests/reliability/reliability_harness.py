@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import time
 
 import torch
 
@@ -29,9 +30,29 @@ DEVICE = torch.device("cuda" if CUDA else "cpu")
 SENTINELS = (0xA5, 0xCC, 0xDD, 0xFF)  # never 0x00: a stray zero write must show
 INT_OF = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-# (format, backend, op) -> calls; the fuzz tool prints them. MISMATCHED[0]: arena bytes that
-# differed from the expected image (0 on every passing run).
-COUNTS: collections.Counter = collections.Counter()
+class OutOfTime(KeyboardInterrupt):
+    """A fuzz run's time budget is spent (tools/fuzz_at_scale.py). A KeyboardInterrupt, so that
+    hypothesis lets it through instead of reporting a failing example."""
+
+
+class OpCounter(collections.Counter):
+    """(format, backend, op) -> calls. Once ``deadline`` (time.monotonic) has passed, counting
+    the next operation raises OutOfTime instead: a time budget stops the machines between two
+    operations, at a plain Python statement, never inside one (an exception raised from a
+    signal handler can land inside C code, e.g. Triton's compiler, and surface as another
+    error, a false failing example)."""
+
+    deadline = float("inf")
+
+    def __setitem__(self, key, value):
+        if time.monotonic() > self.deadline:
+            raise OutOfTime()
+        super().__setitem__(key, value)
+
+
+# The fuzz tool prints COUNTS. MISMATCHED[0]: arena bytes that differed from the expected image
+# (0 on every passing run).
+COUNTS = OpCounter()
 MISMATCHED = [0]
 ARENA_BYTES_CHECKED = [0]
 
