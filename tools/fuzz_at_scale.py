@@ -59,12 +59,12 @@ def fuzz(machines, args, counts, started: float) -> dict:
     """Round-robin batches of hypothesis runs until each machine has its share of ``--examples``
     operations or ``--seconds`` is spent (a batch running OVERRUN_SECONDS past it is cut short).
     Returns {(name, backend): {done, runs, seconds}}."""
+    from reliability_harness import OutOfTime
+
     share = max(1, args.examples // max(1, len(machines)))
     state = {(name, b): dict(done=0, runs=0, seconds=0.0, batch=1, share=share) for name, b, _ in machines}
     base = {key: _ops(counts, *key) for key in state}  # counts of earlier runs in this process
     budget = float("inf") if args.seconds is None else args.seconds
-    from reliability_harness import OutOfTime
-
     # the budget (plus OVERRUN_SECONDS) cuts a running batch at its next operation (OpCounter);
     # SIGTERM (a --workers parent at its deadline) does the same at once
     if args.seconds is not None:
@@ -179,7 +179,7 @@ def run_workers(args, argv) -> int:
         launches += r["launches"]
         if r["mismatched"] or p.returncode:
             lines.append(out[-4000:])
-        header = r["header"]
+        header = r["header"].replace(f"--examples {share}", f"--examples {args.examples} ({share} per worker)")
     for text in lines:
         print(text)
     if failed == len(procs):

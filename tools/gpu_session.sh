@@ -52,7 +52,7 @@ sanitize() {
 }
 
 fuzz() {
-  timeout $(( ${FUZZ_SECONDS:-300} + 90 )) python3 tools/fuzz_at_scale.py --examples "${FUZZ_EXAMPLES:-100000}" \
+  timeout $(( ${FUZZ_SECONDS:-300} + 150 )) python3 tools/fuzz_at_scale.py --examples "${FUZZ_EXAMPLES:-100000}" \
     --workers "${FUZZ_WORKERS:-1}" --seconds "${FUZZ_SECONDS:-300}" > "$LOG/fuzz.log" 2>&1
   echo "== fuzz (exit $?)"; grep -E "Error|FAIL|stopped|total|outside|launches|workers" "$LOG/fuzz.log" | tail -20
 }

@@ -26,10 +26,6 @@ CONFIG = {
     "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0},
     "inv_rope": {"lanes": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0},
 }
-
-
-def _lanes(cfg: dict) -> dict:
-    return dict(LANE_LOAD=bool(cfg["lane_load"]), LANE_STORE=bool(cfg["lane_store"]))
 HADAMARD_MAX_D = 1024  # wider rows run the reference (a row tile in registers stops paying off)
 ROW_IN_LANE_MAX_D = 128  # rows up to this width live in one lane's registers
 INV_ROPE_MAX_GROUP = 128  # a group per lane: wider groups would spill
@@ -38,6 +34,10 @@ INV_ROPE_MAX_GROUP = 128  # a group per lane: wider groups would spill
 # far fewer instructions: on the H200 inverse-RoPE quant 40 % -> 67 % of copy bandwidth, FP8 query
 # prep 37 % -> 45 % (docs/performance_gpu.md). On by default; the interpreter takes the integer path.
 HW_E4M3 = {"enabled": True}
+
+
+def _lanes(cfg: dict) -> dict:
+    return dict(LANE_LOAD=bool(cfg["lane_load"]), LANE_STORE=bool(cfg["lane_store"]))
 
 
 def _hw_e4m3(device) -> bool:

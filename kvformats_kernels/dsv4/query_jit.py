@@ -13,9 +13,9 @@ lanes and the compiler carries that layout through the whole computation (Triton
 the MXFP4 query prep took 27,584 SASS instructions with 448 B of spills, 10,008 and none with
 lane loads, ``tools/compile_check.py``). Stores may go either way (``store_rows``): per lane
 they need no layout conversion, plain they coalesce; the launchers' CONFIG picks what measured
-faster. The integer roundings, not the memory, bound
-these kernels, so the hot path takes shortcuts that hold for finite values, and a program that
-meets a non-finite value redoes its rows the long way.
+faster. The integer roundings, not the memory, bound these kernels, so the hot path takes
+shortcuts that hold for finite values, and a program that meets a non-finite value redoes its
+rows the long way.
 """
 
 import triton
@@ -43,7 +43,7 @@ def thread_rows(row_ptr, live, W: tl.constexpr, V: tl.constexpr, LO: tl.constexp
     """W consecutive elements at each of the BM pointers ``row_ptr`` -> [BM, W] (raw dtype); rows
     not ``live`` and columns below LO read OTHER. LANE: loaded as [BM, W / V, V], one row per
     lane (see the module docstring); else as [W / V, BM, V] permuted, which Triton 3.6 spreads
-    over lanes (kept for the kernels where that measured faster: docs/performance_gpu.md)."""
+    over lanes (the earlier layout, kept as a measurable alternative: docs/performance_gpu.md)."""
     BM: tl.constexpr = row_ptr.shape[0]
     col = (tl.arange(0, W // V) * V)[:, None] + tl.arange(0, V)[None, :]
     if LANE:
@@ -212,7 +212,7 @@ def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_ou
                      FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                      E_MIN: tl.constexpr, E_MAX: tl.constexpr,
                      IS_BF16: tl.constexpr, PAIRS: tl.constexpr, W_BF16: tl.constexpr, HW_E4M3: tl.constexpr,
-                     BLOCK_H: tl.constexpr, LANE_LOAD: tl.constexpr = True, LANE_STORE: tl.constexpr = True):
+                     BLOCK_H: tl.constexpr, LANE_LOAD: tl.constexpr, LANE_STORE: tl.constexpr):
     """Token program_id(0), heads BLOCK_H * program_id(1) + i of q [T, H, 128] (strides in
     q_ptr's units): MXFP4 nibbles [T * H, 64] and one int32 of the four ue8m0 bytes per row, or
     e4m3 bytes [T * H, 128]; w_out[t * H + h] = (w[t, h] * softmax_scale) * head_scale."""
@@ -266,7 +266,7 @@ def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, he
                     FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                     E_MIN: tl.constexpr, E_MAX: tl.constexpr,
                     TMA: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr, HW_E4M3: tl.constexpr,
-                    BLOCK_T: tl.constexpr, LANE_LOAD: tl.constexpr = True, LANE_STORE: tl.constexpr = True):
+                    BLOCK_T: tl.constexpr, LANE_LOAD: tl.constexpr, LANE_STORE: tl.constexpr):
     """BLOCK_T tokens of one head (program axis 1): inverse RoPE of o[t, head] in float32, e4m3
     bytes per GS-group with a power-of-two scale, into out [G, T, Hg * D] (contiguous); scales
     token-fastest into [heads (* D / GS), t_pad], zero for the padding tokens.
@@ -331,7 +331,7 @@ def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, he
 @triton.jit
 def hadamard_kernel(x_ptr, out_ptr, n_rows, x_stride, scale,
                     LOG2_D: tl.constexpr, V: tl.constexpr, IS_BF16: tl.constexpr, BLOCK_M: tl.constexpr,
-                    LANE_LOAD: tl.constexpr = True, LANE_STORE: tl.constexpr = True):
+                    LANE_LOAD: tl.constexpr, LANE_STORE: tl.constexpr):
     """out (bf16 bits) [N, D] = bf16(scale * H(bf16(x))) row by row; rows are read V elements
     at a time, one row per lane (V = D: the default layout, for rows too wide for one lane)."""
     D: tl.constexpr = 1 << LOG2_D
