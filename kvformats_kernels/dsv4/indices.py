@@ -91,10 +91,15 @@ def compressed_slot_mapping(num_tokens, qsl, seq_lens, table, page_size, ratio, 
     return dest[:num_tokens]
 
 
+def _index_rows(n: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 index rows [n, width] and their lengths [n] (every element written by the kernel)."""
+    return (torch.empty((n, width), dtype=torch.int32, device=device),
+            torch.empty(n, dtype=torch.int32, device=device))
+
+
 def global_topk_indices_and_lens(topk, req, table, page_size, is_valid):
     n, width = topk.shape
-    glob = torch.empty((n, width), dtype=torch.int32, device=topk.device)
-    lens = torch.empty(n, dtype=torch.int32, device=topk.device)
+    glob, lens = _index_rows(n, width, topk.device)
     if n == 0:
         return glob, lens
     valid, valid_stride, has_valid = _optional(is_valid, req)
@@ -109,8 +114,7 @@ def global_topk_indices_and_lens(topk, req, table, page_size, is_valid):
 def combine_topk_swa_indices(topk_idx, qsl, seq_lens, gather_lens, window, ratio, topk, ww, cb):
     n = topk_idx.shape[0]
     width = _roundup(topk + window, ALIGN)
-    out = torch.empty((n, width), dtype=torch.int32, device=topk_idx.device)
-    lens = torch.empty(n, dtype=torch.int32, device=topk_idx.device)
+    out, lens = _index_rows(n, width, topk_idx.device)
     if n == 0:
         return out, lens
     requests = seq_lens.shape[0]
@@ -125,8 +129,7 @@ def combine_topk_swa_indices(topk_idx, qsl, seq_lens, gather_lens, window, ratio
 def combine_dense_swa_indices(positions, req, seq_lens, compressed_lens, gather_lens, window, ratio, ww, cb):
     n = positions.shape[0]
     width = _roundup(max(cb + window, 1), ALIGN)
-    out = torch.empty((n, width), dtype=torch.int32, device=positions.device)
-    lens = torch.empty(n, dtype=torch.int32, device=positions.device)
+    out, lens = _index_rows(n, width, positions.device)
     if n == 0:
         return out, lens
     requests = seq_lens.shape[0]

@@ -71,6 +71,17 @@ def find_request(qsl_ptr, qsl_stride, requests, t, live, steps):
 
 
 @triton.jit
+def token_request(req_ptr, req_stride, valid_ptr, valid_stride, t, live, requests, HAS_VALID: tl.constexpr):
+    """(ok, request) of tokens t: ok where live, req[t] in [0, requests) and (HAS_VALID) is_valid[t];
+    the request is 0 where not ok, so every address made from it stays inside its table."""
+    r = tl.load(req_ptr + t * req_stride, mask=live, other=-1).to(tl.int64)
+    ok = live & (r >= 0) & (r < requests)
+    if HAS_VALID:
+        ok = ok & (tl.load(valid_ptr + t * valid_stride, mask=live, other=0) != 0)
+    return ok, r * ok.to(tl.int64)
+
+
+@triton.jit
 def load_row(ptr, stride, req, mask):
     """``ptr[req]`` as int64 where mask, 0 elsewhere (req: int64 [BM])."""
     return tl.load(ptr + req * stride, mask=mask, other=0).to(tl.int64)
@@ -126,11 +137,7 @@ def global_topk_kernel(topk_ptr, req_ptr, valid_ptr, table_ptr, out_ptr, lens_pt
     lens[t] = count of topk[t, :] >= 0; invalid rows: all −1, length 0."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     live = t < n
-    r = tl.load(req_ptr + t * req_stride, mask=live, other=-1).to(tl.int64)
-    ok = live & (r >= 0) & (r < requests)
-    if HAS_VALID:
-        ok = ok & (tl.load(valid_ptr + t * valid_stride, mask=live, other=0) != 0)
-    r = r * ok.to(tl.int64)
+    ok, r = token_request(req_ptr, req_stride, valid_ptr, valid_stride, t, live, requests, HAS_VALID)
     count = tl.zeros([BLOCK_M], tl.int32)
     for j0 in range(0, width, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J).to(tl.int64)
@@ -224,12 +231,8 @@ def decode_swa_kernel(qsl_ptr, seq_ptr, req_ptr, valid_ptr, table_ptr, base_ptr,
     req[t] (−1 for a missing page, −1 after the window); invalid tokens: all −1, length 0."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     live = t < n
-    r = tl.load(req_ptr + t * req_stride, mask=live, other=-1).to(tl.int64)
-    ok = live & (r >= 0) & (r < requests)
-    if HAS_VALID:
-        ok = ok & (tl.load(valid_ptr + t * valid_stride, mask=live, other=0) != 0)
+    ok, r = token_request(req_ptr, req_stride, valid_ptr, valid_stride, t, live, requests, HAS_VALID)
     keep = ok.to(tl.int64)
-    r = r * keep
     start = load_row(qsl_ptr, qsl_stride, r, ok)
     end = load_row(qsl_ptr, qsl_stride, r + 1, ok)
     p = load_row(seq_ptr, seq_stride, r, ok) - (end - start) + (t - start)
