@@ -72,16 +72,20 @@ def check_slots(layout, slots, n: int | None, cache: torch.Tensor, *, check_rang
     if not check_range or slots.numel() == 0 or capturing(slots):
         return
     capacity = cache.shape[0] * layout.page_size
-    over = (slots >= capacity).nonzero()
-    if over.numel():
-        i = int(over[0, 0])
+    # Both checks reduce to flags on the device and reach the host in one read: each host read
+    # of device data is a synchronisation, the cost of an eager call on a GPU (one, not three).
+    flags = [(slots >= capacity).any()]
+    if unique and slots.numel() > 1:
+        s = torch.sort(slots).values
+        flags.append(((s[1:] == s[:-1]) & (s[1:] >= 0)).any())
+    over, *repeat = torch.stack(flags).tolist()
+    if over:
+        i = int((slots >= capacity).nonzero()[0, 0])
         raise InputError(f"slots[{i}] = {int(slots[i])} is beyond the cache's capacity: "
                          f"{cache.shape[0]} pages * {layout.page_size} rows = {capacity} slots "
                          f"(valid slots are 0..{capacity - 1}, or negative for 'no row')")
-    if unique:
-        live = slots[slots >= 0]
-        if torch.unique(live).numel() != live.numel():
-            raise InputError("slots repeat a target row; each non-negative slot may appear once per call")
+    if any(repeat):
+        raise InputError("slots repeat a target row; each non-negative slot may appear once per call")
 
 
 def check_float_rows(name: str, x, width: int, device: torch.device) -> int:
