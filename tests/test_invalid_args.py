@@ -214,3 +214,19 @@ def test_unchecked_out_of_range_slots_are_skipped_not_written():
     assert torch.equal(storage_bytes(ctx.cache), before)
     out = ctx.layout.gather(ctx.cache, torch.tensor([ctx.capacity]), check=False)
     assert int(out.count_nonzero()) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_slot_checks_allow_repeated_holes_and_rank_range_before_repeats(dtype):
+    """check_slots reads its device flags once: -1 holes may repeat, a repeated real slot among
+    many holes is caught, and a slot beyond the capacity is reported before a repeat."""
+    lay = kvf.get_format("fp8_indexer", page_size=4)
+    cache = lay.allocate(2)
+    x = torch.randn(6, lay.head_dim)
+    lay.encode(x, cache, torch.tensor([-1, 7, -1, -1, 0, -1], dtype=dtype))  # holes repeat: fine
+    before = storage_bytes(cache).clone()
+    with pytest.raises(kvf.InputError, match="repeat"):
+        lay.encode(x, cache, torch.tensor([-1, 5, -1, -1, 5, -1], dtype=dtype))
+    with pytest.raises(kvf.InputError, match="beyond the cache's capacity"):
+        lay.encode(x, cache, torch.tensor([3, 3, -1, 8, -1, -1], dtype=dtype))
+    assert torch.equal(storage_bytes(cache), before)  # nothing written by the rejected calls
