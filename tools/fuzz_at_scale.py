@@ -15,9 +15,12 @@ prints them, so a zero there means no compiled kernel ran. Machines take turns i
 so ``--seconds S`` (a wall-clock budget) stops every machine at about the same share; the count
 reached is printed. Each step draws fresh hypothesis data and ends with a byte-for-byte check of
 the whole guarded arena against the model. Prints a table of counts per format, backend and op,
-the hypothesis examples (machine runs), and the bytes changed outside written rows (0 unless a
-check failed, which also ends the run with the failing example, shrunk, and exit status 1). Runs
-are random (no example database): each invocation explores new inputs.
+the hypothesis examples (machine runs), and the arena bytes that differ from the model (0 unless a
+check failed, which also ends the run with the failing example, shrunk, and exit status 1; the
+operations hypothesis replays while shrinking are counted too). Compressed rows written by a
+kernel are held to the pooling bar (scale bytes equal, values at most one code apart: the
+reference pools in another order); the count of values apart is printed. Runs are random (no
+example database): each invocation explores new inputs.
 """
 
 from __future__ import annotations
@@ -151,6 +154,7 @@ def run_workers(args, argv) -> int:
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(args.workers)]
     counts, runs, outside, arena, launches, lines, failed = collections.Counter(), {}, 0, 0, 0, [], 0
+    pooled = [0, 0]
     deadline = None if args.seconds is None else started + args.seconds + OVERRUN_SECONDS + 60
     for p in procs:
         try:
@@ -177,8 +181,9 @@ def run_workers(args, argv) -> int:
         outside += r["mismatched"]
         arena += r["arena"]
         launches += r["launches"]
-        if r["mismatched"] or p.returncode:
-            lines.append(out[-4000:])
+        pooled = [a + b for a, b in zip(pooled, r["pooled_apart"])]
+        if r["mismatched"] or p.returncode:  # its failing example and error (the result line is summed above)
+            lines.append("\n".join(ln for ln in out.splitlines() if not ln.startswith(RESULT))[-8000:])
         header = r["header"].replace(f"--examples {share}", f"--examples {args.examples} ({share} per worker)")
     for text in lines:
         print(text)
@@ -186,11 +191,11 @@ def run_workers(args, argv) -> int:
         print(f"every worker failed ({failed})")
         return 1
     report(header + f"   workers: {args.workers} ({failed} failed)", counts, runs, arena, started, args,
-           r["triton"], launches, outside)
+           r["triton"], launches, outside, pooled)
     return 1 if outside or failed else 0
 
 
-def report(header, counts, runs, arena, started, args, triton_line, launches, mismatched) -> None:
+def report(header, counts, runs, arena, started, args, triton_line, launches, mismatched, pooled) -> None:
     print()
     print(header)
     print(f"{'format':<18} {'backend':<9} {'op':<24} {'count':>9}")
@@ -208,7 +213,10 @@ def report(header, counts, runs, arena, started, args, triton_line, launches, mi
         print(f"stopped by the --seconds {args.seconds:g} budget: {total} of --examples {args.examples} operations")
     if triton_line:
         print(triton_line.replace("{launches}", str(launches)))
-    print(f"bytes changed outside written rows: {mismatched}")
+    if pooled[1]:
+        print(f"compressed rows written by kernels: {pooled[0]} of {pooled[1]} values one code apart from the "
+              f"reference ({pooled[0] / pooled[1]:.1e}; the pooling bar, kvformats.tolerance; every other byte exact)")
+    print(f"arena bytes differing from the model (outside written rows or in them): {mismatched}")
 
 
 RESULT = "FUZZ-WORKER-RESULT "
@@ -227,8 +235,8 @@ def main(argv=None) -> int:
     from codec_machine import make_codec_machine
     from compress_machine import make_compress_machine
     from launch_count import LaunchCounter
-    from reliability_harness import (ARENA_BYTES_CHECKED, COUNTS, MISMATCHED, backend_has, family_kernel,
-                                     triton_available)
+    from reliability_harness import (ARENA_BYTES_CHECKED, COUNTS, MISMATCHED, POOLED_APART, backend_has,
+                                     family_kernel, triton_available)
 
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1":
         print("warning: TRITON_INTERPRET=1 is set: the triton machines run the interpreter, not compiled kernels")
@@ -273,10 +281,11 @@ def main(argv=None) -> int:
         print(RESULT + json.dumps(dict(
             counts=[[*k, v] for k, v in counts.items()], runs=[[*k, st] for k, st in runs.items()],
             mismatched=mismatched, arena=ARENA_BYTES_CHECKED[0], header=header, triton=triton_line,
+            pooled_apart=POOLED_APART,
             launches=counter.total() if counted else 0)), flush=True)
     else:
         report(header, counts, runs, ARENA_BYTES_CHECKED[0], started, args, triton_line,
-               counter.total() if counted else 0, mismatched)
+               counter.total() if counted else 0, mismatched, POOLED_APART)
     return 0 if mismatched == 0 else 1
 
 

@@ -21,6 +21,7 @@ from kvformats import deepseek_v4 as dsv4
 from kvformats.deepseek_v4.pooling import pool_reference
 from kvformats.formats import CompressorState
 from kvformats.strategies import storage_bytes
+from kvformats.tolerance import code_distance
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deepseek_v4"))
 from dsv4_scenarios import SENTINEL, make_batch, state_c, writers
@@ -75,39 +76,14 @@ def target_layout(fmt, h, tps, rope=64):
     return kvf.get_format(fmt, head_dim=h, page_size=tps)
 
 
-def _ordinal(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Sign-magnitude codes -> integers in value order (adjacent codes differ by 1; ±0 -> 0)."""
-    c = codes.to(torch.int64)
-    mag = c & ((1 << (bits - 1)) - 1)
-    return torch.where(c >> (bits - 1) == 1, -mag, mag)
-
-
-def split_row(layout, rows: torch.Tensor):
-    """(value codes [N, k] and their bit width, bytes that must be equal [N, m]) of gathered rows."""
-    rows = rows.to(torch.int64)
-    if layout.name == "fp8_ds_mla":
-        nope, token = layout.nope_dim, layout.nope_dim + 2 * layout.rope_dim
-        rope = rows[:, nope:token:2] | (rows[:, nope + 1:token:2] << 8)
-        return [(rows[:, :nope], 8), (rope, 16)], rows[:, token:]
-    if layout.name == "fp8_indexer":
-        return [(rows[:, :layout.head_dim], 8)], rows[:, layout.head_dim:]
-    half = layout.head_dim // 2
-    return [(rows[:, :half] & 0xF, 4), (rows[:, :half] >> 4, 4)], rows[:, half:]
-
-
 def check_rows(layout, got_rows, want_rows, max_fraction: float) -> float:
     """tokenspeed's bar on gathered rows; returns the fraction of values one code apart."""
-    got_v, got_exact = split_row(layout, got_rows)
-    want_v, want_exact = split_row(layout, want_rows)
-    assert torch.equal(got_exact, want_exact), "scale / pad bytes differ"
-    flips = total = 0
-    for (g, bits), (w, _) in zip(got_v, want_v):
-        assert int((_ordinal(g, bits) - _ordinal(w, bits)).abs().max()) <= 1, "a value more than one code apart"
-        flips += int((g != w).sum())
-        total += g.numel()
-    fraction = flips / max(total, 1)
-    print(f"[{layout.name}] {flips} of {total} values one code apart ({fraction:.2e}) on {DEV.type}")
-    assert flips < max_fraction * total or flips <= 1, "too many values one code apart"  # 1: a small sample
+    d = code_distance(layout, got_rows, want_rows)
+    assert d.exact_equal, "scale / pad bytes differ"
+    assert d.max_apart <= 1, "a value more than one code apart"
+    fraction = d.apart / max(d.values, 1)
+    print(f"[{layout.name}] {d.apart} of {d.values} values one code apart ({fraction:.2e}) on {DEV.type}")
+    assert d.apart < max_fraction * d.values or d.apart <= 1, "too many values one code apart"  # 1: a small sample
     return fraction
 
 

@@ -6,7 +6,11 @@ reuse. Both caches live in guarded arenas checked byte for byte after every step
 The model keeps every saved state row (float32 ``[kv | score + ape[p % ratio]]``, computed
 here) and every compressed row; a compressed row's expected bytes are recomputed from the
 model's state alone (a fresh state tensor built from the model, then pooling, the RoPE
-rotation and the fp8_ds_mla codec of the reference), never from the cache under test.
+rotation and the fp8_ds_mla codec of the reference), never from the cache under test. The
+reference backend must reproduce those bytes exactly; a Triton kernel pools in another order,
+so its rows are held to tokenspeed's bar (kvformats.tolerance: scale bytes equal, values at most
+one code apart): a row within it becomes the model's row, so every other arena byte, and where
+each row landed, is still checked exactly.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from kvformats import deepseek_v4 as dsv4
 from kvformats.deepseek_v4.pooling import pool_reference
 from kvformats.deepseek_v4.transforms import rope_tail
 from kvformats.rope import cos_sin_cache
-from reliability_harness import COUNTS, DEVICE, SENTINELS, Arena, run_op, table_slot
+from kvformats.tolerance import code_distance
+from reliability_harness import COUNTS, DEVICE, POOLED_APART, SENTINELS, Arena, run_op, table_slot
 
 RMS_EPS = 1e-6
 
@@ -134,9 +139,22 @@ def make_compress_machine(backend: str = "reference"):
                     continue
                 normed = pool_reference(model, self.ratio, idx([p]), idx([r]), self.bt, None, self.weight, RMS_EPS)
                 x = rope_tail(normed, idx([p // self.ratio * self.ratio]), self.cos_sin)
-                self.kv.put(ks, self.kv_layout.encode_rows(x)[0])
+                self.kv.put(ks, self._accepted_row(ks, self.kv_layout.encode_rows(x)[0]))
             self.kv.check()
             self.state.check()
+
+        def _accepted_row(self, slot: int, want: torch.Tensor) -> torch.Tensor:
+            """The row the model takes for ``slot``: ``want`` (the reference's bytes), or, for a
+            kernel, the row it wrote where that is within one code of ``want``."""
+            if backend == "reference":
+                return want
+            got = self.kv_layout.gather(self.kv.cache, torch.tensor([slot], device=DEVICE), backend="reference")
+            d = code_distance(self.kv_layout, got, want[None])
+            if not d.within_one_code():
+                return want  # the arena check reports the row's bytes
+            POOLED_APART[0] += d.apart
+            POOLED_APART[1] += d.values
+            return got[0]
 
         @rule(data=st.data())
         def reuse_state_page(self, data):

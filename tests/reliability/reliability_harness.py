@@ -51,10 +51,12 @@ class OpCounter(collections.Counter):
 
 
 # The fuzz tool prints COUNTS. MISMATCHED[0]: arena bytes that differed from the expected image
-# (0 on every passing run).
+# (0 on every passing run). POOLED_APART: [values one code apart, values compared] in the
+# compressed rows a kernel wrote (the pooling path's bar, kvformats.tolerance; exact elsewhere).
 COUNTS = OpCounter()
 MISMATCHED = [0]
 ARENA_BYTES_CHECKED = [0]
+POOLED_APART = [0, 0]
 
 
 # ----- backends ---------------------------------------------------------------------------------

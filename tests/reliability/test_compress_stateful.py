@@ -1,5 +1,6 @@
 """Stateful fuzzing of the compressor pipeline (save_compressor_state -> CSA/HCA compress
-insert) on the reference backend, and on a Triton backend of those ops once one is registered."""
+insert) on the reference backend and on the Triton kernels (compiled on CUDA, the interpreter
+on CPU), the kernels' compressed rows held to the pooling bar (compress_machine)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default")
 EXAMPLES, STEPS = (120, 30) if PROFILE == "thorough" else (25, 15)
 
 
-# The Triton variant is generated once kernels for these ops are registered (none in this version).
+# The Triton variant where kernels for these ops are registered (Triton importable).
 BACKENDS = ["reference"] + (["triton"] if all(family_kernel("deepseek_v4", op) for op in
                                               ("save_compressor_state", "compress_kv_insert")) else [])
 
