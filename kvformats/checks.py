@@ -64,6 +64,9 @@ def check_cache(layout, cache) -> None:
                           f"({min_stride} elements): pages would overlap")
 
 
+HOST_CHECK_MAX = 2048  # slot lists up to this long are checked on the host (see check_slots)
+
+
 def check_slots(layout, slots, n: int | None, cache: torch.Tensor, *, check_range: bool, unique: bool) -> None:
     """``slots`` is int32/int64 ``[n]`` (any length for None) on the cache's device; with ``check_range`` (outside
     CUDA-graph capture) every slot is below the capacity and, with ``unique``, no non-negative
@@ -72,19 +75,28 @@ def check_slots(layout, slots, n: int | None, cache: torch.Tensor, *, check_rang
     if not check_range or slots.numel() == 0 or capturing(slots):
         return
     capacity = cache.shape[0] * layout.page_size
-    # Both checks reduce to flags on the device and reach the host in one read: each host read
-    # of device data is a synchronisation, the cost of an eager call on a GPU (one, not three).
-    flags = [(slots >= capacity).any()]
-    if unique and slots.numel() > 1:
-        s = torch.sort(slots).values
-        flags.append(((s[1:] == s[:-1]) & (s[1:] >= 0)).any())
-    over, *repeat = torch.stack(flags).tolist()
-    if over:
-        i = int((slots >= capacity).nonzero()[0, 0])
-        raise InputError(f"slots[{i}] = {int(slots[i])} is beyond the cache's capacity: "
+    if slots.numel() <= HOST_CHECK_MAX:
+        # Decode-sized lists: one copy to the host (the one synchronisation an eager GPU call
+        # needs) and plain Python. Each device-side torch op costs the host more than that
+        # copy (the flags below launch ~10 of them: no faster on the H200, docs/performance_gpu.md).
+        values = slots.tolist()
+        over = next((i for i, v in enumerate(values) if v >= capacity), None)
+        real = [v for v in values if v >= 0]
+        repeat = unique and len(set(real)) != len(real)
+    else:
+        # Both checks reduce to flags on the device and reach the host in one read.
+        flags = [(slots >= capacity).any()]
+        if unique and slots.numel() > 1:
+            s = torch.sort(slots).values
+            flags.append(((s[1:] == s[:-1]) & (s[1:] >= 0)).any())
+        is_over, *repeats = torch.stack(flags).tolist()
+        over = int((slots >= capacity).nonzero()[0, 0]) if is_over else None
+        repeat = any(repeats)
+    if over is not None:
+        raise InputError(f"slots[{over}] = {int(slots[over])} is beyond the cache's capacity: "
                          f"{cache.shape[0]} pages * {layout.page_size} rows = {capacity} slots "
                          f"(valid slots are 0..{capacity - 1}, or negative for 'no row')")
-    if any(repeat):
+    if repeat:
         raise InputError("slots repeat a target row; each non-negative slot may appear once per call")
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kvformats as kvf
+from kvformats import checks
 from kvformats.strategies import storage_bytes
 
 FORMATS = kvf.list_formats()
@@ -216,10 +217,14 @@ def test_unchecked_out_of_range_slots_are_skipped_not_written():
     assert int(out.count_nonzero()) == 0
 
 
+@pytest.mark.parametrize("path", ["host", "device"])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_slot_checks_allow_repeated_holes_and_rank_range_before_repeats(dtype):
-    """check_slots reads its device flags once: -1 holes may repeat, a repeated real slot among
-    many holes is caught, and a slot beyond the capacity is reported before a repeat."""
+def test_slot_checks_allow_repeated_holes_and_rank_range_before_repeats(dtype, path, monkeypatch):
+    """Both check_slots paths (short lists read to the host, long ones reduced to device flags):
+    -1 holes may repeat, a repeated real slot among many holes is caught, and a slot beyond the
+    capacity is reported (its index) before a repeat."""
+    if path == "device":
+        monkeypatch.setattr(checks, "HOST_CHECK_MAX", 0)
     lay = kvf.get_format("fp8_indexer", page_size=4)
     cache = lay.allocate(2)
     x = torch.randn(6, lay.head_dim)
@@ -227,6 +232,6 @@ def test_slot_checks_allow_repeated_holes_and_rank_range_before_repeats(dtype):
     before = storage_bytes(cache).clone()
     with pytest.raises(kvf.InputError, match="repeat"):
         lay.encode(x, cache, torch.tensor([-1, 5, -1, -1, 5, -1], dtype=dtype))
-    with pytest.raises(kvf.InputError, match="beyond the cache's capacity"):
+    with pytest.raises(kvf.InputError, match=r"slots\[3\] = 8 is beyond the cache's capacity"):
         lay.encode(x, cache, torch.tensor([3, 3, -1, 8, -1, -1], dtype=dtype))
     assert torch.equal(storage_bytes(cache), before)  # nothing written by the rejected calls
