@@ -215,24 +215,30 @@ def e2m1_code(y, RNE: tl.constexpr = False, SIGNED_ZERO: tl.constexpr = False):
 
     From 1 up, e2m1 is a float with one mantissa bit (codes 2..7 = 1, 1.5, 2, 3, 4, 6), so
     rounding is adding just under half an ulp (2^21 - 1), plus the kept bit for RNE, to the
-    float32 pattern and keeping exponent and top mantissa bit (2 * 127 - 2 = 252 rebiases);
-    below 1 the grid 0, 0.5 is two threshold compares. Compares on bit patterns order like the
-    magnitudes.
+    float32 pattern and keeping exponent and top mantissa bit (2 * 127 - 2 = 252 rebiases).
+    Below 1 the codes are 0, 1, 2 with thresholds 0.25 and 0.75; the part from 0.75 up to 1
+    rounds to 1.0, so the rule above applied to max(|y|, 1) covers everything above 0.75, and
+    below it the code is just "above 0.25". "Above 0.25" is also "the code is non-zero", the
+    condition of the default sign rule. Compares on bit patterns order like the magnitudes;
+    NaN fails both (code 0). About 12 instructions per value on sm_90, 18 before this shape
+    (a three-way select of small codes).
     """
     b = f32_bits(y)
     mag = b & 0x7FFFFFFF
+    finite = mag <= 0x7F800000
+    m1 = tl.maximum(mag, 0x3F800000)
     if RNE:
-        big = tl.minimum((mag + ((1 << 21) - 1 - (252 << 22)) + ((mag >> 22) & 1)) >> 22, 7)
-        small = (mag > 0x3E800000).to(tl.int32) + (mag >= 0x3F400000).to(tl.int32)  # 0.25 -> 0, 0.75 -> 1
+        big = tl.minimum((m1 + ((1 << 21) - 1 - (252 << 22)) + ((m1 >> 22) & 1)) >> 22, 7)
+        upper = (mag >= 0x3F400000) & finite  # 0.75 ties to 1.0, the even code
     else:
-        big = tl.minimum((mag + ((1 << 21) - 1 - (252 << 22))) >> 22, 7)
-        small = (mag > 0x3E800000).to(tl.int32) + (mag > 0x3F400000).to(tl.int32)  # 0.25, 0.75
-    code = tl.where(mag >= 0x3F800000, big, small)
-    code = tl.where(mag > 0x7F800000, 0, code)  # NaN
+        big = tl.minimum((m1 + ((1 << 21) - 1 - (252 << 22))) >> 22, 7)
+        upper = (mag > 0x3F400000) & finite
+    live = (mag > 0x3E800000) & finite  # 0.25 ties to 0 under both rules
+    code = tl.where(upper, big, live.to(tl.int32))
     if SIGNED_ZERO:
         return code | tl.where(b < 0, 8, 0)
     else:
-        return code | tl.where((b < 0) & (code != 0), 8, 0)
+        return code | tl.where(live & (b < 0), 8, 0)
 
 
 @triton.jit
