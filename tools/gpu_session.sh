@@ -11,7 +11,9 @@
 # Logs go to $OUT (the device tool's folder) or ./gpu-logs; each part prints a short summary,
 # failures first, so a truncated console still shows what matters. Knobs (environment):
 # time boxes TESTS_S, BENCH_S, SANITIZE_S, FUZZ_SECONDS; TEST_PATHS and TEST_WORKERS (pytest);
-# FUZZ_WORKERS and FUZZ_EXAMPLES; SANITIZE_QUICK=1 for the driver's quick set; BENCH_DSV4_PARTS.
+# FUZZ_WORKERS and FUZZ_EXAMPLES; SANITIZE_QUICK=1 for the driver's quick set; SANITIZE_TOOLS (default
+# all four, e.g. "initcheck"); BENCH_DSV4_PARTS. Compose parts with `checks` (it waits on its own
+# jobs): a hand-made `while pgrep -f NAME` loop also matches the shell running it and never ends.
 set -u
 case "${1:-all}" in
   tests|bench|sanitize|fuzz|checks|all) ;;
@@ -42,7 +44,7 @@ sanitize() {
   [ "${SANITIZE_QUICK:-0}" = 1 ] && quick=(--quick)
   TRITON_CACHE_DIR=$cache timeout "${SANITIZE_S:-420}" python3 tools/sanitize_driver.py "${quick[@]}" \
     > "$LOG/sanitize_warm.log" 2>&1
-  for t in memcheck initcheck racecheck synccheck; do
+  for t in ${SANITIZE_TOOLS:-memcheck initcheck racecheck synccheck}; do
     timeout "${SANITIZE_S:-420}" python3 tools/sanitize.py "${quick[@]}" --tools "$t" --cache-dir "$cache" --no-warm \
       --timeout "${SANITIZE_S:-420}" --logs "/tmp/sanitize_$t" > "$LOG/sanitize_$t.log" 2>&1 &
   done
