@@ -12,7 +12,9 @@ taken in random order; random: a random permutation of all slots), prints
 - the fewest bytes the op must move, GB/s and % of the device-to-device copy bandwidth
   measured in the same run (from the graph time), and the reference backend's do_bench median,
 - the bytes DRAM must move at 32-byte sector granularity for that slot pattern (traffic.py)
-  and the same time as a % of what that count allows at the copy bandwidth.
+  and the same time as a % of what that count allows at the copy bandwidth,
+- the per-call time of a plain copy moving the same bytes (in a graph, L2 defeated) and the op's
+  time as a % of it: the ceiling a short op can reach, below the 2 GiB copy's bandwidth.
 ``--sweep`` first tries launch configurations at 131,072 prefill rows and keeps the fastest.
 
 Then the paged ops (``--paged``, on by default): dequantize_gather of every decodable byte
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kvformats as kvf  # noqa: E402
 from kvformats import ops  # noqa: E402
-from gpu_timing import bench, copy_bandwidth, graph_per_call_us  # noqa: E402
+from gpu_timing import bench, copy_bandwidth, graph_per_call_us, same_size_copy_us  # noqa: E402
 from traffic import SECTOR, cache_sectors, dense_sectors  # noqa: E402
 
 SIZES = (64, 512, 16384, 131072)
@@ -131,6 +133,8 @@ SWEEP = {
                           for t, w, u in itertools.product((8192, 16384), (4, 8), (1, 4, 8))],
     ("indexer", "encode"): [dict(block_m=b, num_warps=w, flat=f)
                             for b, w, f in itertools.product((8, 16, 32), (4, 8), (0, 1))],
+    ("mxfp4", "encode"): [dict(block_m=b, num_warps=w, lane=1)
+                          for b, w in itertools.product((32, 64, 128), (4, 8))] + [dict(block_m=32, num_warps=4, lane=0)],
     ("indexer", "decode"): [dict(block_m=b, num_warps=w) for b, w in itertools.product((8, 16, 32), (4, 8))],
     ("state", "copy"): [dict(block_m=m, block_w=bw, num_warps=w)
                         for (m, bw), w in itertools.product(((1, 2048), (2, 1024), (4, 512)), (4, 8))],
@@ -140,7 +144,8 @@ SWEEP_USES = {  # config key -> (format, op) timed to choose it
     ("fp8_ds_mla", "decode"): [("fp8_ds_mla", "decode")],
     ("gather", "bytes"): [("fp8_ds_mla", "gather"), ("fp8_indexer", "gather"), ("mxfp4_indexer", "gather"),
                           ("fp8_indexer", "gather_paged"), ("mxfp4_indexer", "gather_paged")],
-    ("indexer", "encode"): [("fp8_indexer", "encode"), ("mxfp4_indexer", "encode")],
+    ("indexer", "encode"): [("fp8_indexer", "encode")],
+    ("mxfp4", "encode"): [("mxfp4_indexer", "encode")],
     ("indexer", "decode"): [("fp8_indexer", "decode"), ("mxfp4_indexer", "decode")],
     ("state", "copy"): [("compressor_state", "encode"), ("compressor_state", "gather")],
 }
@@ -211,8 +216,9 @@ def run_paged(args, bw, log, g):
     import kvformats_kernels as kk
 
     log()
-    log("| format | paged op | rows | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB |")
-    log("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    log("| format | paged op | rows | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB "
+        "| same-size copy µs | % of same-size copy |")
+    log("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for fmt in PAGED_FORMATS:
         layout = kvf.get_format(fmt)
         impl = kk.IMPLEMENTATIONS[fmt]
@@ -226,8 +232,9 @@ def run_paged(args, bw, log, g):
             graph_us = graph_per_call_us(fns, max(len(fns), 4 // len(fns) * len(fns)))
             ref_us = bench(ref, rep_ms=20) * 1e3 if args.reference else float("nan")
             gbs = nbytes / graph_us / 1e3
+            copy_us = same_size_copy_us(nbytes)
             log(f"| {fmt} | {label} | {n} | {eager * 1e3:.1f} | {graph_us:.2f} | {gbs:.0f} | {100 * gbs / bw:.0f} | "
-                f"{ref_us:.0f} | {nbytes / 1e6:.2f} |")
+                f"{ref_us:.0f} | {nbytes / 1e6:.2f} | {copy_us:.2f} | {100 * copy_us / graph_us:.0f} |")
         del cache
         torch.cuda.empty_cache()
 
@@ -277,15 +284,20 @@ def main():
     ap.add_argument("--no-reference", dest="reference", action="store_false")
     ap.add_argument("--no-paged", dest="paged", action="store_false")
     ap.add_argument("--no-codecs", dest="codecs", action="store_false")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=INT",
-                    help="override KEY in every kernel config that has it (e.g. hw_cvt=0); repeatable")
+    ap.add_argument("--set", action="append", default=[], metavar="[FAMILY.OP.]KEY=INT",
+                    help="override KEY in every kernel config that has it (e.g. hw_cvt=0), or in the "
+                         "config of one (family, op) only (e.g. mxfp4.encode.block_m=64); repeatable")
     args = ap.parse_args()
     import kvformats_kernels as kk
     from kvformats_kernels import _common as cm
 
     for item in args.set:
-        key, value = item.split("=")
-        for cfg in cm.CONFIG.values():
+        name, value = item.split("=")
+        *where, key = name.split(".")
+        chosen = [cm.CONFIG[tuple(where)]] if where else list(cm.CONFIG.values())
+        if not any(key in cfg for cfg in chosen):
+            raise SystemExit(f"--set {item}: no config has {key!r}")
+        for cfg in chosen:
             if key in cfg:
                 cfg[key] = int(value)
 
@@ -329,8 +341,8 @@ def main():
 
     log()
     log("| format | op | rows | slots | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB "
-        "| sector MB | % of sector bound |")
-    log("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        "| sector MB | % of sector bound | same-size copy µs | % of same-size copy |")
+    log("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for fmt in fmts if args.codecs else ():
         layout = kvf.get_format(fmt)
         impl = kk.IMPLEMENTATIONS[fmt]
@@ -349,9 +361,10 @@ def main():
                 sectors = SECTOR * (records + dense_sectors(nbytes - layout.row_bytes * n))
                 gbs = nbytes / graph_us / 1e3
                 ref_ms = bench(refs[op], rep_ms=20) if args.reference else float("nan")
+                copy_us = same_size_copy_us(nbytes)
                 log(f"| {fmt} | {op} | {n} | {pattern} | {eager * 1e3:.1f} | {graph_us:.2f} | {gbs:.0f} | "
                     f"{100 * gbs / bw:.0f} | {ref_ms * 1e3:.0f} | {nbytes / 1e6:.2f} | {sectors / 1e6:.2f} | "
-                    f"{100 * sectors / graph_us / 1e3 / bw:.0f} |")
+                    f"{100 * sectors / graph_us / 1e3 / bw:.0f} | {copy_us:.2f} | {100 * copy_us / graph_us:.0f} |")
             del sets
         del cache
         torch.cuda.empty_cache()

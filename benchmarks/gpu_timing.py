@@ -42,3 +42,22 @@ def graph_per_call_us(fns, calls: int) -> float:
         times.append(start.elapsed_time(end) * 1e3 / calls)
     del graph
     return sorted(times)[len(times) // 2]
+
+
+_SAME_SIZE: dict[int, float] = {}
+
+
+def same_size_copy_us(nbytes: int) -> float:
+    """Per-call µs, inside a CUDA graph, of a device-to-device copy that moves ``nbytes`` in all
+    (nbytes / 2 read, nbytes / 2 written), cycling through enough buffers that no call finds its
+    source in L2 (50 MB). The fair ceiling of an op that moves nbytes: a short copy does not reach
+    the bandwidth of the 2 GiB copy (launch, ramp-up and tail are a larger share of it)."""
+    half = max(16, nbytes // 2 // 16 * 16)
+    if half not in _SAME_SIZE:
+        count = min(8, max(1, -(-256_000_000 // (2 * half))))
+        pairs = [(torch.empty(half, dtype=torch.uint8, device="cuda").random_(0, 256),
+                  torch.empty(half, dtype=torch.uint8, device="cuda")) for _ in range(count)]
+        fns = [(lambda d=d, s=s: d.copy_(s)) for s, d in pairs]
+        _SAME_SIZE[half] = graph_per_call_us(fns, max(count, 8 // count * count) if nbytes > 1 << 20 else 50)
+        del pairs
+    return _SAME_SIZE[half]

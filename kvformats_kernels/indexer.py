@@ -37,11 +37,14 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
         return
     x, is_bf16 = cm.rows_input(x)
     u8, stride = cm.byte_cache(layout, cache)
-    cfg = cm.config("indexer", "encode")
+    mxfp4 = layout.name == "mxfp4_indexer"
+    cfg = cm.config("mxfp4", "encode") if mxfp4 else cm.config("indexer", "encode")
+    layout_kw = dict(LANE=bool(cfg["lane"])) if mxfp4 else {}
     _KERNELS[layout.name][0][(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
         **_geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout, cfg),
-        IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"])
+        IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"],
+        **layout_kw)
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -242,6 +242,22 @@ def e2m1_code(y, RNE: tl.constexpr = False, SIGNED_ZERO: tl.constexpr = False):
 
 
 @triton.jit
+def e2m1_code_short(y):
+    """``e2m1_code`` for finite y with at most 8 significant bits (a bf16 value
+    times a power of two) and |y| < 7 (a block scaled by its ceil-rule exponent).
+
+    Below 1, a + 1 lies in [1, 2), where the rule for a >= 1 (one mantissa bit, ties down)
+    gives codes 2, 3, 4 exactly where a lies in [0, 0.25], (0.25, 0.75], (0.75, 1): the codes
+    of a plus 2. a + 1 is exact for a >= 2^-15 (8 significant bits); smaller a land on 1 and
+    code 0 either way. The sign bit goes with y < -0.25: negative with a non-zero code."""
+    a = tl.abs(y)
+    lt = a < 1.0
+    a1 = tl.where(lt, a + 1.0, a)
+    k = tl.where(lt, (1 << 21) - 1 - (254 << 22), (1 << 21) - 1 - (252 << 22))
+    return (f32_bits(a1) + k + tl.where(y < -0.25, 8 << 22, 0)) >> 22
+
+
+@triton.jit
 def e2m1_value(n):
     """e2m1 nibble (int tensor, low 4 bits) -> float32 (0.5 steps below 2, then 3, 4, 6);
     nibble 8 is -0.0. Built as float32 bits: codes 2..7 are 2^(c/2 - 1) (1 + (c & 1) / 2),

@@ -88,22 +88,6 @@ def bf16_value(x, SAFE: tl.constexpr):
 
 
 @triton.jit
-def e2m1_code_short(y):
-    """``numerics_jit.e2m1_code`` for finite y with at most 8 significant bits (a bf16 value
-    times a power of two) and |y| < 7 (a block scaled by its ceil-rule exponent).
-
-    Below 1, a + 1 lies in [1, 2), where the rule for a >= 1 (one mantissa bit, ties down)
-    gives codes 2, 3, 4 exactly where a lies in [0, 0.25], (0.25, 0.75], (0.75, 1): the codes
-    of a plus 2. a + 1 is exact for a >= 2^-15 (8 significant bits); smaller a land on 1 and
-    code 0 either way. The sign bit goes with y < -0.25: negative with a non-zero code."""
-    a = tl.abs(y)
-    lt = a < 1.0
-    a1 = tl.where(lt, a + 1.0, a)
-    k = tl.where(lt, (1 << 21) - 1 - (254 << 22), (1 << 21) - 1 - (252 << 22))
-    return (nj.f32_bits(a1) + k + tl.where(y < -0.25, 8 << 22, 0)) >> 22
-
-
-@triton.jit
 def rope_pairs(ev, od, cs_row, FIRST: tl.constexpr, ROPE: tl.constexpr):
     """GPT-J RoPE of the pairs (ev, od) [BM, P] of one position (``cs_row``: its cos_sin row),
     in rope_rows's float32 order; pair i is rope pair FIRST + i (outside [0, ROPE / 2): NoPE,
@@ -179,7 +163,7 @@ def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.co
             blocks = tl.reshape(y, (BM, 2, 32))
             e = nj.block_exponent(abs_max_nan(blocks, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
             scaled = blocks * nj.pow2(-e)[:, :, None]
-            codes = nj.e2m1_code(scaled) if SAFE else e2m1_code_short(scaled)
+            codes = nj.e2m1_code(scaled) if SAFE else nj.e2m1_code_short(scaled)
             lo, hi = tl.split(tl.reshape(codes, (BM, 32, 2)))  # element 2k in the low nibble
             out = lo | (hi << 4)
             s = tl.minimum(tl.maximum(e + 127, 0), 255)

@@ -24,6 +24,7 @@ from kvformats.strategies import storage_bytes
 triton = pytest.importorskip("triton")
 import triton.language as tl
 
+from kvformats_kernels import numerics_jit as nj
 from kvformats_kernels.dsv4 import query as kq
 from kvformats_kernels.dsv4 import query_jit as qj
 from kvformats_kernels.dsv4 import swa as ks
@@ -102,7 +103,7 @@ def rope_table(rope: int = 64, n: int = 300):
 def _helper_kernel(x_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-    r = qj.e2m1_code_short(x) if OP == 0 else qj.e4m3_finite(x)
+    r = nj.e2m1_code_short(x) if OP == 0 else qj.e4m3_finite(x)
     tl.store(out_ptr + offs, r, mask=offs < n)
 
 

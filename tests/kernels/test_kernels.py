@@ -336,6 +336,31 @@ def test_encode_matches_reference(name, dtype, pad):
     assert torch.equal(bits(arena_tri), bits(arena_ref)), "bytes differ (or a write strayed outside its rows)"
 
 
+@pytest.mark.parametrize("lane", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("profile", ["tokenspeed", "vllm", "ocp"])
+def test_mxfp4_encode_layouts_and_e2m1_paths(lane, dtype, profile, monkeypatch):
+    """Both layouts of the MXFP4 encoder, and in the lane layout both e2m1 paths: programs of
+    finite bf16 rows take the short rounding, a program holding a NaN or an Inf the full one
+    (as do float32 input and the RNE / signed-zero profiles); the bytes are the reference's."""
+    from kvformats_kernels import _common as cm
+
+    monkeypatch.setitem(cm.CONFIG, ("mxfp4", "encode"), dict(cm.CONFIG[("mxfp4", "encode")], block_m=4, lane=lane))
+    layout = kvf.get_format("mxfp4_indexer", page_size=4, profile=profile)
+    n = 24  # six programs of four rows
+    x = rows(n, layout.head_dim, 32, 6.0, torch.float32, seed=5)
+    x[1, 3] = float("nan")  # program 0
+    x[9, 100] = float("-inf")  # program 2
+    x[14, :32] = torch.tensor([6.0 * 2**-3, 7.0 * 2**-3] * 16)  # program 3: block max on a code edge
+    x = padded(x.to(dtype).to(DEV))
+    pages = n // layout.page_size + 2
+    slots = encode_slots(n, pages * layout.page_size, seed=6)
+    (arena_ref, ref), (arena_tri, tri) = arena_cache(layout, pages, 5), arena_cache(layout, pages, 5)
+    ops.encode_reference(layout, x, ref, slots)
+    kernel(layout).encode(layout, x, tri, slots)
+    assert torch.equal(bits(arena_tri), bits(arena_ref))
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
 @pytest.mark.parametrize("pad", [0, 11])
 def test_decode_and_gather_match_reference(name, pad):
