@@ -15,9 +15,11 @@ CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on 
     ("fp8_ds_mla", "encode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     ("fp8_ds_mla", "decode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     ("fp8_ds_mla", "paged"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1},
-    ("gather", "bytes"): {"tile_bytes": 8192, "num_warps": 4, "max_unit": 8},
+    # cu_scan_max: gather_paged finds the request of a row by one compare against all of
+    # cu_seq_lens up to this many requests, by binary search beyond
+    ("gather", "bytes"): {"tile_bytes": 8192, "num_warps": 4, "max_unit": 8, "cu_scan_max": 64},
     ("indexer", "encode"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1},
-    ("mxfp4", "encode"): {"block_m": 32, "num_warps": 4, "lane": 1},
+    ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1, "lane": 1},
     ("indexer", "decode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     ("indexer", "paged"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     ("state", "copy"): {"block_m": 1, "block_w": 2048, "num_warps": 4},

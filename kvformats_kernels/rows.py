@@ -104,9 +104,10 @@ def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, 
     while len(outs) < 2:
         outs.append(outs[0])
     block_m, warps = _block_m(unit, layout.row_bytes)
+    scan = cm.next_pow2(requests) if requests <= cm.config("gather", "bytes")["cu_scan_max"] else 0
     jit.gather_paged_kernel[(cm.grid_rows(t_rows, block_m),)](
         src, block_table, cu_seq_lens, outs[0], outs[1], t_rows, requests, cu_seq_lens.stride(0),
         block_table.stride(0), block_table.stride(1), block_table.shape[1], cache.shape[0], stride,
         outs[0].stride(0), outs[1].stride(0), PAGE_SIZE=layout.page_size, STEPS=max(1, requests.bit_length()),
         **_segment_constants(layout, unit),
-        BLOCK_M=block_m, num_warps=warps)
+        BLOCK_M=block_m, SCAN=scan, num_warps=warps)

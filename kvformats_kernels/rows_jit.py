@@ -69,13 +69,28 @@ def request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr
 
 
 @triton.jit
-def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr):
+def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr, SCAN: tl.constexpr = 0):
     """For output rows ``t`` (int64 [BM]) of gather_paged: (covered: t < T and t < cu[R],
-    request r with cu[r] <= t < cu[r + 1], position t - cu[r]). A branch-free binary search
-    over cu[1..R] (STEPS = bit length of R iterations); no host read of cu[-1]."""
+    request r with cu[r] <= t < cu[r + 1], position t - cu[r]); no host read of cu[-1].
+
+    SCAN > 0 (a power of two >= R, for few requests): r = the number of entries of cu[1..R]
+    at most t (searchsorted's right rule), from one vector load of cu[1..R] and a compare
+    against every row, so the row's page address waits on two dependent loads (cu, then the
+    table) instead of STEPS + 2. Else a branch-free binary search over cu[1..R] (STEPS = bit
+    length of R iterations, one dependent load each). Both give the same r for a cu that
+    never decreases (which the eager checks ensure)."""
+    in_range = t < T_rows
+    if SCAN > 0:
+        k = tl.arange(0, SCAN) + 1
+        ends = tl.load(cu_ptr + k * cu_stride, mask=k <= requests, other=0).to(tl.int64)
+        below = (ends[None, :] <= t[:, None]) & (k <= requests)[None, :]
+        lo = tl.sum(below.to(tl.int64), axis=1)
+        covered = in_range & (lo < requests)
+        req = lo * covered.to(tl.int64)
+        start = tl.load(cu_ptr + req * cu_stride, mask=covered, other=0).to(tl.int64)
+        return covered, req, t - start
     lo = tl.zeros(t.shape, tl.int64)
     hi = tl.zeros(t.shape, tl.int64) + requests
-    in_range = t < T_rows
     for _ in tl.static_range(STEPS):
         active = in_range & (lo < hi)
         mid = (lo + hi) // 2
@@ -139,11 +154,11 @@ def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, t_rows, re
                         S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_A: tl.constexpr, S0_B: tl.constexpr,
                         S0_C: tl.constexpr, S0_CP: tl.constexpr,
                         S1_OFF: tl.constexpr, S1_REC: tl.constexpr, S1_A: tl.constexpr, S1_B: tl.constexpr,
-                        S1_C: tl.constexpr, S1_CP: tl.constexpr, BLOCK_M: tl.constexpr):
+                        S1_C: tl.constexpr, S1_CP: tl.constexpr, BLOCK_M: tl.constexpr, SCAN: tl.constexpr = 0):
     """views[s][t] = segment s's record of position t - cu[r] of the request r holding row t;
     zeros for a missing page; rows not covered by cu_seq_lens untouched. Units as above."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    covered, req, pos = cu_rows(cu_ptr, cu_stride, requests, t, t_rows, STEPS)
+    covered, req, pos = cu_rows(cu_ptr, cu_stride, requests, t, t_rows, STEPS, SCAN)
     ok, page, row = table_page(table_ptr, t_stride0, t_stride1, table_cols, num_pages, req, pos, covered, PAGE_SIZE)
     base = page * page_stride
     copy_record(cache_ptr, v0_ptr, base + S0_OFF + row * S0_REC, t * v0_stride, ok, covered,

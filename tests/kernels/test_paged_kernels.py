@@ -214,7 +214,13 @@ def _gp_case(layout, seed, table_dtype, strided, shift, device=DEV):
 @pytest.mark.parametrize("name", list(BYTE_LAYOUTS))
 @pytest.mark.parametrize("table_dtype,strided,shift", [(torch.int32, False, 0), (torch.int64, True, 0),
                                                         (torch.int64, False, 1)])
-def test_gather_paged_matches_reference(name, table_dtype, strided, shift):
+@pytest.mark.parametrize("scan_max", [64, 0], ids=["scan", "binary-search"])
+def test_gather_paged_matches_reference(name, table_dtype, strided, shift, scan_max, monkeypatch):
+    """Both ways of finding a row's request: one compare against all of cu_seq_lens (few
+    requests, the default here) and the binary search (many requests)."""
+    from kvformats_kernels import _common as cm
+
+    monkeypatch.setitem(cm.CONFIG, ("gather", "bytes"), dict(cm.CONFIG[("gather", "bytes")], cu_scan_max=scan_max))
     layout = BYTE_LAYOUTS[name]
     cache, views, table, cu = _gp_case(layout, len(name), table_dtype, strided, shift)
     want = [v.clone() for v in views]
