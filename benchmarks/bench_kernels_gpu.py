@@ -286,15 +286,25 @@ def main():
     ap.add_argument("--no-codecs", dest="codecs", action="store_false")
     ap.add_argument("--set", action="append", default=[], metavar="[FAMILY.OP.]KEY=INT",
                     help="override KEY in every kernel config that has it (e.g. hw_cvt=0), or in the "
-                         "config of one (family, op) only (e.g. mxfp4.encode.block_m=64); repeatable")
+                         "config of one (family, op) only (e.g. mxfp4.encode.block_m=64), or with a small. "
+                         "prefix in the overrides of calls of few rows (cm.SMALL); repeatable")
+    ap.add_argument("--small-rows", type=int, default=None,
+                    help="calls of at most this many rows take the small-call overrides (default: the "
+                         "library's SMALL_ROWS; 0 turns them off)")
     args = ap.parse_args()
     import kvformats_kernels as kk
     from kvformats_kernels import _common as cm
 
+    if args.small_rows is not None:
+        cm.SMALL_ROWS = args.small_rows
+
     for item in args.set:
         name, value = item.split("=")
         *where, key = name.split(".")
-        chosen = [cm.CONFIG[tuple(where)]] if where else list(cm.CONFIG.values())
+        table = cm.CONFIG
+        if where[:1] == ["small"]:  # the overrides of calls of at most cm.SMALL_ROWS rows
+            table, where = cm.SMALL, where[1:]
+        chosen = [table[tuple(where)]] if where else list(table.values())
         if not any(key in cfg for cfg in chosen):
             raise SystemExit(f"--set {item}: no config has {key!r}")
         for cfg in chosen:
@@ -316,8 +326,8 @@ def main():
 
     log(f"date {datetime.date.today()}  device {dev}  torch {torch.__version__}  triton {triton.__version__}  "
         f"git {rev or '?'} (+ working tree)")
-    if args.set:
-        log(f"config overrides: {', '.join(args.set)}")
+    if args.set or args.small_rows is not None:
+        log(f"config overrides: {', '.join(args.set)}; small-call overrides up to {cm.SMALL_ROWS} rows")
     bw = copy_bandwidth()
     log(f"device-to-device copy bandwidth (read + write): {bw:.0f} GB/s")
 

@@ -26,8 +26,28 @@ CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on 
 }
 
 
-def config(family: str, op: str) -> dict[str, int]:
-    return CONFIG[(family, op)]
+# Calls of at most SMALL_ROWS rows (decode steps) take these overrides: at 64 rows the time is
+# one program's chain of dependent loads and instructions, which is shorter in programs of a
+# few rows and one warp (measured on an H200: docs/performance_gpu.md, sixth measurement).
+SMALL_ROWS = 512
+SMALL: dict[tuple[str, str], dict[str, int]] = {
+    ("fp8_ds_mla", "encode"): {"block_m": 2, "num_warps": 1},
+    ("fp8_ds_mla", "decode"): {"block_m": 2, "num_warps": 1},
+    ("gather", "bytes"): {"tile_bytes": 1024, "num_warps": 1},
+    ("indexer", "encode"): {"block_m": 4, "num_warps": 1},
+    ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1},
+    ("indexer", "decode"): {"block_m": 4, "num_warps": 1},
+    ("state", "copy"): {"block_m": 1, "block_w": 1024, "num_warps": 4},
+}
+
+
+def config(family: str, op: str, rows: int | None = None) -> dict[str, int]:
+    """The launch configuration of (family, op); for a call of ``rows`` <= SMALL_ROWS rows, with
+    SMALL's overrides (``rows`` is a shape, known on the host, so graphs capture either)."""
+    cfg = CONFIG[(family, op)]
+    if rows is not None and rows <= SMALL_ROWS and (family, op) in SMALL:
+        return {**cfg, **SMALL[(family, op)]}
+    return cfg
 
 
 def hw_cvt(cfg: dict) -> bool:

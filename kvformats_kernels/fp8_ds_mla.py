@@ -47,7 +47,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     u8, stride = cm.byte_cache(layout, cache)
     has_pad = any(r.name == "scale_pad" for r in layout.regions)
     pad_off, pad_stride, pad_bytes = cm.region(layout, "scale_pad") if has_pad else (0, 0, 0)
-    cfg = cm.config("fp8_ds_mla", "encode")
+    cfg = cm.config("fp8_ds_mla", "encode", n)
     jit.encode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
         **_geometry(layout), PAD_OFF=pad_off, PAD_STRIDE=pad_stride, PAD_BYTES=pad_bytes,
@@ -64,7 +64,7 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     if n > 0:
         u8, stride = cm.byte_cache(layout, cache)
         geo, rope16, stride16 = _decode_geometry(layout, u8, stride)
-        cfg = cm.config("fp8_ds_mla", "decode")
+        cfg = cm.config("fp8_ds_mla", "decode", n)
         jit.decode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
             u8, rope16, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride, stride16,
             **geo, HEAD_DIM=layout.head_dim, BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg), num_warps=cfg["num_warps"])

@@ -38,7 +38,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     x, is_bf16 = cm.rows_input(x)
     u8, stride = cm.byte_cache(layout, cache)
     mxfp4 = layout.name == "mxfp4_indexer"
-    cfg = cm.config("mxfp4", "encode") if mxfp4 else cm.config("indexer", "encode")
+    cfg = cm.config("mxfp4" if mxfp4 else "indexer", "encode", n)
     layout_kw = dict(LANE=bool(cfg["lane"])) if mxfp4 else {}
     _KERNELS[layout.name][0][(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
@@ -53,7 +53,7 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     out = torch.empty((n, layout.head_dim), dtype=torch.float32, device=cache.device)
     if n > 0:
         u8, stride = cm.byte_cache(layout, cache)
-        cfg = cm.config("indexer", "decode")
+        cfg = cm.config("indexer", "decode", n)
         _KERNELS[layout.name][1][(cm.grid_rows(n, cfg["block_m"]),)](
             u8, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride, **_geometry(layout),
             BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg), num_warps=cfg["num_warps"])

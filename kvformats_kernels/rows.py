@@ -68,8 +68,8 @@ def _layout_bytes(layout, cache: torch.Tensor) -> list[int]:
     return [u8.data_ptr(), stride, *(layout.segment_offsets[s.name] for s in segs), *(s.record_bytes for s in segs)]
 
 
-def _block_m(unit: torch.dtype, row_bytes: int) -> tuple[int, int]:
-    cfg = cm.config("gather", "bytes")
+def _block_m(unit: torch.dtype, row_bytes: int, rows: int | None = None) -> tuple[int, int]:
+    cfg = cm.config("gather", "bytes", rows)
     return cm.rows_per_tile(cfg["tile_bytes"], cm.next_pow2(row_bytes)), cfg["num_warps"]
 
 
@@ -81,7 +81,7 @@ def gather(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         return out
     unit = pick_unit([*_layout_bytes(layout, cache), layout.row_bytes]) if cache.shape[0] else torch.uint8
     src, stride = unit_cache(layout, cache, unit)
-    block_m, warps = _block_m(unit, layout.row_bytes)
+    block_m, warps = _block_m(unit, layout.row_bytes, n)
     jit.gather_bytes_kernel[(cm.grid_rows(n, block_m),)](
         src, slots, out.view(unit), n, slots.stride(0), cm.capacity(layout, cache), stride,
         PAGE_SIZE=layout.page_size, ROW=layout.row_bytes // unit.itemsize, **_segment_constants(layout, unit),

@@ -28,7 +28,7 @@ def encode(layout, x, cache: torch.Tensor, slots: torch.Tensor, *, positions: to
         return
     kv_off, row_stride, _ = cm.region(layout, "kv")
     score_off, _, _ = cm.region(layout, "score")
-    cfg = cm.config("state", "copy")
+    cfg = cm.config("state", "copy", n)
     jit.encode_kernel[_grid(n, layout.width, cfg)](
         kv, score, positions, ape, slots, cache, n, cm.row_stride(kv), cm.row_stride(score),
         positions.stride(0), cm.row_stride(ape), slots.stride(0), cm.capacity(layout, cache), cache.stride(0),
@@ -44,7 +44,7 @@ def _gather_words(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Ten
     elems = _floats(seg.record_bytes)
     out = torch.empty((n, elems), dtype=torch.int32, device=cache.device)
     if n > 0:
-        cfg = cm.config("state", "copy")
+        cfg = cm.config("state", "copy", n)
         jit.gather_kernel[_grid(n, elems, cfg)](
             cache.view(torch.int32), slots, out, n, slots.stride(0), cm.capacity(layout, cache), cache.stride(0),
             PAGE_SIZE=layout.page_size, ROW_STRIDE=_floats(seg.record_bytes),

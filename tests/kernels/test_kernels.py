@@ -327,10 +327,22 @@ def _encode_both(name, dtype, pad, n, seed):
     return layout, arena_ref, arena_tri, ref, tri
 
 
+@pytest.fixture(params=["small", "large"])
+def launch_config(request, monkeypatch):
+    """Each test of this fixture runs with both launch configurations of its kernels: the
+    overrides of calls of few rows (``SMALL``, what n = 24 picks) and the configuration of
+    large calls."""
+    from kvformats_kernels import _common as cm
+
+    if request.param == "large":
+        monkeypatch.setattr(cm, "SMALL_ROWS", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("pad", [0, 37])
-def test_encode_matches_reference(name, dtype, pad):
+def test_encode_matches_reference(name, dtype, pad, launch_config):
     n = 24
     layout, arena_ref, arena_tri, _, _ = _encode_both(name, dtype, pad, n, seed=n + pad)
     assert torch.equal(bits(arena_tri), bits(arena_ref)), "bytes differ (or a write strayed outside its rows)"
@@ -346,6 +358,7 @@ def test_mxfp4_encode_layouts_and_e2m1_paths(lane, dtype, profile, monkeypatch):
     from kvformats_kernels import _common as cm
 
     monkeypatch.setitem(cm.CONFIG, ("mxfp4", "encode"), dict(cm.CONFIG[("mxfp4", "encode")], block_m=4, lane=lane))
+    monkeypatch.setattr(cm, "SMALL_ROWS", 0)  # CONFIG's programs of four rows, whatever the call's size
     layout = kvf.get_format("mxfp4_indexer", page_size=4, profile=profile)
     n = 24  # six programs of four rows
     x = rows(n, layout.head_dim, 32, 6.0, torch.float32, seed=5)
@@ -363,7 +376,7 @@ def test_mxfp4_encode_layouts_and_e2m1_paths(lane, dtype, profile, monkeypatch):
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 @pytest.mark.parametrize("pad", [0, 11])
-def test_decode_and_gather_match_reference(name, pad):
+def test_decode_and_gather_match_reference(name, pad, launch_config):
     layout, _, _, cache, _ = _encode_both(name, torch.float32, pad, 20, seed=3)
     slots = read_slots(33, cache.shape[0] * layout.page_size, seed=4)
     assert torch.equal(kernel(layout).gather(layout, cache, slots), ops.gather_reference(layout, cache, slots))
