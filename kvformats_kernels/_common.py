@@ -31,12 +31,12 @@ CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on 
 # few rows and one warp (measured on an H200: docs/performance_gpu.md, sixth measurement).
 SMALL_ROWS = 512
 SMALL: dict[tuple[str, str], dict[str, int]] = {
-    ("fp8_ds_mla", "encode"): {"block_m": 2, "num_warps": 1},
+    ("fp8_ds_mla", "encode"): {"block_m": 1, "num_warps": 1},
     ("fp8_ds_mla", "decode"): {"block_m": 2, "num_warps": 1},
     ("gather", "bytes"): {"tile_bytes": 1024, "num_warps": 1},
-    ("indexer", "encode"): {"block_m": 4, "num_warps": 1},
-    ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1},
-    ("indexer", "decode"): {"block_m": 4, "num_warps": 1},
+    ("indexer", "encode"): {"block_m": 2, "num_warps": 1},
+    ("mxfp4", "encode"): {"block_m": 4, "num_warps": 1},
+    ("indexer", "decode"): {"block_m": 2, "num_warps": 1},
     ("state", "copy"): {"block_m": 1, "block_w": 1024, "num_warps": 4},
 }
 

@@ -33,7 +33,9 @@ class LaunchCounter:
     def __call__(self, metadata) -> None:
         name = None
         try:
-            name = metadata.get("name") if metadata is not None else None
+            # a dict, or Triton's LazyDict (3.x), whose get() takes no key and returns the dict
+            data = metadata if metadata is None or isinstance(metadata, dict) else metadata.get()
+            name = data.get("name") if data is not None else None
         except Exception:  # a LazyDict that fails to evaluate must not break the launch
             name = None
         self.counts[name or "?"] += 1

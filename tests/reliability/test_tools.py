@@ -285,9 +285,14 @@ def test_launch_counter_hooks_and_unhooks():
     knobs.runtime.launch_enter_hook({"name": "encode_kernel"})
     knobs.runtime.launch_enter_hook({"name": "encode_kernel"})
     knobs.runtime.launch_enter_hook(None)
+    # what compiled launches pass (Triton 3.x): a LazyDict, whose get() takes no key
+    from triton.compiler.compiler import LazyDict
+
+    knobs.runtime.launch_enter_hook(LazyDict({"name": "gather_kernel"}))
     counter.remove()
     knobs.runtime.launch_enter_hook({"name": "after"})
-    assert counter.counts == {"encode_kernel": 2, "?": 1} and counter.total() == 3 and not counter.installed
+    assert counter.counts == {"encode_kernel": 2, "gather_kernel": 1, "?": 1} and counter.total() == 4
+    assert not counter.installed
 
 
 def test_bench_table_and_verdict():
