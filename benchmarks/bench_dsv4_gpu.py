@@ -8,9 +8,8 @@ Cases come from ``dsv4_cases_<part>.py`` (each a ``cases(sizes)`` list of ``dsv4
 Per case it prints: eager µs (do_bench median, L2 flushed between calls; at decode sizes this is
 Python launch cost), graph µs (median per-call time replayed inside a CUDA graph: 50 calls for
 rows <= 512, else 4), the fewest bytes the op must move, GB/s and % of the device-to-device
-copy bandwidth measured in the same run (from the graph time), the reference backend's
-do_bench median on the same GPU, and a plain copy moving the same bytes (gpu_timing's
-same_size_copy_us: the ceiling of a short op) with the op's time as a % of it. A case that raises prints its error in the table and the run
+copy bandwidth measured in the same run (from the graph time), and the reference backend's
+do_bench median on the same GPU. A case that raises prints its error in the table and the run
 goes on.
 """
 
@@ -29,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_timing import bench, copy_bandwidth, graph_per_call_us, same_size_copy_us  # noqa: E402
+from gpu_timing import bench, copy_bandwidth, graph_per_call_us  # noqa: E402
 
 PARTS = ("compress", "query", "indices")
 
@@ -39,9 +38,8 @@ def time_case(case, bw: float, reference: bool) -> str:
     graph_us = graph_per_call_us([case.run_triton], 50 if case.rows <= 512 else 4)
     gbs = case.min_bytes / graph_us / 1e3
     ref_us = f"{bench(case.run_reference, rep_ms=100) * 1e3:.1f}" if reference else "-"
-    copy_us = same_size_copy_us(case.min_bytes)
     return (f"| {case.op} | {case.label} | {eager_us:.1f} | {graph_us:.2f} | {case.min_bytes / 1e6:.2f} | "
-            f"{gbs:.0f} | {100 * gbs / bw:.1f} | {ref_us} | {copy_us:.2f} | {100 * copy_us / graph_us:.0f} |")
+            f"{gbs:.0f} | {100 * gbs / bw:.1f} | {ref_us} |")
 
 
 def apply_setting(item: str) -> None:
@@ -86,9 +84,8 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     log(f"device-to-device copy bandwidth (read + write): {bw:.0f} GB/s")
     log()
-    log("| op | case | eager µs | graph µs | min MB | GB/s | % copy BW | reference µs | same-size copy µs "
-        "| % of same-size copy |")
-    log("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    log("| op | case | eager µs | graph µs | min MB | GB/s | % copy BW | reference µs |")
+    log("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     sizes = tuple(int(s) for s in args.sizes.split(","))
     failures = 0
     hows: dict[str, str] = {}
@@ -97,7 +94,7 @@ def main(argv=None) -> int:
             cases = importlib.import_module(f"dsv4_cases_{part}").cases(sizes)
         except Exception as err:  # a part that cannot build its inputs is reported, the rest still runs
             failures += 1
-            log(f"| {part} | (building cases) | ERROR {type(err).__name__}: {err} | | | | | | | |")
+            log(f"| {part} | (building cases) | ERROR {type(err).__name__}: {err} | | | | | |")
             traceback.print_exc()
             continue
         for case in cases:
@@ -108,7 +105,7 @@ def main(argv=None) -> int:
                 log(time_case(case, bw, args.reference))
             except Exception as err:
                 failures += 1
-                log(f"| {case.op} | {case.label} | ERROR {type(err).__name__}: {str(err)[:120]} | | | | | | | |")
+                log(f"| {case.op} | {case.label} | ERROR {type(err).__name__}: {str(err)[:120]} | | | | | |")
             torch.cuda.empty_cache()
     log()
     for op, how in hows.items():

@@ -12,9 +12,7 @@ taken in random order; random: a random permutation of all slots), prints
 - the fewest bytes the op must move, GB/s and % of the device-to-device copy bandwidth
   measured in the same run (from the graph time), and the reference backend's do_bench median,
 - the bytes DRAM must move at 32-byte sector granularity for that slot pattern (traffic.py)
-  and the same time as a % of what that count allows at the copy bandwidth,
-- the per-call time of a plain copy moving the same bytes (in a graph, L2 defeated) and the op's
-  time as a % of it: the ceiling a short op can reach, below the 2 GiB copy's bandwidth.
+  and the same time as a % of what that count allows at the copy bandwidth.
 ``--sweep`` first tries launch configurations at 131,072 prefill rows and keeps the fastest.
 
 Then the paged ops (``--paged``, on by default): dequantize_gather of every decodable byte
@@ -39,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kvformats as kvf  # noqa: E402
 from kvformats import ops  # noqa: E402
-from gpu_timing import bench, copy_bandwidth, graph_per_call_us, same_size_copy_us  # noqa: E402
+from gpu_timing import bench, copy_bandwidth, graph_per_call_us  # noqa: E402
 from traffic import SECTOR, cache_sectors, dense_sectors  # noqa: E402
 
 SIZES = (64, 512, 16384, 131072)
@@ -216,9 +214,8 @@ def run_paged(args, bw, log, g):
     import kvformats_kernels as kk
 
     log()
-    log("| format | paged op | rows | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB "
-        "| same-size copy µs | % of same-size copy |")
-    log("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    log("| format | paged op | rows | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB |")
+    log("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for fmt in PAGED_FORMATS:
         layout = kvf.get_format(fmt)
         impl = kk.IMPLEMENTATIONS[fmt]
@@ -232,9 +229,8 @@ def run_paged(args, bw, log, g):
             graph_us = graph_per_call_us(fns, max(len(fns), 4 // len(fns) * len(fns)))
             ref_us = bench(ref, rep_ms=20) * 1e3 if args.reference else float("nan")
             gbs = nbytes / graph_us / 1e3
-            copy_us = same_size_copy_us(nbytes)
             log(f"| {fmt} | {label} | {n} | {eager * 1e3:.1f} | {graph_us:.2f} | {gbs:.0f} | {100 * gbs / bw:.0f} | "
-                f"{ref_us:.0f} | {nbytes / 1e6:.2f} | {copy_us:.2f} | {100 * copy_us / graph_us:.0f} |")
+                f"{ref_us:.0f} | {nbytes / 1e6:.2f} |")
         del cache
         torch.cuda.empty_cache()
 
@@ -351,8 +347,8 @@ def main():
 
     log()
     log("| format | op | rows | slots | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB "
-        "| sector MB | % of sector bound | same-size copy µs | % of same-size copy |")
-    log("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        "| sector MB | % of sector bound |")
+    log("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for fmt in fmts if args.codecs else ():
         layout = kvf.get_format(fmt)
         impl = kk.IMPLEMENTATIONS[fmt]
@@ -371,10 +367,9 @@ def main():
                 sectors = SECTOR * (records + dense_sectors(nbytes - layout.row_bytes * n))
                 gbs = nbytes / graph_us / 1e3
                 ref_ms = bench(refs[op], rep_ms=20) if args.reference else float("nan")
-                copy_us = same_size_copy_us(nbytes)
                 log(f"| {fmt} | {op} | {n} | {pattern} | {eager * 1e3:.1f} | {graph_us:.2f} | {gbs:.0f} | "
                     f"{100 * gbs / bw:.0f} | {ref_ms * 1e3:.0f} | {nbytes / 1e6:.2f} | {sectors / 1e6:.2f} | "
-                    f"{100 * sectors / graph_us / 1e3 / bw:.0f} | {copy_us:.2f} | {100 * copy_us / graph_us:.0f} |")
+                    f"{100 * sectors / graph_us / 1e3 / bw:.0f} |")
             del sets
         del cache
         torch.cuda.empty_cache()
