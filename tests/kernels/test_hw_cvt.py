@@ -15,6 +15,7 @@ import triton.language as tl  # noqa: E402
 
 from kvformats_kernels import _common as cm  # noqa: E402
 from kvformats_kernels import numerics_jit as nj  # noqa: E402
+from kvformats_kernels.dsv4 import query_jit as qj  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 
@@ -29,9 +30,12 @@ def _both(x_ptr, hw_ptr, sw_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
     elif OP == 1:
         b = tl.load(x_ptr + offs, mask=m, other=0)
         hw, sw = nj.f32_bits(nj.e4m3_to_f32(b, True)), nj.f32_bits(nj.e4m3_to_f32(b, False))
-    else:
+    elif OP == 2:
         x = tl.load(x_ptr + offs, mask=m, other=0.0)
         hw, sw = nj.bf16_bits(x, True), nj.bf16_bits(x, False)
+    else:  # the query kernels' fast-path bf16 rounding (values that are not NaN)
+        x = tl.load(x_ptr + offs, mask=m, other=0.0)
+        hw, sw = nj.f32_bits(qj.bf16_value(x, False, True)), nj.f32_bits(qj.bf16_value(x, False, False))
     tl.store(hw_ptr + offs, hw, mask=m)
     tl.store(sw_ptr + offs, sw, mask=m)
 
@@ -82,3 +86,14 @@ def test_gpu_hw_e4m3_decode_and_bf16_rounding_equal_integer_paths():
     isnan = torch.isnan(x)
     assert torch.equal(hw[~isnan], sw[~isnan])
     assert (((hw[isnan] & 0x7F80) == 0x7F80) & ((hw[isnan] & 0x7F) != 0)).all()  # a bf16 NaN
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_query_fast_bf16_rounding_equals_integer_path():
+    """``query_jit.bf16_value``'s hardware path (not SAFE: values that are not NaN) against its
+    integer path, on every bf16 pattern, 2^22 random float32 patterns and the e4m3 midpoints."""
+    x = _floats()
+    x = x[~torch.isnan(x)].cuda()
+    hw, sw = _run(3, x)
+    bad = (hw != sw).nonzero()
+    assert bad.numel() == 0, f"{bad.numel()} differ; first x bits {hex(int(x.view(torch.int32)[bad[0, 0]]))}"
