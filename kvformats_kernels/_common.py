@@ -35,7 +35,7 @@ SMALL: dict[tuple[str, str], dict[str, int]] = {
     ("fp8_ds_mla", "decode"): {"block_m": 2, "num_warps": 1},
     ("gather", "bytes"): {"tile_bytes": 1024, "num_warps": 1},
     ("indexer", "encode"): {"block_m": 2, "num_warps": 1},
-    ("mxfp4", "encode"): {"block_m": 4, "num_warps": 1},
+    ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1},  # 8 x 4 blocks: one per lane (indexer.py)
     ("indexer", "decode"): {"block_m": 2, "num_warps": 1},
     ("state", "copy"): {"block_m": 1, "block_w": 1024, "num_warps": 4},
 }

@@ -29,6 +29,16 @@ def _profile(layout, cfg: dict) -> dict:
     return cm.profile_constants(layout, e2m1=True)  # e2m1 has no hardware conversion on Hopper
 
 
+def _whole_blocks_per_lane(layout, cfg: dict) -> bool:
+    """Whether the MXFP4 encode takes its one-block-per-lane layout: asked for, and the program
+    has at least one (row, block) pair per lane. With fewer (a head dim of 32 gives one block
+    per row) Triton spreads a block over lanes that also repeat each other, and on the H200
+    (Triton 3.6) such programs stored wrong codes (blocks scaled by a part's maximum, or zero
+    rows), found by the GPU fuzz (docs/reliability.md); those take the earlier layout."""
+    pairs = cfg["block_m"] * cm.next_pow2(layout.num_blocks)
+    return bool(cfg["lane"]) and pairs >= 32 * cfg["num_warps"]
+
+
 def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
     """Quantize ``x [N, head_dim]`` into the rows at ``slots [N]``; slots outside
     [0, capacity) are skipped."""
@@ -39,7 +49,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     u8, stride = cm.byte_cache(layout, cache)
     mxfp4 = layout.name == "mxfp4_indexer"
     cfg = cm.config("mxfp4" if mxfp4 else "indexer", "encode", n)
-    layout_kw = dict(LANE=bool(cfg["lane"])) if mxfp4 else {}
+    layout_kw = dict(LANE=_whole_blocks_per_lane(layout, cfg)) if mxfp4 else {}
     _KERNELS[layout.name][0][(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
         **_geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout, cfg),

@@ -357,14 +357,16 @@ def test_mxfp4_encode_layouts_and_e2m1_paths(lane, dtype, profile, monkeypatch):
     (as do float32 input and the RNE / signed-zero profiles); the bytes are the reference's."""
     from kvformats_kernels import _common as cm
 
-    monkeypatch.setitem(cm.CONFIG, ("mxfp4", "encode"), dict(cm.CONFIG[("mxfp4", "encode")], block_m=4, lane=lane))
-    monkeypatch.setattr(cm, "SMALL_ROWS", 0)  # CONFIG's programs of four rows, whatever the call's size
+    monkeypatch.setitem(cm.CONFIG, ("mxfp4", "encode"), dict(cm.CONFIG[("mxfp4", "encode")], block_m=8, num_warps=1,
+                                                                lane=lane))
+    monkeypatch.setattr(cm, "SMALL_ROWS", 0)  # CONFIG's programs of eight rows, whatever the call's size
     layout = kvf.get_format("mxfp4_indexer", page_size=4, profile=profile)
-    n = 24  # six programs of four rows
+    n = 24  # three programs of eight rows (32 blocks: one per lane)
     x = rows(n, layout.head_dim, 32, 6.0, torch.float32, seed=5)
     x[1, 3] = float("nan")  # program 0
-    x[9, 100] = float("-inf")  # program 2
-    x[14, :32] = torch.tensor([6.0 * 2**-3, 7.0 * 2**-3] * 16)  # program 3: block max on a code edge
+    x[9, 100] = float("-inf")  # program 1
+    x[14, :32] = torch.tensor([6.0 * 2**-3, 7.0 * 2**-3] * 16)  # program 1: block max on a code edge
+    # program 2: finite bf16 rows, the short e2m1 rounding
     x = padded(x.to(dtype).to(DEV))
     pages = n // layout.page_size + 2
     slots = encode_slots(n, pages * layout.page_size, seed=6)
@@ -372,6 +374,37 @@ def test_mxfp4_encode_layouts_and_e2m1_paths(lane, dtype, profile, monkeypatch):
     ops.encode_reference(layout, x, ref, slots)
     kernel(layout).encode(layout, x, tri, slots)
     assert torch.equal(bits(arena_tri), bits(arena_ref))
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("n", [1, 2, 5, 40])
+def test_mxfp4_encode_narrow_rows_and_ties(head_dim, n, launch_config):
+    """Rows of one, two or four blocks, few or many of them, on e2m1 rounding ties: the cases
+    the GPU fuzz found wrong when the one-block-per-lane layout ran programs with fewer blocks
+    than lanes (a head dim of 32: codes scaled by the maximum of part of a block, zero rows)."""
+    layout = kvf.get_format("mxfp4_indexer", head_dim=head_dim, page_size=2)
+    g = torch.Generator().manual_seed(head_dim + n)
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0])
+    x = ties[torch.randint(0, 8, (n, head_dim), generator=g)] * torch.where(torch.rand(n, head_dim, generator=g) < 0.5,
+                                                                              -1.0, 1.0)
+    x[::2] *= 1e-3  # small rows beside large ones
+    x = x.to(torch.bfloat16).to(DEV)
+    pages = n // 2 + 2
+    slots = encode_slots(n, pages * 2, seed=n)
+    (arena_ref, ref), (arena_tri, tri) = arena_cache(layout, pages, 0), arena_cache(layout, pages, 0)
+    ops.encode_reference(layout, x, ref, slots)
+    kernel(layout).encode(layout, x, tri, slots)
+    assert torch.equal(bits(arena_tri), bits(arena_ref))
+
+
+def test_mxfp4_lane_layout_needs_a_block_per_lane():
+    from kvformats_kernels import indexer
+
+    wide, narrow = kvf.get_format("mxfp4_indexer"), kvf.get_format("mxfp4_indexer", head_dim=32)
+    assert indexer._whole_blocks_per_lane(wide, {"block_m": 8, "num_warps": 1, "lane": 1})
+    assert not indexer._whole_blocks_per_lane(wide, {"block_m": 4, "num_warps": 1, "lane": 1})
+    assert not indexer._whole_blocks_per_lane(narrow, {"block_m": 8, "num_warps": 1, "lane": 1})
+    assert not indexer._whole_blocks_per_lane(wide, {"block_m": 32, "num_warps": 4, "lane": 0})
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
