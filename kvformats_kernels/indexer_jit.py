@@ -96,7 +96,10 @@ def _mxfp4_encode_lanes(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
     a ceil_log2) is worked out by all four; here both are one lane's. The pairs go along one
     axis, row-major (lanes 4k..4k+3 hold one row's four blocks), loaded as [pairs, QB / V, V]
     so that Triton's coalescing gives the pair axis the lanes (as the query kernels'
-    ``thread_rows``); a warp's nibble store is then 8 rows x 64 contiguous bytes.
+    ``thread_rows``); a warp's nibble store is then 8 rows x 64 contiguous bytes. Launch it only
+    with at least one pair per lane (BLOCK_M * NB_P2 >= 32 * num_warps, the launcher's rule):
+    with fewer, Triton spreads a block over lanes that also repeat each other, and on the H200
+    such programs stored wrong codes (docs/reliability.md, finding 6).
 
     The e2m1 codes take ``e2m1_code_short`` (about half the instructions) when the program's
     blocks allow it: bf16 input (8 significant bits), the default rounding and sign rule, and
