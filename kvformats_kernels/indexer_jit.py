@@ -81,15 +81,19 @@ def fp8_decode_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capaci
 
 
 @triton.jit
-def _mxfp4_encode_lanes(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
+def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
                         PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                         FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                         E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
                         E2M1_RNE: tl.constexpr, E2M1_SIGNED_ZERO: tl.constexpr, IS_BF16: tl.constexpr,
-                        BLOCK_M: tl.constexpr):
-    """mxfp4_encode_kernel with each (row, block) pair of the program in one lane.
+                        EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, LANE: tl.constexpr = False):
+    """Default rule: e = ceil_log2(max(amax, 1e-4) / 6); nibbles by threshold (element 2k low);
+    scale e + 127. Other profiles: their exponent rule and e2m1 rounding (constexprs).
+    LANE: each (row, block) pair of the program in one lane; else the [rows, blocks, values]
+    tile that Triton spreads a block over four lanes of (the earlier layout, kept for programs
+    with fewer pairs than lanes and as a measurable alternative: docs/performance_gpu.md).
 
     Why: the MXFP4 encode is bound by instruction issue, not memory (docs/performance_gpu.md).
     Spread over four lanes, a block's maximum takes shuffles and its exponent (a division and
@@ -104,63 +108,41 @@ def _mxfp4_encode_lanes(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
     The e2m1 codes take ``e2m1_code_short`` (about half the instructions) when the program's
     blocks allow it: bf16 input (8 significant bits), the default rounding and sign rule, and
     every scaled block maximum finite and below 7 (true of finite input under any ceil-rule
-    profile). Otherwise the full ``e2m1_code``; the same bytes either way.
-    """
-    HQ: tl.constexpr = QB // 2
-    V: tl.constexpr = 8 if QB % 8 == 0 else QB
-    P: tl.constexpr = BLOCK_M * NB_P2
-    pr = tl.arange(0, P)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + pr // NB_P2
-    blk = pr % NB_P2
-    live = blk < NB
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
-    col = (tl.arange(0, QB // V) * V)[:, None] + tl.arange(0, V)[None, :]
-    x = nj.load_f32((x_ptr + rows * x_stride + blk * QB)[:, None, None] + col[None, :, :],
-                    (in_range & live)[:, None, None], IS_BF16)  # overlaps the slot load
-    x = tl.reshape(x, (P, QB))
-    amax = nj.abs_max(x, 1)
-    e = nj.block_exponent(amax, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE, ELEM_EMAX)
-    scale = nj.pow2(-e)
-    y = x * scale[:, None]
-    SHORT_RULES: tl.constexpr = IS_BF16 and not E2M1_RNE and not E2M1_SIGNED_ZERO
-    if SHORT_RULES:
-        # amax * 2^-e is the largest |y| of the block (a product by a power of two is monotone);
-        # compared as bit patterns, where NaN and Inf lie above 7 (tl.max on floats drops NaN)
-        top = tl.max(tl.where(live, nj.f32_bits(amax * scale) & 0x7FFFFFFF, 0))
-        if top < 0x40E00000:  # 7.0
-            codes = nj.e2m1_code_short(y)
-        else:
-            codes = nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO)
-    else:
-        codes = nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO)
-    lo, hi = tl.split(tl.reshape(codes, (P, HQ, 2)))  # element 2k, element 2k + 1
-    base = cache_ptr + page * page_stride
-    tl.store((base + VAL_OFF + row * VAL_STRIDE + blk * HQ)[:, None] + tl.arange(0, HQ)[None, :],
-             (lo | (hi << 4)).to(tl.uint8), mask=(ok & live)[:, None])
-    s = tl.minimum(tl.maximum(e + 127, 0), 255)
-    tl.store(base + SCALE_OFF + row * SCALE_STRIDE + blk, s.to(tl.uint8), mask=ok & live)
-
-
-@triton.jit
-def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
-                        PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                        FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
-                        E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
-                        E2M1_RNE: tl.constexpr, E2M1_SIGNED_ZERO: tl.constexpr, IS_BF16: tl.constexpr,
-                        EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, LANE: tl.constexpr = False):
-    """Default rule: e = ceil_log2(max(amax, 1e-4) / 6); nibbles by threshold (element 2k low);
-    scale e + 127. Other profiles: their exponent rule and e2m1 rounding (constexprs).
-    LANE: one quantization block per lane (``_mxfp4_encode_lanes``); else the [rows, blocks,
-    values] tile that Triton spreads a block over four lanes of (the earlier layout, kept as a
-    measurable alternative: docs/performance_gpu.md)."""
+    profile). Otherwise the full ``e2m1_code``; the same bytes either way."""
     HQ: tl.constexpr = QB // 2
     if LANE:
-        _mxfp4_encode_lanes(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
-                            PAGE_SIZE, VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB,
-                            FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE, ELEM_EMAX,
-                            E2M1_RNE, E2M1_SIGNED_ZERO, IS_BF16, BLOCK_M)
+        V: tl.constexpr = 8 if QB % 8 == 0 else QB
+        P: tl.constexpr = BLOCK_M * NB_P2
+        pr = tl.arange(0, P)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_M + pr // NB_P2
+        blk = pr % NB_P2
+        live = blk < NB
+        in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+        col = (tl.arange(0, QB // V) * V)[:, None] + tl.arange(0, V)[None, :]
+        x = nj.load_f32((x_ptr + rows * x_stride + blk * QB)[:, None, None] + col[None, :, :],
+                        (in_range & live)[:, None, None], IS_BF16)  # overlaps the slot load
+        x = tl.reshape(x, (P, QB))
+        amax = nj.abs_max(x, 1)
+        e = nj.block_exponent(amax, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE, ELEM_EMAX)
+        scale = nj.pow2(-e)
+        y = x * scale[:, None]
+        SHORT_RULES: tl.constexpr = IS_BF16 and not E2M1_RNE and not E2M1_SIGNED_ZERO
+        if SHORT_RULES:
+            # amax * 2^-e is the largest |y| of the block (a product by a power of two is monotone);
+            # compared as bit patterns, where NaN and Inf lie above 7 (tl.max on floats drops NaN)
+            top = tl.max(tl.where(live, nj.f32_bits(amax * scale) & 0x7FFFFFFF, 0))
+            if top < 0x40E00000:  # 7.0
+                codes = nj.e2m1_code_short(y)
+            else:
+                codes = nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO)
+        else:
+            codes = nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO)
+        lo, hi = tl.split(tl.reshape(codes, (P, HQ, 2)))  # element 2k, element 2k + 1
+        base = cache_ptr + page * page_stride
+        tl.store((base + VAL_OFF + row * VAL_STRIDE + blk * HQ)[:, None] + tl.arange(0, HQ)[None, :],
+                 (lo | (hi << 4)).to(tl.uint8), mask=(ok & live)[:, None])
+        s = tl.minimum(tl.maximum(e + 127, 0), 255)
+        tl.store(base + SCALE_OFF + row * SCALE_STRIDE + blk, s.to(tl.uint8), mask=ok & live)
     else:
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
