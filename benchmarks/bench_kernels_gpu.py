@@ -131,8 +131,9 @@ SWEEP = {
                           for t, w, u in itertools.product((8192, 16384), (4, 8), (1, 4, 8))],
     ("indexer", "encode"): [dict(block_m=b, num_warps=w, flat=f)
                             for b, w, f in itertools.product((8, 16, 32), (4, 8), (0, 1))],
-    ("mxfp4", "encode"): [dict(block_m=b, num_warps=w, lane=1)
-                          for b, w in itertools.product((32, 64, 128), (4, 8))] + [dict(block_m=32, num_warps=4, lane=0)],
+    ("mxfp4", "encode"): [dict(block_m=b, num_warps=w, lane=1)  # a block per lane: block_m * 4 >= 32 * warps
+                          for b, w in ((8, 1), (16, 2), (32, 4), (64, 4), (64, 8), (128, 8))]
+                         + [dict(block_m=32, num_warps=4, lane=0)],
     ("indexer", "decode"): [dict(block_m=b, num_warps=w) for b, w in itertools.product((8, 16, 32), (4, 8))],
     ("state", "copy"): [dict(block_m=m, block_w=bw, num_warps=w)
                         for (m, bw), w in itertools.product(((1, 2048), (2, 1024), (4, 512)), (4, 8))],

@@ -75,8 +75,8 @@ def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr, SCAN: t
 
     SCAN > 0 (a power of two >= R, for few requests): r = the number of entries of cu[1..R]
     at most t (searchsorted's right rule), from one vector load of cu[1..R] and a compare
-    against every row, so the row's page address waits on two dependent loads (cu, then the
-    table) instead of STEPS + 2. Else a branch-free binary search over cu[1..R] (STEPS = bit
+    against every row, so the row's page address waits on three dependent loads (cu[1..R],
+    cu[r], the table entry) instead of STEPS + 2. Else a branch-free binary search over cu[1..R] (STEPS = bit
     length of R iterations, one dependent load each). Both give the same r for a cu that
     never decreases (which the eager checks ensure)."""
     in_range = t < T_rows
