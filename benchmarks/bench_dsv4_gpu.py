@@ -3,6 +3,8 @@ reference backend.
 
     python3 benchmarks/bench_dsv4_gpu.py [--parts compress,query,indices] [--sizes 64,131072] [--out f.md]
     python3 benchmarks/bench_dsv4_gpu.py --parts query --ops hadamard_transform --set query.hadamard.lane_store=0
+    python3 benchmarks/bench_dsv4_gpu.py --parts compress --ops compress_kv_insert --sizes 64 \
+        --sweep compress.kv:128.split_bd=16,32,64 --sweep compress.kv:128.split_warps=2,4
 
 Cases come from ``dsv4_cases_<part>.py`` (each a ``cases(sizes)`` list of ``dsv4_case.Case``).
 Per case it prints: eager µs (do_bench median, L2 flushed between calls; at decode sizes this is
@@ -10,7 +12,8 @@ Python launch cost), graph µs (median per-call time replayed inside a CUDA grap
 rows <= 512, else 4), the fewest bytes the op must move, GB/s and % of the device-to-device
 copy bandwidth measured in the same run (from the graph time), and the reference backend's
 do_bench median on the same GPU. A case that raises prints its error in the table and the run
-goes on.
+goes on. ``--sweep`` instead times every combination of the listed launch constants on the same
+cases (graph µs and % of copy bandwidth only), the cases built once.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import itertools
 import subprocess
 import sys
 import traceback
@@ -46,14 +50,47 @@ def apply_setting(item: str) -> None:
     """``MODULE.ENTRY.KEY=INT``: CONFIG[ENTRY][KEY] = INT in kvformats_kernels.dsv4.MODULE (an
     ENTRY of the form ``what:ratio`` names a tuple key such as ("kv", 4))."""
     path, _, value = item.partition("=")
+    config, entry, key = _config_slot(path)
+    config[entry][key] = int(value)
+
+
+def _config_slot(path: str):
+    """(CONFIG dict, entry key, constant name) of ``MODULE.ENTRY.KEY``."""
     module, entry, key = path.split(".")
     config = importlib.import_module(f"kvformats_kernels.dsv4.{module}").CONFIG
     if ":" in entry:
         what, ratio = entry.split(":")
         entry = (what, int(ratio))
     if entry not in config or key not in config[entry]:
-        raise SystemExit(f"--set {item}: no {key!r} in {module}.CONFIG[{entry!r}]")
-    config[entry][key] = int(value)
+        raise SystemExit(f"{path}: no {key!r} in {module}.CONFIG[{entry!r}]")
+    return config, entry, key
+
+
+def sweep(cases, sweeps: list[str], bw: float, log) -> int:
+    """Time every combination of ``MODULE.ENTRY.KEY=V1,V2,...`` on ``cases``; returns failures."""
+    axes = []
+    for item in sweeps:
+        path, _, values = item.partition("=")
+        axes.append((path, _config_slot(path), [int(v) for v in values.split(",")]))
+    log("| settings | op | case | graph µs | GB/s | % copy BW |")
+    log("| --- | --- | --- | ---: | ---: | ---: |")
+    saved = [(c, e, k, c[e][k]) for _, (c, e, k), _ in axes]
+    failures = 0
+    for combo in itertools.product(*(values for _, _, values in axes)):
+        for (path, (config, entry, key), _), value in zip(axes, combo):
+            config[entry][key] = value
+        label = " ".join(f"{path.split('.', 1)[1]}={v}" for (path, _, _), v in zip(axes, combo))
+        for case in cases:
+            try:
+                us = graph_per_call_us([case.run_triton], 50 if case.rows <= 512 else 4)
+                gbs = case.min_bytes / us / 1e3
+                log(f"| {label} | {case.op} | {case.label} | {us:.2f} | {gbs:.0f} | {100 * gbs / bw:.1f} |")
+            except Exception as err:
+                failures += 1
+                log(f"| {label} | {case.op} | {case.label} | ERROR {type(err).__name__}: {str(err)[:100]} | | |")
+    for config, entry, key, value in saved:
+        config[entry][key] = value
+    return failures
 
 
 def main(argv=None) -> int:
@@ -66,6 +103,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.ENTRY.KEY=INT",
                     help="override a launch constant of kvformats_kernels.dsv4.MODULE.CONFIG, e.g. "
                          "query.inv_rope.lane_store=0 or compress.kv:4.block_t=8 (repeatable)")
+    ap.add_argument("--sweep", action="append", default=[], metavar="MODULE.ENTRY.KEY=V1,V2,...",
+                    help="time every combination of these values instead of the table (repeatable)")
     args = ap.parse_args(argv)
     for item in args.set:
         apply_setting(item)
@@ -84,8 +123,9 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     log(f"device-to-device copy bandwidth (read + write): {bw:.0f} GB/s")
     log()
-    log("| op | case | eager µs | graph µs | min MB | GB/s | % copy BW | reference µs |")
-    log("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    if not args.sweep:
+        log("| op | case | eager µs | graph µs | min MB | GB/s | % copy BW | reference µs |")
+        log("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     sizes = tuple(int(s) for s in args.sizes.split(","))
     failures = 0
     hows: dict[str, str] = {}
@@ -97,9 +137,11 @@ def main(argv=None) -> int:
             log(f"| {part} | (building cases) | ERROR {type(err).__name__}: {err} | | | | | |")
             traceback.print_exc()
             continue
+        cases = [c for c in cases if not args.ops or c.op in args.ops.split(",")]
+        if args.sweep:
+            failures += sweep(cases, args.sweep, bw, log)
+            continue
         for case in cases:
-            if args.ops and case.op not in args.ops.split(","):
-                continue
             hows.setdefault(case.op, case.how)
             try:
                 log(time_case(case, bw, args.reference))

@@ -20,40 +20,54 @@ def capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
+def _shape_fits(got, shape: tuple) -> bool:
+    # A plain loop: every op runs this on each argument, and it is several times cheaper than
+    # any() over a generator (the eager per-call overhead, docs/performance_gpu.md).
+    if len(got) != len(shape):
+        return False
+    for want, size in zip(shape, got):
+        if want is not None and want != size:
+            return False
+    return True
+
+
 def check_tensor(name: str, t, *, dtypes, shape: tuple, device: torch.device | None = None) -> None:
     """``t`` is a tensor of one of ``dtypes`` with ``shape`` (None = any size) on ``device``."""
     if not isinstance(t, torch.Tensor):
         raise InputTypeError(f"{name} must be a torch.Tensor, got {describe(t)}")
     if t.dtype not in dtypes:
         raise InputTypeError(f"{name} must have dtype {_names(dtypes)}, got {describe(t)}")
-    want = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
-    if t.dim() != len(shape) or any(d is not None and d != s for d, s in zip(shape, t.shape)):
+    if not _shape_fits(t.shape, shape):
+        want = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
         raise InputError(f"{name} must have shape {want}, got {describe(t)}")
     if device is not None and t.device != device:
         raise InputError(f"{name} must be on the cache's device {device}, got {describe(t)}; "
                          f"move it with .to({str(device)!r})")
 
 
+def _allocate_fix(layout) -> str:
+    return f"allocate it with {layout.name} layout.allocate(num_pages)"
+
+
 def check_cache(layout, cache) -> None:
     """The cache fits the layout: container dtype and rank, page width, contiguous rows."""
     if not isinstance(cache, torch.Tensor):
         raise InputTypeError(f"cache must be a torch.Tensor, got {describe(cache)}")
-    page_shape = layout.cache_shape(1)[1:]
-    fix = f"allocate it with {layout.name} layout.allocate(num_pages)"
+    page_shape = layout.page_shape
     if cache.dtype != layout.container_dtype or cache.dim() != 1 + len(page_shape):
         raise InputTypeError(f"{layout.name} cache must be a {layout.container_dtype} tensor "
-                             f"[pages, {', '.join(map(str, page_shape))}], got {describe(cache)}; {fix}")
+                             f"[pages, {', '.join(map(str, page_shape))}], got {describe(cache)}; {_allocate_fix(layout)}")
     if cache.dtype == torch.uint8:
         if cache.shape[1] < layout.min_page_bytes:
             raise LayoutError(f"{layout.name} pages must be at least page_size * row_bytes = "
                               f"{layout.page_size} * {layout.row_bytes} = {layout.min_page_bytes} bytes wide, "
-                              f"got {cache.shape[1]}; {fix}")
+                              f"got {cache.shape[1]}; {_allocate_fix(layout)}")
         inner_ok = cache.stride(1) == 1 or cache.shape[1] == 1
         min_stride = cache.shape[1]
     else:
         if tuple(cache.shape[1:]) != tuple(page_shape):
             raise LayoutError(f"{layout.name} cache pages must be {list(page_shape)}, "
-                              f"got {list(cache.shape[1:])}; {fix}")
+                              f"got {list(cache.shape[1:])}; {_allocate_fix(layout)}")
         inner_ok = cache.stride(2) == 1 and cache.stride(1) == page_shape[1]
         min_stride = page_shape[0] * page_shape[1]
     if not inner_ok:

@@ -15,6 +15,8 @@ from typing import ClassVar
 import attrs
 import torch
 
+from kvformats import ops, paged
+from kvformats.checks import check_cache, check_float_rows
 from kvformats.errors import InputError, LayoutError
 
 # Element types by their ml_dtypes/torch names: (bytes per stored unit, elements per unit).
@@ -133,17 +135,17 @@ class Layout:
             at += self.page_size * seg.record_bytes
         return offsets
 
-    @property
+    @functools.cached_property
     def row_bytes(self) -> int:
         """Bytes of one encoded row (all segments' records)."""
         return sum(seg.record_bytes for seg in self.segments)
 
-    @property
+    @functools.cached_property
     def min_page_bytes(self) -> int:
         """The narrowest page an op accepts: ``page_size * row_bytes``."""
         return self.page_size * self.row_bytes
 
-    @property
+    @functools.cached_property
     def page_bytes(self) -> int:
         """Bytes ``allocate`` gives a page: the minimum, rounded up to the alignment record."""
         if self.page_alignment is None:
@@ -204,6 +206,11 @@ class Layout:
     def cache_shape(self, num_pages: int) -> tuple[int, ...]:
         return (num_pages, self.page_bytes)
 
+    @functools.cached_property
+    def page_shape(self) -> tuple[int, ...]:
+        """``cache_shape`` without the page count (computed once: every op checks against it)."""
+        return self.cache_shape(1)[1:]
+
     def allocate(self, num_pages: int, device=None, page_stride: int | None = None) -> torch.Tensor:
         """A zeroed cache of ``num_pages`` pages.
 
@@ -245,8 +252,6 @@ class Layout:
     def views(self, cache: torch.Tensor) -> dict[str, torch.Tensor]:
         """Region name -> zero-copy typed view ``[pages, page_size, *shape]`` (the page pad:
         uint8 ``[pages, pad]``)."""
-        from kvformats.checks import check_cache
-
         check_cache(self, cache)
         u8, stride = self.byte_pages(cache)
         out = {}
@@ -272,22 +277,16 @@ class Layout:
         ``check=False`` skips the host-side slot checks (range, duplicates); out-of-range slots
         are then skipped, never written. Raises InputError/LayoutError before any write.
         """
-        from kvformats import ops
-
         ops.encode(self, x, cache, slots, backend=backend, check=check, **kwargs)
 
     def decode(self, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto", check: bool = True):
         """Dequantize the rows at ``slots [N]``; zero rows for negative slots."""
-        from kvformats import ops
-
         return ops.decode(self, cache, slots, backend=backend, check=check)
 
     def gather(self, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto",
                check: bool = True) -> torch.Tensor:
         """The encoded rows at ``slots [N]`` -> uint8 ``[N, row_bytes]`` (segments in page order:
         data bytes, then scale bytes); zero rows for negative slots."""
-        from kvformats import ops
-
         return ops.gather(self, cache, slots, backend=backend, check=check)
 
     @property
@@ -303,8 +302,6 @@ class Layout:
         through ``block_table [R, max_pages]`` (page index ``q // page_size - base[b]``) into
         ``out[b, offset + i]`` (``out [R, W, head_dim]`` of ``decode_dtype``). Missing pages give
         zero rows; rows at or beyond gather_len are untouched. Returns ``out``."""
-        from kvformats import paged
-
         return paged.dequantize_gather(self, cache, out, block_table=block_table, seq_lens=seq_lens,
                                        gather_lens=gather_lens, block_table_base_offsets=block_table_base_offsets,
                                        offset=offset, backend=backend, check=check)
@@ -316,22 +313,16 @@ class Layout:
         the indexers ``(values uint8 [T, 64 or 128], scales uint8 [T, 4])``; pass ``out`` to fill
         preallocated workspaces (rows past ``cu[-1]`` untouched; a scales workspace may be int32
         or float32 ``[T]``, one little-endian word per row). Missing pages give zero rows."""
-        from kvformats import paged
-
         return paged.gather_paged(self, cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=out,
                                   backend=backend, check=check)
 
     def decode_topk(self, cache: torch.Tensor, topk_slots: torch.Tensor, *, backend: str = "auto",
                     check: bool = True):
         """Decode a ``[T, K]`` matrix of slots (−1 holes give zero rows) -> ``[T, K, head_dim]``."""
-        from kvformats import paged
-
         return paged.decode_topk(self, cache, topk_slots, backend=backend, check=check)
 
     def check_encode_input(self, x, device: torch.device, **kwargs) -> tuple[int, dict]:
         """Validate ``encode``'s row input; returns (N, keyword arguments for encode_rows)."""
-        from kvformats.checks import check_float_rows
-
         if kwargs:
             raise InputError(f"{self.name}.encode takes no keyword arguments, got {sorted(kwargs)}")
         return check_float_rows("x", x, self.head_dim, device), {}

@@ -7,18 +7,19 @@
 Ops (namespace ``kvformats``; a layout travels as its name and its parameters as a canonical JSON
 string, e.g. ``fmt="fp8_ds_mla", params='{"head_dim":512,...,"profile":"tokenspeed"}'``):
 
-| op | schema (besides ``fmt, params``) | mutates |
+| op | schema (besides ``fmt, params`` first and ``backend, check=True`` last) | mutates |
 | --- | --- | --- |
-| ``encode`` | ``inputs: Tensor[], cache, slots, backend`` -> () | cache |
-| ``decode`` | ``cache, slots, backend`` -> Tensor[] | |
-| ``gather`` | ``cache, slots, backend`` -> Tensor | |
-| ``decode_topk`` | ``cache, topk_slots, backend`` -> Tensor[] | |
-| ``dequantize_gather`` | ``cache, out, block_table, seq_lens, gather_lens?, base?, offset, backend`` -> () | out |
-| ``gather_paged`` | ``cache, block_table, cu_seq_lens, out: Tensor[], backend`` -> () | out |
+| ``encode`` | ``inputs: Tensor[], cache, slots`` -> () | cache |
+| ``decode`` | ``cache, slots`` -> Tensor[] | |
+| ``gather`` | ``cache, slots`` -> Tensor | |
+| ``decode_topk`` | ``cache, topk_slots`` -> Tensor[] | |
+| ``dequantize_gather`` | ``cache, out, block_table, seq_lens, gather_lens?, base?, offset`` -> () | out |
+| ``gather_paged`` | ``cache, block_table, cu_seq_lens, out: Tensor[]`` -> () | out |
 
 ``inputs`` is ``[x]``, or ``[kv, score, positions, ape]`` for compressor_state. Decode-like ops
 return a list (one tensor; two for compressor_state). Every op validates and dispatches exactly
-like the layout method it wraps (same errors, same bytes, ``check=True``); the fake (meta)
+like the layout method it wraps (same errors, same bytes; ``check`` as there: False skips the
+host-side slot checks, which read the slots on the host); the fake (meta)
 implementations only compute output shapes, so ``torch.compile(fullgraph=True)`` traces through
 them without a graph break. ``gather_paged`` takes preallocated workspaces (an output whose size
 depends on ``cu_seq_lens[-1]`` would need a data-dependent shape).
@@ -26,7 +27,9 @@ depends on ``cu_seq_lens[-1]`` would need a data-dependent shape).
 The wrappers (``kops.encode(layout, ...)``) compile from torch 2.13 on, where dynamo folds
 ``layout_key(layout)`` into a constant; torch 2.11 raises there (seen on the GPU host). With an
 older torch, compute ``key = kops.layout_key(layout)`` outside the compiled function and call
-``torch.ops.kvformats.encode(*key, [x], cache, slots, "auto")`` inside it.
+``torch.ops.kvformats.encode(*key, [x], cache, slots, "auto")`` inside it. The ops are defined
+through ``kvformats.oplib`` (a ``torch.library.Library`` fragment: the eager dispatch is several
+times cheaper than ``torch.library.custom_op``'s).
 """
 
 from __future__ import annotations
@@ -36,15 +39,20 @@ import json
 
 import torch
 
+from kvformats.oplib import NAMESPACE, define
 from kvformats.registry import get_format
 
-NAMESPACE = "kvformats"
 OPS = ("encode", "decode", "gather", "decode_topk", "dequantize_gather", "gather_paged")
 
 
 @torch.compiler.assume_constant_result  # a layout is immutable: dynamo calls this once, eagerly
 def layout_key(layout) -> tuple[str, str]:
     """(format name, canonical JSON of its parameters): the op arguments naming ``layout``."""
+    return _key(layout)
+
+
+@functools.lru_cache(maxsize=256)  # json.dumps costs ~10 µs: an eager wrapper call makes the key each time
+def _key(layout) -> tuple[str, str]:
     return layout.name, json.dumps(layout.params, sort_keys=True, separators=(",", ":"))
 
 
@@ -55,6 +63,8 @@ def _layout(fmt: str, params: str):
 
 def _fresh(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
     """``out``, copied if it shares storage with an input (custom-op outputs must not alias)."""
+    if out._base is None and not any(out is t for t in inputs):
+        return out  # a tensor of its own, not a view: the common case, without the storage lookups
     ptr = out.untyped_storage().data_ptr()
     if any(t.untyped_storage().data_ptr() == ptr for t in inputs):
         return out.clone()
@@ -73,119 +83,113 @@ def _decoded_like(layout, cache: torch.Tensor, lead: tuple[int, ...]) -> list[to
 
 
 # ----- encode -----------------------------------------------------------------------------------
-@torch.library.custom_op(f"{NAMESPACE}::encode", mutates_args=("cache",))
-def _encode(fmt: str, params: str, inputs: list[torch.Tensor], cache: torch.Tensor, slots: torch.Tensor,
-            backend: str) -> None:
+def _encode(fmt, params, inputs, cache, slots, backend, check=True):
     layout = _layout(fmt, params)
     if layout.decode_dtype is None:
         kv, score, positions, ape = inputs
-        layout.encode((kv, score), cache, slots, backend=backend, positions=positions, ape=ape)
+        layout.encode((kv, score), cache, slots, backend=backend, check=check, positions=positions, ape=ape)
     else:
-        layout.encode(inputs[0], cache, slots, backend=backend)
+        layout.encode(inputs[0], cache, slots, backend=backend, check=check)
 
 
-@_encode.register_fake
-def _(fmt, params, inputs, cache, slots, backend):
+def _no_result(*args):
     return None
 
 
 # ----- decode / gather / decode_topk -------------------------------------------------------------
-@torch.library.custom_op(f"{NAMESPACE}::decode", mutates_args=())
-def _decode(fmt: str, params: str, cache: torch.Tensor, slots: torch.Tensor, backend: str) -> list[torch.Tensor]:
-    return _as_list(_layout(fmt, params).decode(cache, slots, backend=backend), cache, slots)
+def _decode(fmt, params, cache, slots, backend, check=True):
+    return _as_list(_layout(fmt, params).decode(cache, slots, backend=backend, check=check), cache, slots)
 
 
-@_decode.register_fake
-def _(fmt, params, cache, slots, backend):
+def _decode_fake(fmt, params, cache, slots, backend, check=True):
     return _decoded_like(_layout(fmt, params), cache, (slots.shape[0],))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::gather", mutates_args=())
-def _gather(fmt: str, params: str, cache: torch.Tensor, slots: torch.Tensor, backend: str) -> torch.Tensor:
-    return _fresh(_layout(fmt, params).gather(cache, slots, backend=backend), cache, slots)
+def _gather(fmt, params, cache, slots, backend, check=True):
+    return _fresh(_layout(fmt, params).gather(cache, slots, backend=backend, check=check), cache, slots)
 
 
-@_gather.register_fake
-def _(fmt, params, cache, slots, backend):
+def _gather_fake(fmt, params, cache, slots, backend, check=True):
     return cache.new_empty((slots.shape[0], _layout(fmt, params).row_bytes), dtype=torch.uint8)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::decode_topk", mutates_args=())
-def _decode_topk(fmt: str, params: str, cache: torch.Tensor, topk_slots: torch.Tensor,
-                 backend: str) -> list[torch.Tensor]:
-    return _as_list(_layout(fmt, params).decode_topk(cache, topk_slots, backend=backend), cache, topk_slots)
+def _decode_topk(fmt, params, cache, topk_slots, backend, check=True):
+    return _as_list(_layout(fmt, params).decode_topk(cache, topk_slots, backend=backend, check=check),
+                    cache, topk_slots)
 
 
-@_decode_topk.register_fake
-def _(fmt, params, cache, topk_slots, backend):
+def _decode_topk_fake(fmt, params, cache, topk_slots, backend, check=True):
     return _decoded_like(_layout(fmt, params), cache, tuple(topk_slots.shape))
 
 
 # ----- paged ops writing into caller workspaces ----------------------------------------------------
-@torch.library.custom_op(f"{NAMESPACE}::dequantize_gather", mutates_args=("out",))
-def _dequantize_gather(fmt: str, params: str, cache: torch.Tensor, out: torch.Tensor, block_table: torch.Tensor,
-                       seq_lens: torch.Tensor, gather_lens: torch.Tensor | None, base: torch.Tensor | None,
-                       offset: int, backend: str) -> None:
+def _dequantize_gather(fmt, params, cache, out, block_table, seq_lens, gather_lens, base, offset, backend, check=True):
     _layout(fmt, params).dequantize_gather(cache, out, block_table=block_table, seq_lens=seq_lens,
                                            gather_lens=gather_lens, block_table_base_offsets=base,
-                                           offset=offset, backend=backend)
+                                           offset=offset, backend=backend, check=check)
 
 
-@_dequantize_gather.register_fake
-def _(fmt, params, cache, out, block_table, seq_lens, gather_lens, base, offset, backend):
-    return None
-
-
-@torch.library.custom_op(f"{NAMESPACE}::gather_paged", mutates_args=("out",))
-def _gather_paged(fmt: str, params: str, cache: torch.Tensor, block_table: torch.Tensor,
-                  cu_seq_lens: torch.Tensor, out: list[torch.Tensor], backend: str) -> None:
+def _gather_paged(fmt, params, cache, block_table, cu_seq_lens, out, backend, check=True):
     _layout(fmt, params).gather_paged(cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=tuple(out),
-                                      backend=backend)
+                                      backend=backend, check=check)
 
 
-@_gather_paged.register_fake
-def _(fmt, params, cache, block_table, cu_seq_lens, out, backend):
-    return None
+_KEY = "str fmt, str params, "
+_TAIL = "str backend, bool check=True"
+SCHEMAS = {  # op -> (schema, real implementation, fake)
+    "encode": (f"({_KEY}Tensor[] inputs, Tensor(a!) cache, Tensor slots, {_TAIL}) -> ()", _encode, _no_result),
+    "decode": (f"({_KEY}Tensor cache, Tensor slots, {_TAIL}) -> Tensor[]", _decode, _decode_fake),
+    "gather": (f"({_KEY}Tensor cache, Tensor slots, {_TAIL}) -> Tensor", _gather, _gather_fake),
+    "decode_topk": (f"({_KEY}Tensor cache, Tensor topk_slots, {_TAIL}) -> Tensor[]", _decode_topk,
+                    _decode_topk_fake),
+    "dequantize_gather": (f"({_KEY}Tensor cache, Tensor(a!) out, Tensor block_table, Tensor seq_lens, "
+                          f"Tensor? gather_lens, Tensor? base, int offset, {_TAIL}) -> ()", _dequantize_gather,
+                          _no_result),
+    "gather_paged": (f"({_KEY}Tensor cache, Tensor block_table, Tensor cu_seq_lens, Tensor(a!)[] out, {_TAIL}) -> ()",
+                     _gather_paged, _no_result),
+}
+for _name, (_schema, _real, _fake) in SCHEMAS.items():
+    define(_name, _schema, _real, _fake)
 
 
 # ----- layout-level wrappers ------------------------------------------------------------------------
-def encode(layout, x, cache, slots, *, backend: str = "auto", **kwargs) -> None:
+def encode(layout, x, cache, slots, *, backend: str = "auto", check: bool = True, **kwargs) -> None:
     """``layout.encode`` through ``torch.ops.kvformats.encode`` (compressor_state: x = (kv, score)
     with ``positions=`` and ``ape=``)."""
     inputs = [*x, kwargs.pop("positions"), kwargs.pop("ape")] if isinstance(x, tuple) else [x]
     if kwargs:
         raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
-    torch.ops.kvformats.encode(*layout_key(layout), inputs, cache, slots, backend)
+    torch.ops.kvformats.encode(*layout_key(layout), inputs, cache, slots, backend, check)
 
 
 def _unwrap(layout, out: list[torch.Tensor]):
     return tuple(out) if layout.decode_dtype is None else out[0]
 
 
-def decode(layout, cache, slots, *, backend: str = "auto"):
+def decode(layout, cache, slots, *, backend: str = "auto", check: bool = True):
     """``layout.decode`` through ``torch.ops.kvformats.decode``."""
-    return _unwrap(layout, torch.ops.kvformats.decode(*layout_key(layout), cache, slots, backend))
+    return _unwrap(layout, torch.ops.kvformats.decode(*layout_key(layout), cache, slots, backend, check))
 
 
-def gather(layout, cache, slots, *, backend: str = "auto") -> torch.Tensor:
+def gather(layout, cache, slots, *, backend: str = "auto", check: bool = True) -> torch.Tensor:
     """``layout.gather`` through ``torch.ops.kvformats.gather``."""
-    return torch.ops.kvformats.gather(*layout_key(layout), cache, slots, backend)
+    return torch.ops.kvformats.gather(*layout_key(layout), cache, slots, backend, check)
 
 
-def decode_topk(layout, cache, topk_slots, *, backend: str = "auto"):
+def decode_topk(layout, cache, topk_slots, *, backend: str = "auto", check: bool = True):
     """``layout.decode_topk`` through ``torch.ops.kvformats.decode_topk``."""
-    return _unwrap(layout, torch.ops.kvformats.decode_topk(*layout_key(layout), cache, topk_slots, backend))
+    return _unwrap(layout, torch.ops.kvformats.decode_topk(*layout_key(layout), cache, topk_slots, backend, check))
 
 
 def dequantize_gather(layout, cache, out, *, block_table, seq_lens, gather_lens=None, block_table_base_offsets=None,
-                      offset: int = 0, backend: str = "auto") -> torch.Tensor:
+                      offset: int = 0, backend: str = "auto", check: bool = True) -> torch.Tensor:
     """``layout.dequantize_gather`` through ``torch.ops.kvformats.dequantize_gather``; returns ``out``."""
     torch.ops.kvformats.dequantize_gather(*layout_key(layout), cache, out, block_table, seq_lens, gather_lens,
-                                          block_table_base_offsets, offset, backend)
+                                          block_table_base_offsets, offset, backend, check)
     return out
 
 
-def gather_paged(layout, cache, *, block_table, cu_seq_lens, out, backend: str = "auto") -> tuple:
+def gather_paged(layout, cache, *, block_table, cu_seq_lens, out, backend: str = "auto", check: bool = True) -> tuple:
     """``layout.gather_paged`` into preallocated workspaces ``out`` (one per segment)."""
-    torch.ops.kvformats.gather_paged(*layout_key(layout), cache, block_table, cu_seq_lens, list(out), backend)
+    torch.ops.kvformats.gather_paged(*layout_key(layout), cache, block_table, cu_seq_lens, list(out), backend, check)
     return tuple(out)

@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
 
 import torch
 
 from kvformats import deepseek_v4 as dsv4
 from kvformats.deepseek_v4.indices import ALIGN
 from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.oplib import NAMESPACE, define
 
-NAMESPACE = "kvformats"
 PREFIX = "dsv4_"
 
 # Argument lists of the schemas (-> returns), in the Python functions' parameter order.
@@ -179,10 +178,7 @@ def _impl(name: str, names: list[str]):
 
 
 for _name, (_args, _returns) in SCHEMAS.items():
-    _mutates = tuple(re.findall(r"Tensor\([a-z]!\)\?? (\w+)", _args))
-    _op = torch.library.custom_op(f"{NAMESPACE}::{PREFIX}{_name}", _impl(_name, _arg_names(_args)),
-                                  mutates_args=_mutates, schema=f"({_args}) -> {_returns}")
-    _op.register_fake(FAKES[_name])
+    define(PREFIX + _name, f"({_args}) -> {_returns}", _impl(_name, _arg_names(_args)), FAKES[_name])
 
 
 # ----- wrappers with the signatures of kvformats.deepseek_v4 ---------------------------------------

@@ -93,6 +93,31 @@ def test_errors_pass_through_the_op_before_any_write():
     assert int(cache.count_nonzero()) == 0
 
 
+def test_check_false_reaches_the_layout_and_skips_only_the_slot_checks():
+    lay, inputs, cache, _ = case("fp8_ds_mla")
+    key, ops = kops.layout_key(lay), torch.ops.kvformats
+    far, dup = torch.tensor([1, 2, 10_000]), torch.tensor([1, 2, 1])
+    with pytest.raises(kvf.InputError):  # the default is check=True, as on the layout
+        ops.gather(*key, cache, far, "reference")
+    with pytest.raises(kvf.InputError):
+        ops.encode(*key, inputs, cache, dup, "reference", True)
+    ops.encode(*key, inputs, cache, far, "reference", False)  # the out-of-range row is skipped
+    want = lay.allocate(3)
+    lay.encode(inputs[0][:2], want, far[:2])
+    assert torch.equal(cache, want)
+    with pytest.raises(kvf.InputError):  # check=False leaves the shape and dtype checks on
+        ops.encode(*key, [inputs[0].float()[:, :8]], cache, far, "reference", False)
+
+
+def test_a_mutating_op_bumps_the_version_counter():
+    # Functionalization and autograd's saved-tensor checks rely on it; the ops are defined
+    # through a Library fragment (kvformats.oplib), not custom_op, which did it explicitly.
+    lay, inputs, cache, slots = case("fp8_ds_mla")
+    before = cache._version
+    kops.encode(lay, inputs[0], cache, slots)
+    assert cache._version > before
+
+
 def test_import_kvformats_stays_light():
     code = "import sys, kvformats; assert 'kvformats.torch_ops' not in sys.modules and 'kvformats.convert' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

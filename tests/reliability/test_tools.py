@@ -300,17 +300,18 @@ def test_launch_counter_hooks_and_unhooks():
 def test_bench_table_and_verdict():
     import bench_custom_ops_gpu as bench
 
-    def row(fmt, op, launcher, op_us):
-        eager = {p: launcher + 10.0 for p in bench.EAGER_PATHS}
-        eager.update(launcher=launcher, op=op_us)
+    def row(fmt, op, launcher, op_nc_us):
+        eager = {p: launcher + 30.0 for p in bench.EAGER_PATHS}
+        eager.update(launcher=launcher, **{"op nc": op_nc_us})
         return dict(fmt=fmt, op=op, rows=64, eager=eager, graph={"launcher": 3.0, "op": 3.25})
 
     rows = [row("fp8_indexer", "encode", 20.0, 23.5), row("mxfp4_indexer", "gather", 18.0, 22.0)]
     table = bench.format_table(rows)
     lines = table.splitlines()
-    assert lines[0].count("|") == lines[2].count("|") == len(bench.EAGER_PATHS) + len(bench.GRAPH_PATHS) + 6
-    assert "+3.5" in lines[2] and "+0.25" in lines[2]
-    assert lines[-1].startswith("largest eager custom-op overhead: +4.0 µs (mxfp4_indexer gather)")
+    assert lines[0].count("|") == lines[2].count("|") == len(bench.EAGER_PATHS) + len(bench.GRAPH_PATHS) + 7
+    assert "| +3.5 | +30.0 |" in lines[2] and "+0.25" in lines[2]
+    assert lines[-1].startswith("largest eager custom-op overhead (op nc − launcher): +4.0 µs (mxfp4_indexer gather)")
+    assert "(op − launcher) up to +30.0 µs" in lines[-1]
     assert lines[-1].endswith(": met")
     assert bench.format_table([row("fp8_ds_mla", "decode", 20.0, 26.0)]).endswith("NOT met")
 

@@ -1,0 +1,35 @@
+"""How kvformats defines its ``torch.library`` ops: a schema, a real implementation, a fake one.
+
+The ops are defined through a ``torch.library.Library`` fragment rather than the
+``torch.library.custom_op`` decorator. Both give the same dispatcher op (same schema, same
+``torch.compile`` and ``opcheck`` behaviour), but ``custom_op`` also routes every eager call
+through Python autograd and in-place/view kernels of its own: about 36 µs per call of a mutating
+op against 4 µs for a ``Library`` kernel on the 2-core development CPU, the largest part of the
+custom-op overhead issue 6 bounds (docs/performance_gpu.md). kvformats ops are not
+differentiable, so those kernels bought nothing: the real implementation is registered for
+``CompositeExplicitAutograd`` (every backend; autograd falls back to the dispatcher's default,
+which bumps the version counters of mutated arguments).
+
+Rules the implementations keep (``custom_op`` enforced some of them): outputs never alias
+inputs, mutated arguments are declared ``Tensor(a!)`` in the schema, and the fake computes
+shapes, dtypes and strides only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+NAMESPACE = "kvformats"
+
+# One fragment for every op of the namespace; it must stay referenced, or torch drops the ops.
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+
+
+def define(name: str, schema: str, impl: Callable, fake: Callable) -> None:
+    """Define ``kvformats::<name>`` with ``schema`` (``"(args) -> returns"``), its eager
+    implementation ``impl`` and its fake (meta) implementation ``fake``."""
+    _LIBRARY.define(name + schema)
+    _LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
