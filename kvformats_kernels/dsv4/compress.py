@@ -18,7 +18,7 @@ from kvformats_kernels.dsv4 import compress_jit as jit
 # warps, and for calls whose chunks are split over programs (split_bd, split_warps). Benchmarks
 # may override entries; tests run whatever is here.
 CONFIG: dict[tuple[str, int], dict[str, int]] = {
-    ("kv", 4): {"bd": 512, "block_t": 4, "num_warps": 4},
+    ("kv", 4): {"bd": 256, "block_t": 8, "num_warps": 2},
     ("kv", 128): {"bd": 64, "block_t": 128, "num_warps": 8, "split_bd": 32, "split_warps": 4},
     ("index", 4): {"bd": 128, "block_t": 8, "num_warps": 1},
 }
