@@ -15,12 +15,14 @@ from kvformats_kernels import state
 from kvformats_kernels.dsv4 import compress_jit as jit
 
 # Per (what, ratio): features per chunk (bd), tokens per program for large calls (block_t),
-# warps, and for calls whose chunks are split over programs (split_bd, split_warps). Benchmarks
-# may override entries; tests run whatever is here.
+# warps, and for calls whose chunks are split over programs (split_bd, split_warps; a split_bd of
+# the full padded width means no split). Picked by the H200 sweeps in docs/performance_gpu.md: narrow
+# chunks with few warps keep more programs in flight. Benchmarks may override entries (--sweep);
+# tests run whatever is here.
 CONFIG: dict[tuple[str, int], dict[str, int]] = {
-    ("kv", 4): {"bd": 256, "block_t": 8, "num_warps": 2},
-    ("kv", 128): {"bd": 64, "block_t": 128, "num_warps": 8, "split_bd": 32, "split_warps": 4},
-    ("index", 4): {"bd": 128, "block_t": 8, "num_warps": 1},
+    ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 4},
+    ("kv", 128): {"bd": 32, "block_t": 128, "num_warps": 4, "split_bd": 32, "split_warps": 4},
+    ("index", 4): {"bd": 64, "block_t": 8, "num_warps": 1, "split_bd": 128, "split_warps": 1},
 }
 ONE_TOKEN_MAX_T = 2048  # calls with at most this many tokens run one token per program (decode)
 SPLIT_MAX_T = 2048  # ... and spread a token's feature chunks over programs (workspace T x HP float32)
