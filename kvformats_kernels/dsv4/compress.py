@@ -22,7 +22,7 @@ from kvformats_kernels.dsv4 import compress_jit as jit
 CONFIG: dict[tuple[str, int], dict[str, int]] = {
     ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 4},
     ("kv", 128): {"bd": 32, "block_t": 128, "num_warps": 4, "split_bd": 32, "split_warps": 4},
-    ("index", 4): {"bd": 64, "block_t": 8, "num_warps": 1, "split_bd": 128, "split_warps": 1},
+    ("index", 4): {"bd": 64, "block_t": 8, "num_warps": 1, "split_bd": 128, "split_warps": 2},
 }
 ONE_TOKEN_MAX_T = 2048  # calls with at most this many tokens run one token per program (decode)
 SPLIT_MAX_T = 2048  # ... and spread a token's feature chunks over programs (workspace T x HP float32)
