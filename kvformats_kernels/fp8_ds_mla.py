@@ -10,6 +10,7 @@ from kvformats_kernels import fp8_ds_mla_jit as jit
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
 
+@cm.per_layout
 def _geometry(layout) -> dict:
     nope_off, nope_stride, _ = cm.region(layout, "nope")
     rope_off, rope_stride, _ = cm.region(layout, "rope")
@@ -24,7 +25,7 @@ def _geometry(layout) -> dict:
 def _decode_geometry(layout, u8: torch.Tensor, stride: int) -> tuple[dict, torch.Tensor, int]:
     """Decode constants, an int16 alias of the cache for the RoPE tail (or the bytes), and the
     page stride in int16 words. The tail is read as int16 words when every address is even."""
-    geo = _geometry(layout)
+    geo = dict(_geometry(layout))
     if geo["ROPE"] == geo["QB"]:  # one [NB + 1, QB] tile per row (decode_body)
         geo["NB_P2"] = cm.next_pow2(layout.num_blocks + 1)
     even = all(v % 2 == 0 for v in (u8.data_ptr(), stride, geo["ROPE_OFF"], geo["ROPE_STRIDE"]))
@@ -37,6 +38,17 @@ def _decode_geometry(layout, u8: torch.Tensor, stride: int) -> tuple[dict, torch
     return geo, rope16, stride16
 
 
+@cm.per_layout
+def _encode_constants(layout) -> dict:
+    """Every layout constexpr of the encode kernel: geometry, scale pad, numerics profile."""
+    has_pad = any(r.name == "scale_pad" for r in layout.regions)
+    pad_off, pad_stride, pad_bytes = cm.region(layout, "scale_pad") if has_pad else (0, 0, 0)
+    return dict(_geometry(layout), PAD_OFF=pad_off, PAD_STRIDE=pad_stride, PAD_BYTES=pad_bytes,
+                PAD_P2=cm.next_pow2(pad_bytes), ROPE_P2=cm.next_pow2(layout.rope_dim),
+                **cm.rule_constants(layout.scale_rule), **cm.profile_constants(layout),
+                POW2=layout.scale_rule.power_of_two)
+
+
 def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
     """Quantize ``x [N, head_dim]`` (bf16/fp16/fp32) into the rows at ``slots [N]``; slots
     outside [0, capacity) are skipped."""
@@ -45,15 +57,10 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
         return
     x, is_bf16 = cm.rows_input(x)
     u8, stride = cm.byte_cache(layout, cache)
-    has_pad = any(r.name == "scale_pad" for r in layout.regions)
-    pad_off, pad_stride, pad_bytes = cm.region(layout, "scale_pad") if has_pad else (0, 0, 0)
     cfg = cm.config("fp8_ds_mla", "encode", n)
     jit.encode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
-        **_geometry(layout), PAD_OFF=pad_off, PAD_STRIDE=pad_stride, PAD_BYTES=pad_bytes,
-        PAD_P2=cm.next_pow2(pad_bytes), ROPE_P2=cm.next_pow2(layout.rope_dim),
-        **cm.rule_constants(layout.scale_rule), **cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two,
-        IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg),
+        **_encode_constants(layout), IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg),
         num_warps=cfg["num_warps"])
 
 

@@ -14,6 +14,7 @@ _KERNELS = {  # format -> (encode kernel, decode kernel, values region, scales r
 }
 
 
+@cm.per_layout
 def _geometry(layout) -> dict:
     _, _, values, scales = _KERNELS[layout.name]
     val_off, val_stride, _ = cm.region(layout, values)

@@ -46,6 +46,7 @@ def _plan(what: str, ratio: int, h: int, n: int) -> dict:
     return {"BD": bd, "NCHUNK": hp // bd, "NSPLIT": 1, "BLOCK_T": block_t, "num_warps": warps}
 
 
+@cm.per_layout
 def _target_geometry(layout) -> dict:
     """Target-row constexprs: OFF0/STRIDE0 values (NoPE), OFF1/STRIDE1 the RoPE tail, scales,
     the record pad, and the numerics profile."""

@@ -14,6 +14,7 @@ from kvformats_kernels.dsv4.query import bf16_words
 CONFIG = {"block_h": 8, "block_kv": 8, "num_warps": 4}
 
 
+@cm.per_layout
 def _geometry(layout) -> dict:
     """fp8_ds_mla row geometry as constexprs (byte offsets inside a page, strides between rows)."""
     nope_off, nope_stride, _ = cm.region(layout, "nope")
