@@ -38,30 +38,34 @@ def encode(layout, x, cache: torch.Tensor, slots: torch.Tensor, *, positions: to
         BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], num_warps=cfg["num_warps"])
 
 
-def _gather_words(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+def _gather_words(layout, cache: torch.Tensor, slots: torch.Tensor, split: int, dtype) -> list[torch.Tensor]:
+    """The rows' 32-bit words as one ``[N, words]`` tensor (split 0), or as ``[N, split]`` and
+    ``[N, words - split]``, of ``dtype`` (4 bytes; the kernel copies bits through int32 views)."""
     n = slots.shape[0]
     seg = layout.segments[0]
     elems = _floats(seg.record_bytes)
-    out = torch.empty((n, elems), dtype=torch.int32, device=cache.device)
+    widths = [split, elems - split] if split else [elems]
+    outs = [torch.empty((n, w), dtype=dtype, device=cache.device) for w in widths]
     if n > 0:
         cfg = cm.config("state", "copy", n)
         jit.gather_kernel[_grid(n, elems, cfg)](
-            cache.view(torch.int32), slots, out, n, slots.stride(0), cm.capacity(layout, cache), cache.stride(0),
-            PAGE_SIZE=layout.page_size, ROW_STRIDE=_floats(seg.record_bytes),
-            ROW_OFF=_floats(layout.segment_offsets[seg.name]), ROW_ELEMS=elems,
+            cache.view(torch.int32), slots, outs[0].view(torch.int32), outs[-1].view(torch.int32), n, slots.stride(0), cm.capacity(layout, cache),
+            cache.stride(0), PAGE_SIZE=layout.page_size, ROW_STRIDE=_floats(seg.record_bytes),
+            ROW_OFF=_floats(layout.segment_offsets[seg.name]), ROW_ELEMS=elems, SPLIT=split,
             BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], num_warps=cfg["num_warps"])
-    return out
+    return outs
 
 
 def gather(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """The rows' bytes, uint8 ``[N, 8W]``; zero rows for invalid slots."""
-    return _gather_words(layout, cache, slots).view(torch.uint8)
+    return _gather_words(layout, cache, slots, 0, torch.int32)[0].view(torch.uint8)
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor):
-    """``(kv [N, W], score_state [N, W])`` float32 views of the gathered rows."""
-    values = _gather_words(layout, cache, slots).view(torch.float32)
-    return values[:, :layout.width], values[:, layout.width:]
+    """``(kv [N, W], score_state [N, W])`` float32, two tensors of their own (not views of one
+    gathered row), so the custom op returns them without copies (outputs must not alias)."""
+    kv, score = _gather_words(layout, cache, slots, layout.width, torch.float32)
+    return kv, score
 
 
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor):

@@ -32,14 +32,22 @@ def encode_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, slots_ptr, cache_ptr, n_r
 
 
 @triton.jit
-def gather_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
+def gather_kernel(cache_ptr, slots_ptr, out_ptr, out2_ptr, n_rows, slot_stride, capacity, page_stride,
                   PAGE_SIZE: tl.constexpr, ROW_STRIDE: tl.constexpr, ROW_OFF: tl.constexpr,
-                  ROW_ELEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
-    """out[n] = the 32-bit words of the row at slots[n]; zeros for invalid slots."""
+                  ROW_ELEMS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
+    """out[n] = the 32-bit words of the row at slots[n]; zeros for invalid slots. With SPLIT > 0
+    the first SPLIT words of each row go to out (rows of SPLIT words) and the rest to out2: the
+    decode's kv and score as two tensors of their own, with no copy afterwards."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     live = (cols < ROW_ELEMS)[None, :]
     src = (cache_ptr + page * page_stride + row * ROW_STRIDE + ROW_OFF)[:, None] + cols[None, :]
     v = tl.load(src, mask=ok[:, None] & live, other=0)
-    tl.store((out_ptr + rows * ROW_ELEMS)[:, None] + cols[None, :], v, mask=in_range[:, None] & live)
+    if SPLIT == 0:
+        tl.store((out_ptr + rows * ROW_ELEMS)[:, None] + cols[None, :], v, mask=in_range[:, None] & live)
+    else:
+        first = (cols < SPLIT)[None, :]
+        keep = in_range[:, None] & live
+        tl.store((out_ptr + rows * SPLIT)[:, None] + cols[None, :], v, mask=keep & first)
+        tl.store((out2_ptr + rows * (ROW_ELEMS - SPLIT))[:, None] + (cols - SPLIT)[None, :], v, mask=keep & ~first)
