@@ -56,7 +56,8 @@ def check_cache(layout, cache) -> None:
     page_shape = layout.page_shape
     if cache.dtype != layout.container_dtype or cache.dim() != 1 + len(page_shape):
         raise InputTypeError(f"{layout.name} cache must be a {layout.container_dtype} tensor "
-                             f"[pages, {', '.join(map(str, page_shape))}], got {describe(cache)}; {_allocate_fix(layout)}")
+                             f"[pages, {', '.join(map(str, page_shape))}], got {describe(cache)}; "
+                             f"{_allocate_fix(layout)}")
     if cache.dtype == torch.uint8:
         if cache.shape[1] < layout.min_page_bytes:
             raise LayoutError(f"{layout.name} pages must be at least page_size * row_bytes = "

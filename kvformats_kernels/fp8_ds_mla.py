@@ -60,8 +60,8 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     cfg = cm.config("fp8_ds_mla", "encode", n)
     jit.encode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
-        **_encode_constants(layout), IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg),
-        num_warps=cfg["num_warps"])
+        **_encode_constants(layout), IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"],
+        HW=cm.hw_cvt(cfg), num_warps=cfg["num_warps"])
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -49,10 +49,10 @@ def _gather_words(layout, cache: torch.Tensor, slots: torch.Tensor, split: int, 
     if n > 0:
         cfg = cm.config("state", "copy", n)
         jit.gather_kernel[_grid(n, elems, cfg)](
-            cache.view(torch.int32), slots, outs[0].view(torch.int32), outs[-1].view(torch.int32), n, slots.stride(0), cm.capacity(layout, cache),
-            cache.stride(0), PAGE_SIZE=layout.page_size, ROW_STRIDE=_floats(seg.record_bytes),
-            ROW_OFF=_floats(layout.segment_offsets[seg.name]), ROW_ELEMS=elems, SPLIT=split,
-            BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], num_warps=cfg["num_warps"])
+            cache.view(torch.int32), slots, outs[0].view(torch.int32), outs[-1].view(torch.int32), n,
+            slots.stride(0), cm.capacity(layout, cache), cache.stride(0), PAGE_SIZE=layout.page_size,
+            ROW_STRIDE=_floats(seg.record_bytes), ROW_OFF=_floats(layout.segment_offsets[seg.name]), ROW_ELEMS=elems,
+            SPLIT=split, BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], num_warps=cfg["num_warps"])
     return outs
 
 
