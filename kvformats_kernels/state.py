@@ -64,8 +64,7 @@ def gather(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor):
     """``(kv [N, W], score_state [N, W])`` float32, two tensors of their own (not views of one
     gathered row), so the custom op returns them without copies (outputs must not alias)."""
-    kv, score = _gather_words(layout, cache, slots, layout.width, torch.float32)
-    return kv, score
+    return tuple(_gather_words(layout, cache, slots, layout.width, torch.float32))
 
 
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor):

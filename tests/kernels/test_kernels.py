@@ -421,12 +421,15 @@ def test_state_decode_outputs_are_separate_tensors(name):
     """The kernel writes kv and score apart (two dense tensors, no shared storage): the torch op
     returns them without copies, and the values are the reference's, holes zero."""
     layout, _, _, cache, _ = _encode_both(name, torch.float32, 0, 20, seed=5)
-    slots = read_slots(17, cache.shape[0] * layout.page_size, seed=8)
+    capacity = cache.shape[0] * layout.page_size
+    slots = read_slots(17, capacity, seed=8).clone()
+    slots[0], slots[1] = -1, capacity  # a hole and an out-of-range slot: zero rows in both outputs
     kv, score = kernel(layout).decode(layout, cache, slots)
     assert kv.is_contiguous() and score.is_contiguous() and kv._base is None and score._base is None
     assert kv.untyped_storage().data_ptr() != score.untyped_storage().data_ptr()
     want_kv, want_score = ops.decode_reference(layout, cache, slots)
     assert torch.equal(bits(kv), bits(want_kv)) and torch.equal(bits(score), bits(want_score))
+    assert not bits(kv[:2]).any() and not bits(score[:2]).any()
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
