@@ -21,10 +21,18 @@ def capturing(t: torch.Tensor) -> bool:
 
 
 def _shape_fits(got, shape: tuple) -> bool:
-    # A plain loop: every op runs this on each argument, and it is several times cheaper than
-    # any() over a generator (the eager per-call overhead, docs/performance_gpu.md).
-    if len(got) != len(shape):
+    # Unpacked for one and two dims, the common ranks, and a plain loop otherwise: every op runs
+    # this on each argument, and it is several times cheaper than any() over a generator (the
+    # eager per-call overhead, docs/performance_gpu.md).
+    n = len(shape)
+    if len(got) != n:
         return False
+    if n == 1:
+        return shape[0] is None or shape[0] == got[0]
+    if n == 2:
+        a, b = shape
+        g0, g1 = got
+        return (a is None or a == g0) and (b is None or b == g1)
     for want, size in zip(shape, got):
         if want is not None and want != size:
             return False
@@ -33,6 +41,11 @@ def _shape_fits(got, shape: tuple) -> bool:
 
 def check_tensor(name: str, t, *, dtypes, shape: tuple, device: torch.device | None = None) -> None:
     """``t`` is a tensor of one of ``dtypes`` with ``shape`` (None = any size) on ``device``."""
+    # One boolean chain for the common case, then the failing test named (every op runs this on
+    # each argument: the eager per-call overhead, docs/performance_gpu.md).
+    if (isinstance(t, torch.Tensor) and t.dtype in dtypes and _shape_fits(t.shape, shape)
+            and (device is None or t.device == device)):
+        return
     if not isinstance(t, torch.Tensor):
         raise InputTypeError(f"{name} must be a torch.Tensor, got {describe(t)}")
     if t.dtype not in dtypes:
@@ -40,17 +53,36 @@ def check_tensor(name: str, t, *, dtypes, shape: tuple, device: torch.device | N
     if not _shape_fits(t.shape, shape):
         want = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
         raise InputError(f"{name} must have shape {want}, got {describe(t)}")
-    if device is not None and t.device != device:
-        raise InputError(f"{name} must be on the cache's device {device}, got {describe(t)}; "
-                         f"move it with .to({str(device)!r})")
+    raise InputError(f"{name} must be on the cache's device {device}, got {describe(t)}; "
+                     f"move it with .to({str(device)!r})")
 
 
 def _allocate_fix(layout) -> str:
     return f"allocate it with {layout.name} layout.allocate(num_pages)"
 
 
+def _cache_fits(layout, cache) -> bool:
+    """The common case of check_cache, from one read of the shape and the strides."""
+    shape, stride = cache.shape, cache.stride()
+    if cache.dtype != layout.container_dtype:
+        return False
+    if len(shape) == 2 and cache.dtype == torch.uint8:
+        if shape[1] < layout.min_page_bytes or (stride[1] != 1 and shape[1] != 1):
+            return False
+        min_stride = shape[1]
+    else:
+        page_shape = layout.page_shape
+        if (len(shape) != 3 or len(page_shape) != 2 or shape[1] != page_shape[0] or shape[2] != page_shape[1]
+                or stride[2] != 1 or stride[1] != page_shape[1]):
+            return False
+        min_stride = page_shape[0] * page_shape[1]
+    return shape[0] <= 1 or stride[0] >= min_stride
+
+
 def check_cache(layout, cache) -> None:
     """The cache fits the layout: container dtype and rank, page width, contiguous rows."""
+    if isinstance(cache, torch.Tensor) and _cache_fits(layout, cache):
+        return  # else the checks below, in order, name what is wrong
     if not isinstance(cache, torch.Tensor):
         raise InputTypeError(f"cache must be a torch.Tensor, got {describe(cache)}")
     page_shape = layout.page_shape

@@ -17,6 +17,10 @@ BACKENDS = ("reference", "triton")
 _FORMATS: dict[str, type] = {}
 _OPS: dict[tuple[str, str], dict[str, Callable]] = {}
 _kernels_loaded = False
+# (format, op, backend, device) -> implementation: what resolve() chose, so that an eager
+# call does not redo the choice (its checks are a noticeable part of a small call's host time).
+# Emptied whenever an implementation or a kernel profile is registered.
+_RESOLVED: dict[tuple, Callable] = {}
 
 
 def register_format(cls):
@@ -48,6 +52,7 @@ def register_op(fmt: str, op: str, backend: str):
 
     def deco(fn):
         _OPS.setdefault((fmt, op), {})[backend] = fn
+        _RESOLVED.clear()
         return fn
 
     return deco
@@ -71,6 +76,7 @@ def register_kernel_profiles(fmt: str, profiles) -> None:
     """Declare the numerics profiles the Triton ``encode`` of ``fmt`` implements (the kernel
     package calls this when it registers; formats it does not name get their default only)."""
     _KERNEL_PROFILES[fmt] = tuple(profiles)
+    _RESOLVED.clear()
 
 
 def resolve_for(layout, op: str, backend: str, device) -> Callable:
@@ -93,6 +99,14 @@ def resolve_for(layout, op: str, backend: str, device) -> Callable:
 
 def resolve(fmt: str, op: str, backend: str, device) -> Callable:
     """The implementation of ``fmt.op`` that ``backend`` selects for tensors on ``device``."""
+    key = (fmt, op, backend, device)  # the device itself: hashing it is cheap, reading .type is not
+    fn = _RESOLVED.get(key)
+    if fn is None:  # errors are raised each time, never stored
+        fn = _RESOLVED[key] = _resolve(fmt, op, backend, device)
+    return fn
+
+
+def _resolve(fmt: str, op: str, backend: str, device) -> Callable:
     if backend not in ("auto", *BACKENDS):
         raise InputError(f"backend must be 'auto', 'reference' or 'triton', got {backend!r}")
     impls = _OPS.get((fmt, op), {})

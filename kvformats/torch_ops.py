@@ -39,6 +39,8 @@ import json
 
 import torch
 
+from kvformats import ops
+from kvformats.errors import InputError
 from kvformats.oplib import NAMESPACE, define
 from kvformats.registry import get_format
 
@@ -63,8 +65,12 @@ def _layout(fmt: str, params: str):
 
 def _fresh(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
     """``out``, copied if it shares storage with an input (custom-op outputs must not alias)."""
-    if out._base is None and not any(out is t for t in inputs):
-        return out  # a tensor of its own, not a view: the common case, without the storage lookups
+    if out._base is None:  # a tensor of its own, not a view: the common case, without the storage lookups
+        for t in inputs:
+            if out is t:
+                break
+        else:
+            return out
     ptr = out.untyped_storage().data_ptr()
     if any(t.untyped_storage().data_ptr() == ptr for t in inputs):
         return out.clone()
@@ -72,8 +78,9 @@ def _fresh(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
 
 
 def _as_list(decoded, *inputs) -> list[torch.Tensor]:
-    items = decoded if isinstance(decoded, tuple) else (decoded,)
-    return [_fresh(t.contiguous(), *inputs) for t in items]
+    if isinstance(decoded, tuple):
+        return [_fresh(t.contiguous(), *inputs) for t in decoded]
+    return [_fresh(decoded.contiguous(), *inputs)]
 
 
 def _decoded_like(layout, cache: torch.Tensor, lead: tuple[int, ...]) -> list[torch.Tensor]:
@@ -85,11 +92,14 @@ def _decoded_like(layout, cache: torch.Tensor, lead: tuple[int, ...]) -> list[to
 # ----- encode -----------------------------------------------------------------------------------
 def _encode(fmt, params, inputs, cache, slots, backend, check=True):
     layout = _layout(fmt, params)
-    if layout.decode_dtype is None:
+    if len(inputs) == 1:
+        ops.encode(layout, inputs[0], cache, slots, backend=backend, check=check)
+    elif len(inputs) == 4:  # compressor_state (its encode checks that the layout is one)
         kv, score, positions, ape = inputs
-        layout.encode((kv, score), cache, slots, backend=backend, check=check, positions=positions, ape=ape)
+        ops.encode(layout, (kv, score), cache, slots, backend=backend, check=check, positions=positions, ape=ape)
     else:
-        layout.encode(inputs[0], cache, slots, backend=backend, check=check)
+        raise InputError(f"kvformats::encode takes inputs [x] or [kv, score, positions, ape], got {len(inputs)} "
+                         f"tensors")
 
 
 def _no_result(*args):
@@ -98,7 +108,7 @@ def _no_result(*args):
 
 # ----- decode / gather / decode_topk -------------------------------------------------------------
 def _decode(fmt, params, cache, slots, backend, check=True):
-    return _as_list(_layout(fmt, params).decode(cache, slots, backend=backend, check=check), cache, slots)
+    return _as_list(ops.decode(_layout(fmt, params), cache, slots, backend=backend, check=check), cache, slots)
 
 
 def _decode_fake(fmt, params, cache, slots, backend, check=True):
@@ -106,7 +116,7 @@ def _decode_fake(fmt, params, cache, slots, backend, check=True):
 
 
 def _gather(fmt, params, cache, slots, backend, check=True):
-    return _fresh(_layout(fmt, params).gather(cache, slots, backend=backend, check=check), cache, slots)
+    return _fresh(ops.gather(_layout(fmt, params), cache, slots, backend=backend, check=check), cache, slots)
 
 
 def _gather_fake(fmt, params, cache, slots, backend, check=True):

@@ -86,3 +86,26 @@ def test_triton_backend_on_cpu_names_the_fix():
         registry.resolve("fp8_ds_mla", "encode", "triton", torch.device("cpu"))
     assert isinstance(info.value, RuntimeError)
     assert "backend='reference'" in str(info.value)
+
+
+def test_resolve_sees_an_implementation_registered_after_a_call(monkeypatch):
+    # resolve() memoises its choice; registering must not leave a stale one behind
+    cpu = torch.device("cpu")
+    monkeypatch.setitem(registry._OPS, ("zz_fmt", "encode"), {})
+
+    def first(*a):
+        return 1
+
+    def second(*a):
+        return 2
+
+    registry.register_op("zz_fmt", "encode", "reference")(first)
+    assert registry.resolve("zz_fmt", "encode", "auto", cpu) is first
+    registry.register_op("zz_fmt", "encode", "reference")(second)
+    assert registry.resolve("zz_fmt", "encode", "auto", cpu) is second
+    assert registry.resolve("zz_fmt", "encode", "reference", cpu) is second
+    with pytest.raises(kvf.BackendUnavailableError):  # errors are raised each time, never stored
+        registry.resolve("zz_fmt", "encode", "triton", cpu)
+    with pytest.raises(kvf.BackendUnavailableError):
+        registry.resolve("zz_fmt", "encode", "triton", cpu)
+    registry._RESOLVED.clear()

@@ -109,6 +109,19 @@ def test_check_false_reaches_the_layout_and_skips_only_the_slot_checks():
         ops.encode(*key, [inputs[0].float()[:, :8]], cache, far, "reference", False)
 
 
+def test_encode_op_takes_one_input_or_the_four_of_the_compressor_state():
+    lay, inputs, cache, slots = case("fp8_ds_mla")
+    key = kops.layout_key(lay)
+    with pytest.raises(kvf.InputError, match="inputs"):
+        torch.ops.kvformats.encode(*key, [inputs[0], inputs[0]], cache, slots, "reference")
+    with pytest.raises(kvf.InputError, match="keyword"):  # four inputs for a layout that takes one
+        torch.ops.kvformats.encode(*key, [inputs[0], inputs[0], slots, slots], cache, slots, "reference")
+    state = kvf.CompressorState()
+    with pytest.raises(kvf.InputError, match="positions"):  # one input for the compressor state
+        torch.ops.kvformats.encode(*kops.layout_key(state), [inputs[0]], state.allocate(2), slots, "reference")
+    assert int(cache.count_nonzero()) == 0
+
+
 def test_a_mutating_op_bumps_the_version_counter():
     # Functionalization and autograd's saved-tensor checks rely on it; the ops are defined
     # through a Library fragment (kvformats.oplib), not custom_op, which did it explicitly.
