@@ -12,7 +12,8 @@ a production-geometry cache, times the same call made
       once; ``op nc``: the same with ``check=False``; ``wrapper``: ``kvformats.torch_ops.<op>(layout,
       ...)``, which makes the key each call,
 each (eager) as the wall-clock time of ``--calls`` back-to-back calls synchronised once at the
-end, per call, median of ``--repeats``; and (graph) per call inside a replayed CUDA graph
+end, per call, median of ``--repeats`` rounds in which every path runs once in turn (the
+overheads are medians of the differences within a round); and (graph) per call inside a replayed CUDA graph
 (``gpu_timing.graph_per_call_us``; in capture the host checks are skipped, so there all paths
 launch the same kernel). The table gives the overhead in µs of the custom-op path over the
 launcher: ``op nc`` − ``launcher`` (the op layer: shape and dtype checks plus the dispatcher; the
@@ -91,18 +92,22 @@ def path_fns(layout, impl, cache, x, kw, slots) -> dict:
     }
 
 
-def eager_us(fn, calls: int, repeats: int) -> float:
-    """Median over ``repeats`` of the wall-clock µs per call of ``calls`` back-to-back calls."""
-    fn()
+def eager_rounds(fns: dict, calls: int, repeats: int) -> dict:
+    """{path: [µs per call in each round]}: each round times ``calls`` back-to-back calls of every
+    path in turn (synchronised once per path), so that the paths of one round share the host's
+    state of the moment (this host's eager times drift by tens of µs over a run)."""
+    for fn in fns.values():
+        fn()
     torch.cuda.synchronize()
-    times = []
+    times = {p: [] for p in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(times)
+        for p, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            times[p].append((time.perf_counter() - t0) / calls * 1e6)
+    return times
 
 
 def measure(fmt: str, rows: int, calls: int, repeats: int, graph_calls: int) -> list[dict]:
@@ -115,14 +120,37 @@ def measure(fmt: str, rows: int, calls: int, repeats: int, graph_calls: int) -> 
     fns = path_fns(layout, impl, cache, x, kw, slots)
     out = []
     for op in OPS:
-        eager = {p: eager_us(fns[(op, p)], calls, repeats) for p in EAGER_PATHS}
+        rounds = eager_rounds({p: fns[(op, p)] for p in EAGER_PATHS}, calls, repeats)
+        eager = {p: statistics.median(v) for p, v in rounds.items()}
+        paired = {p: statistics.median(a - b for a, b in zip(rounds[p], rounds["launcher"])) for p in rounds}
         graph = {p: graph_per_call_us([fns[(op, p)]], graph_calls) for p in GRAPH_PATHS}
-        out.append(dict(fmt=fmt, op=op, rows=rows, eager=eager, graph=graph))
+        out.append(dict(fmt=fmt, op=op, rows=rows, eager=eager, paired=paired, graph=graph))
     return out
 
 
+def dispatch_floor_us(calls: int, repeats: int) -> float:
+    """µs per call of an op with ``kvformats::encode``'s schema whose kernel does nothing: what
+    torch's dispatcher alone costs this host for a Python kernel (the part of the custom-op
+    path kvformats cannot shorten)."""
+    from kvformats.torch_ops import SCHEMAS
+
+    lib = torch.library.Library("kvformats_bench", "FRAGMENT")
+    lib.define("noop" + SCHEMAS["encode"][0])
+    lib.impl("noop", lambda *args: None, "CompositeExplicitAutograd")
+    x, cache, slots = torch.zeros(1, device="cuda"), torch.zeros(1, dtype=torch.uint8, device="cuda"), torch.zeros(
+        1, dtype=torch.int64, device="cuda")
+    params = '{"head_dim":512,"page_size":64,"profile":"tokenspeed","rope_dim":64}'
+    noop = torch.ops.kvformats_bench.noop
+    rounds = eager_rounds({"noop": lambda: noop("fp8_ds_mla", params, [x], cache, slots, "triton", False)},
+                          calls, repeats)
+    return statistics.median(rounds["noop"])
+
+
 def overhead(row: dict, mode: str, path: str = "op nc") -> float:
-    """The custom op (layout key made once; ``op nc``: check=False) over the launcher, in µs."""
+    """The custom op (layout key made once; ``op nc``: check=False) over the launcher, in µs:
+    eagerly the median over rounds of the difference within a round, in a graph the difference."""
+    if mode == "eager":
+        return row["paired"][path]
     return row[mode][path] - row[mode]["launcher"]
 
 
@@ -168,11 +196,13 @@ def main(argv=None) -> int:
     fmts = args.formats or [f for f in FORMATS if f in getattr(kk, "IMPLEMENTATIONS", {})]
     print(f"device: {torch.cuda.get_device_name()}   torch {torch.__version__}   rows {args.rows}   "
           f"eager: {args.calls} calls x {args.repeats} repeats   graph: {args.graph_calls} calls", flush=True)
+    floor = dispatch_floor_us(args.calls, args.repeats)
     rows = []
     for fmt in fmts:
         rows += measure(fmt, args.rows, args.calls, args.repeats, args.graph_calls)
         print(f"  {fmt} done", flush=True)
     print(format_table(rows))
+    print(f"dispatcher floor (an op of the same schema whose kernel does nothing): {floor:.1f} µs per call")
     return 0
 
 
