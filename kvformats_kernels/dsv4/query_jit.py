@@ -118,8 +118,8 @@ def _half(row, live, cs_row, HALF_IDX: tl.constexpr, ROPE: tl.constexpr, IS_BF16
           PAIRS: tl.constexpr, SAFE: tl.constexpr, LANE: tl.constexpr, HW: tl.constexpr):
     """Half HALF_IDX (64 dims) of 128-dim rows, RoPE'd where it holds RoPE dims and rounded to
     bf16 where that changes anything (RoPE dims, non-bf16 input) -> (float32 [BM, 64], the sum
-    of the values read: not finite when one of them is not). PAIRS: bf16 read as int32 words
-    (``row`` points at words)."""
+    of the values read: not finite when one of them is not; 0 with HW, see _indexer_rows).
+    PAIRS: bf16 read as int32 words (``row`` points at words)."""
     BM: tl.constexpr = row.shape[0]
     if PAIRS:
         ev, od = words_f32(thread_rows(row + HALF_IDX * 32, live, 32, 4, LANE=LANE))
@@ -127,7 +127,10 @@ def _half(row, live, cs_row, HALF_IDX: tl.constexpr, ROPE: tl.constexpr, IS_BF16
         x = thread_rows(row + HALF_IDX * 64, live, 64, 8, LANE=LANE)
         x = nj.bf16_bits_f32(x) if IS_BF16 else x.to(tl.float32)
         ev, od = tl.split(tl.reshape(x, (BM, 32, 2)))
-    check = tl.sum(ev + od)
+    if HW:
+        check = 0.0
+    else:
+        check = tl.sum(ev + od)
     FIRST: tl.constexpr = HALF_IDX * 32 - (128 - ROPE) // 2  # rope pair of this half's pair 0
     if FIRST + 32 > 0:
         ev, od = rope_pairs(ev, od, cs_row, FIRST, ROPE)
@@ -146,11 +149,15 @@ def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.co
     dims: y = bf16(scale * H(bf16(rope_p(q)))), then MXFP4 ([BM, 32] byte halves) or e4m3
     ([BM, 64] byte halves).
 
-    Not SAFE, the roundings skip their NaN select (a NaN made by arithmetic would turn into
-    -0.0) and the e2m1 code takes its short form; both hold for finite values. The check, a
-    sum of every input and of every value rounded last, is then not finite whenever a value on
-    the way was not (an Inf or NaN input, an overflow in RoPE or in the butterfly), and the
-    caller redoes the rows SAFE. (Finite sums beyond float32 also trip it: harmless.)
+    Not SAFE, the e2m1 code takes its short form and, without HW_E4M3, the integer roundings
+    skip their NaN select (a NaN made by arithmetic would turn into -0.0); both hold for finite
+    values. The check, a sum of every value rounded last (z), is then not finite whenever a
+    value on the way was not (an Inf or NaN input, an overflow in RoPE or in the butterfly): every
+    output of a Hadamard transform sums every input, add and subtract keep Inf and NaN, and so
+    does the hardware bf16 rounding; the integer rounding may not, so without HW_E4M3 the sums
+    of the inputs join the check. The caller then redoes the rows SAFE. (Finite sums beyond
+    float32 also trip it: harmless. z itself cannot round to a bf16 Inf: it is the butterfly's
+    finite float32 sum times 128^-0.5.)
 
     H_128 = H_64 on each half, then one stage (a, b) -> (a + b, a - b) across the halves: the
     reference's butterfly stage for stage, with the RoPE tail (the second half) alone."""
