@@ -24,7 +24,7 @@ from kvformats_kernels.dsv4 import query_jit as jit
 CONFIG = {
     "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0},
     "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0},
-    "inv_rope": {"lanes": 16, "num_warps": 2, "lane_load": 1, "lane_store": 0},
+    "inv_rope": {"lanes": 8, "num_warps": 1, "lane_load": 1, "lane_store": 0},
 }
 HADAMARD_MAX_D = 1024  # wider rows run the reference (a row tile in registers stops paying off)
 ROW_IN_LANE_MAX_D = 128  # rows up to this width live in one lane's registers
