@@ -22,7 +22,7 @@ from kvformats_kernels.dsv4 import query_jit as jit
 # with plain (coalesced) stores measured fastest for all three on the H200 (docs/performance_gpu.md:
 # MXFP4 query prep 5.6 % -> 32.8 % of copy bandwidth, Hadamard 62 % -> 77 %).
 CONFIG = {
-    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0},
+    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "maxnreg": 0},
     "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0},
     "inv_rope": {"lanes": 8, "num_warps": 1, "lane_load": 1, "lane_store": 0},
 }
@@ -38,6 +38,11 @@ HW_E4M3 = {"enabled": True}
 
 def _lanes(cfg: dict) -> dict:
     return dict(LANE_LOAD=bool(cfg["lane_load"]), LANE_STORE=bool(cfg["lane_store"]))
+
+
+def _maxnreg(cfg: dict) -> dict:
+    """Triton's register cap per thread, where the config sets one (0: the compiler's choice)."""
+    return {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}
 
 
 def _hw_e4m3(device) -> bool:
@@ -88,7 +93,7 @@ def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, 
             cs.stride(0), w.stride(0), w.stride(1), cm.f32(d ** -0.5), cm.f32(softmax_scale), cm.f32(head_scale),
             ROPE=cs.shape[1], MXFP4=mxfp4, **rule, IS_BF16=is_bf16, PAIRS=pairs, W_BF16=w_bf16,
             HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], **_lanes(cfg), num_warps=cfg["num_warps"],
-            enable_fp_fusion=False)
+            enable_fp_fusion=False, **_maxnreg(cfg))
     if mxfp4:
         return (out, scales), w_out
     return out.view(torch.float8_e4m3fn), w_out
