@@ -21,11 +21,12 @@ from kvformats_kernels.dsv4 import query_jit as jit
 # else in the layouts Triton picks; bit-identical either way, only the speed differs. Lane loads
 # with plain (coalesced) stores measured fastest for all three on the H200 (docs/performance_gpu.md:
 # MXFP4 query prep 5.6 % -> 32.8 % of copy bandwidth, Hadamard 62 % -> 77 %).
-# indexer_q maxnreg: a cap of 168 registers per thread (the compiler takes 253, spills none) spills
-# 160 B but fits 12 instead of 8 one-warp programs per SM: on the H200 at 131,072 tokens the FP8
-# prep 58.6 -> 71.4 %, MXFP4 36.8 -> 40.8 % of copy bandwidth (128 registers: worse than none).
+# indexer_q maxnreg: a cap of 160 registers per thread (the compiler takes 253 and spills none)
+# spills a little but fits 12 instead of 8 one-warp programs per SM: on the H200 at 131,072 tokens
+# the FP8 prep 58.6 -> 73.5 %, MXFP4 36.8 -> 41.5 % of copy bandwidth (swept 128-224: 160-168
+# best; 184 and up back to ~59 / 36 %, 128 below the uncapped kernel; docs/performance_gpu.md).
 CONFIG = {
-    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "maxnreg": 168},
+    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "maxnreg": 160},
     "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0},
     "inv_rope": {"lanes": 8, "num_warps": 1, "lane_load": 1, "lane_store": 0},
 }
