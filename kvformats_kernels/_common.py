@@ -11,16 +11,17 @@ import types
 
 import torch
 
-# Rows per program and warps per program of each kernel, by (family, op). Benchmarks may
-# override entries; tests run whatever is here.
+# Rows per program and warps per program of each kernel, by (family, op); maxnreg caps the
+# registers per thread (0: the compiler's choice; see launch_opts). Benchmarks may override
+# entries; tests run whatever is here.
 CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on an H200 (benchmarks/)
-    ("fp8_ds_mla", "encode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
+    ("fp8_ds_mla", "encode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
     ("fp8_ds_mla", "decode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
-    ("fp8_ds_mla", "paged"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1},
+    ("fp8_ds_mla", "paged"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
     # cu_scan_max: gather_paged finds the request of a row by one compare against all of
     # cu_seq_lens up to this many requests, by binary search beyond
     ("gather", "bytes"): {"tile_bytes": 8192, "num_warps": 4, "max_unit": 8, "cu_scan_max": 64},
-    ("indexer", "encode"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1},
+    ("indexer", "encode"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
     ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1, "lane": 1},
     ("indexer", "decode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     ("indexer", "paged"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
@@ -50,6 +51,15 @@ def config(family: str, op: str, rows: int | None = None) -> dict[str, int]:
     if rows is not None and rows <= SMALL_ROWS and (family, op) in SMALL:
         return {**cfg, **SMALL[(family, op)]}
     return cfg
+
+
+def launch_opts(cfg: dict) -> dict:
+    """Triton launch options of a config: ``num_warps`` and, where the config sets a nonzero
+    ``maxnreg``, that cap on registers per thread (more programs fit on an SM; spills cost
+    instructions: an H200 sweep decides, docs/performance_gpu.md)."""
+    if cfg.get("maxnreg"):
+        return {"num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]}
+    return {"num_warps": cfg["num_warps"]}
 
 
 def hw_cvt(cfg: dict) -> bool:
@@ -164,7 +174,7 @@ def launch_paged(kernel, caches: tuple, out: torch.Tensor, table: torch.Tensor, 
                      seq_lens if base is None else base, target, table.stride(0), table.stride(1), table.shape[1],
                      num_pages, *strides, target.stride(0), target.stride(1), offset, width, r0, **geo,
                      HAS_GLEN=gather_lens is not None, HAS_BASE=base is not None, BLOCK_M=block_m,
-                     num_warps=cfg["num_warps"])
+                     **launch_opts(cfg))
     if target is not out:
         out.copy_(target)
 

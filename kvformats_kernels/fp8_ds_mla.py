@@ -61,7 +61,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     jit.encode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
         **_encode_constants(layout), IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"],
-        HW=cm.hw_cvt(cfg), num_warps=cfg["num_warps"])
+        HW=cm.hw_cvt(cfg), **cm.launch_opts(cfg))
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -74,7 +74,8 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         cfg = cm.config("fp8_ds_mla", "decode", n)
         jit.decode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
             u8, rope16, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride, stride16,
-            **geo, HEAD_DIM=layout.head_dim, BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg), num_warps=cfg["num_warps"])
+            **geo, HEAD_DIM=layout.head_dim, BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg),
+            **cm.launch_opts(cfg))
     return out.view(torch.bfloat16)
 
 

@@ -54,7 +54,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     _KERNELS[layout.name][0][(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
         **_geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout, cfg),
-        IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], num_warps=cfg["num_warps"],
+        IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], **cm.launch_opts(cfg),
         **layout_kw)
 
 
@@ -67,7 +67,7 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         cfg = cm.config("indexer", "decode", n)
         _KERNELS[layout.name][1][(cm.grid_rows(n, cfg["block_m"]),)](
             u8, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride, **_geometry(layout),
-            BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg), num_warps=cfg["num_warps"])
+            BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg), **cm.launch_opts(cfg))
     return out
 
 

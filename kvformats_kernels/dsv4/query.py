@@ -27,7 +27,7 @@ from kvformats_kernels.dsv4 import query_jit as jit
 # best; 184 and up back to ~59 / 36 %, 128 below the uncapped kernel; docs/performance_gpu.md).
 CONFIG = {
     "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "maxnreg": 160},
-    "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0},
+    "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0, "maxnreg": 0},
     "inv_rope": {"lanes": 8, "num_warps": 1, "lane_load": 1, "lane_store": 0},
 }
 HADAMARD_MAX_D = 1024  # wider rows run the reference (a row tile in registers stops paying off)
@@ -42,11 +42,6 @@ HW_E4M3 = {"enabled": True}
 
 def _lanes(cfg: dict) -> dict:
     return dict(LANE_LOAD=bool(cfg["lane_load"]), LANE_STORE=bool(cfg["lane_store"]))
-
-
-def _maxnreg(cfg: dict) -> dict:
-    """Triton's register cap per thread, where the config sets one (0: the compiler's choice)."""
-    return {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}
 
 
 def _hw_e4m3(device) -> bool:
@@ -96,8 +91,8 @@ def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, 
             qk, positions, cs, w, out, scales, w_out, h, qk.stride(0), qk.stride(1), positions.stride(0),
             cs.stride(0), w.stride(0), w.stride(1), cm.f32(d ** -0.5), cm.f32(softmax_scale), cm.f32(head_scale),
             ROPE=cs.shape[1], MXFP4=mxfp4, **rule, IS_BF16=is_bf16, PAIRS=pairs, W_BF16=w_bf16,
-            HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], **_lanes(cfg), num_warps=cfg["num_warps"],
-            enable_fp_fusion=False, **_maxnreg(cfg))
+            HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], **_lanes(cfg), **cm.launch_opts(cfg),
+            enable_fp_fusion=False)
     if mxfp4:
         return (out, scales), w_out
     return out.view(torch.float8_e4m3fn), w_out
@@ -162,12 +157,12 @@ def hadamard_transform(x, scale):
         src, is_bf16 = _bits(rows)
         cfg = CONFIG["hadamard"]
         if d <= ROW_IN_LANE_MAX_D:
-            block_m, vec, warps = 32 * cfg["num_warps"], min(8, d), cfg["num_warps"]
-        else:
-            block_m, vec, warps = max(1, cfg["tile"] // d), d, 4  # the compiler's layout, 4 warps
+            block_m, vec, opts = 32 * cfg["num_warps"], min(8, d), cm.launch_opts(cfg)
+        else:  # the compiler's layout, 4 warps
+            block_m, vec, opts = max(1, cfg["tile"] // d), d, {"num_warps": 4}
         jit.hadamard_kernel[(cm.grid_rows(n, block_m),)](
             src, out, n, cm.row_stride(src), cm.f32(scale), LOG2_D=d.bit_length() - 1, V=vec, IS_BF16=is_bf16,
-            BLOCK_M=block_m, **_lanes(cfg), num_warps=warps, enable_fp_fusion=False)
+            BLOCK_M=block_m, **_lanes(cfg), **opts, enable_fp_fusion=False)
     return out.view(torch.bfloat16).reshape(shape)
 
 
