@@ -309,12 +309,38 @@ def test_bench_table_and_verdict():
     rows = [row("fp8_indexer", "encode", 20.0, 23.5), row("mxfp4_indexer", "gather", 18.0, 22.0)]
     table = bench.format_table(rows)
     lines = table.splitlines()
-    assert lines[0].count("|") == lines[2].count("|") == len(bench.EAGER_PATHS) + len(bench.GRAPH_PATHS) + 8
-    assert "| +30.0 | +3.5 | +30.0 |" in lines[2] and "+0.25" in lines[2]
+    assert lines[0].count("|") == lines[2].count("|") == len(bench.EAGER_PATHS) + len(bench.GRAPH_PATHS) + 9
+    assert "| +30.0 | +30.0 | +3.5 | +30.0 |" in lines[2] and "+0.25" in lines[2]
     assert lines[-1].startswith("largest eager custom-op overhead (op nc − launcher): +4.0 µs (mxfp4_indexer gather)")
     assert "(op − launcher) up to +30.0 µs" in lines[-1]
     assert lines[-1].endswith(": met")
     assert bench.format_table([row("fp8_ds_mla", "decode", 20.0, 26.0)]).endswith("NOT met")
+
+
+def test_bench_bare_ops_call_the_launcher_through_the_dispatcher():
+    # the bench's "bare op" path: kvformats' schema, the launcher as the whole kernel (here the
+    # reference functions on CPU tensors stand in for the launchers)
+    import types
+
+    import bench_custom_ops_gpu as bench
+
+    import kvformats as kvf
+    from kvformats import ops
+
+    lay = kvf.Fp8DsMla(page_size=2)
+    impl = types.SimpleNamespace(encode=ops.encode_reference, decode=ops.decode_reference,
+                                 gather=ops.gather_reference)
+    bare = bench.bare_ops("fp8_ds_mla_test", lay, impl)
+    assert bench.bare_ops("fp8_ds_mla_test", lay, impl) == bare  # defined once
+    cache, want = lay.allocate(2), lay.allocate(2)
+    x = torch.randn(3, lay.head_dim)
+    slots = torch.tensor([0, 3, 1])
+    bare["encode"]("fp8_ds_mla", "{}", [x], cache, slots, "triton", False)
+    lay.encode(x, want, slots)
+    assert torch.equal(cache, want)
+    (dec,) = bare["decode"]("fp8_ds_mla", "{}", cache, slots, "triton", False)
+    assert torch.equal(dec, lay.decode(want, slots))
+    assert torch.equal(bare["gather"]("fp8_ds_mla", "{}", cache, slots, "triton", False), lay.gather(want, slots))
 
 
 def test_fuzz_preflight_flags_ops_without_a_registered_kernel():
