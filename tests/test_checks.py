@@ -1,5 +1,6 @@
-"""check_cache's fast accept path against the cache rules written out on their own: a cache is
-accepted exactly when the rules hold, and a rejected one raises a typed error."""
+"""The validation fast paths against the rules written out on their own: check_cache accepts a
+cache exactly when the cache rules hold, check_tensor a tensor exactly when dtype, shape and
+device match; whatever is rejected raises a typed error."""
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvformats as kvf
-from kvformats.checks import check_cache
+from kvformats.checks import check_cache, check_tensor
 
 LAYOUTS = [kvf.Fp8DsMla(page_size=2), kvf.Fp8Indexer(page_size=3), kvf.Mxfp4Indexer(head_dim=64, page_size=2),
            kvf.CompressorState(head_dim=64, page_size=2)]
@@ -65,3 +66,21 @@ def test_allocated_caches_pass_and_non_tensors_raise_a_type_error():
         check_cache(layout, layout.allocate(2, page_stride=layout.allocate(1).stride(0) + 5))
         with pytest.raises(kvf.InputTypeError):
             check_cache(layout, layout.allocate(2).tolist())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([torch.bfloat16, torch.float32, torch.int32, torch.uint8]),
+       st.lists(st.integers(0, 3), min_size=0, max_size=3),
+       st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=1, max_size=3),
+       st.sampled_from(["cpu", "meta"]), st.booleans())
+def test_check_tensor_accepts_exactly_matching_tensors(dtype, shape, want, device, as_list):
+    t = torch.zeros(shape, dtype=dtype, device=device)
+    arg = t.tolist() if as_list and device == "cpu" else t
+    dtypes = (torch.bfloat16, torch.float32)
+    ok = (isinstance(arg, torch.Tensor) and dtype in dtypes and len(shape) == len(want)
+          and all(w is None or w == s for w, s in zip(want, shape)) and device == "cpu")
+    if ok:
+        check_tensor("x", arg, dtypes=dtypes, shape=tuple(want), device=torch.device("cpu"))
+    else:
+        with pytest.raises((kvf.InputTypeError, kvf.InputError)):
+            check_tensor("x", arg, dtypes=dtypes, shape=tuple(want), device=torch.device("cpu"))
