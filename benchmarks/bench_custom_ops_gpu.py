@@ -17,10 +17,10 @@ end, per call, median of ``--repeats`` rounds in which every path runs once in t
 overheads are medians of the differences within a round); and (graph) per call inside a
 replayed CUDA graph (``gpu_timing.graph_per_call_us``; in capture the host checks are skipped,
 so there all paths launch the same kernel). The table gives the overhead in µs over the
-launcher of ``bare op`` (the dispatch), ``public nc`` (the shape and dtype checks), ``op nc`` (both, the
-issue's figure) and ``op`` (adding the host slot checks, whose copy of the
-slots to the host is a synchronisation the launcher does not make), eagerly and inside a graph;
-and, last, the dispatcher's own floor on this host (an op of the same schema doing nothing).
+launcher of ``bare op`` (the dispatch), ``public nc`` (the shape and dtype checks), ``op nc``
+(both: the issue's figure) and ``op`` (adding the host slot checks, whose copy of the slots to
+the host is a synchronisation the launcher does not make), eagerly and inside a graph; and,
+last, the dispatcher's own floor on this host (an op of the same schema doing nothing).
 """
 
 from __future__ import annotations
