@@ -35,7 +35,7 @@ def encode(layout, x, cache: torch.Tensor, slots: torch.Tensor, *, positions: to
         PAGE_SIZE=layout.page_size, ROW_STRIDE=_floats(row_stride), KV_OFF=_floats(kv_off),
         SCORE_OFF=_floats(score_off), W=layout.width, RATIO=layout.ratio,
         KV_BF16=kv_bf16, SCORE_BF16=score_bf16, APE_BF16=ape_bf16,
-        BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], num_warps=cfg["num_warps"])
+        BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], **cm.launch_opts(cfg))
 
 
 def _gather_words(layout, cache: torch.Tensor, slots: torch.Tensor, split: int, dtype) -> list[torch.Tensor]:
@@ -52,7 +52,7 @@ def _gather_words(layout, cache: torch.Tensor, slots: torch.Tensor, split: int, 
             cache.view(torch.int32), slots, outs[0].view(torch.int32), outs[-1].view(torch.int32), n,
             slots.stride(0), cm.capacity(layout, cache), cache.stride(0), PAGE_SIZE=layout.page_size,
             ROW_STRIDE=_floats(seg.record_bytes), ROW_OFF=_floats(layout.segment_offsets[seg.name]), ROW_ELEMS=elems,
-            SPLIT=split, BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], num_warps=cfg["num_warps"])
+            SPLIT=split, BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], **cm.launch_opts(cfg))
     return outs
 
 

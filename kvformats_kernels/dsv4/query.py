@@ -139,7 +139,7 @@ def inv_rope_fp8_quant(o, positions, cos_sin, n_groups, heads_per_group, group, 
             x, positions, cs, buf, store, t, t_pad, heads_per_group, x.stride(0), x.stride(1), positions.stride(0),
             cs.stride(0), buf.stride(0), D=d, ROPE=rope, GS=group, NQP2=nqp, **cm.rule_constants(ref.OUT_SCALE_RULE),
             TMA=bool(tma_aligned), IS_BF16=is_bf16, PAIRS=pairs, HW_E4M3=_hw_e4m3(dev), BLOCK_T=block_t,
-            **_lanes(cfg), num_warps=cfg["num_warps"], enable_fp_fusion=False)
+            **_lanes(cfg), **cm.launch_opts(cfg), enable_fp_fusion=False)
     return buf.view(torch.float8_e4m3fn).transpose(0, 1), store.permute(2, 0, 1)[:t]
 
 
