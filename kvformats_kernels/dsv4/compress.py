@@ -17,13 +17,18 @@ from kvformats_kernels.dsv4 import compress_jit as jit
 # Per (what, ratio): features per chunk (bd), tokens per program for large calls (block_t),
 # warps, and for calls whose chunks are split over programs (split_bd, split_warps; a split_bd of
 # the full padded width means no split), and a register cap for calls that are not split
-# (maxnreg, 0 = the compiler's choice; _common.launch_opts). Picked by the H200 sweeps in
-# docs/performance_gpu.md: narrow chunks with few warps keep more programs in flight. Benchmarks
-# may override entries (--sweep); tests run whatever is here.
+# (maxnreg, 0 = the compiler's choice; _common.launch_opts) and one for split calls
+# (split_maxnreg); fast_div 1 divides the softmax weights by the pooling's hoisted-reciprocal
+# division (pool_jit.div_rn_by: the same bits as div_rn), 0 by div_rn itself. Picked by the
+# H200 sweeps in docs/performance_gpu.md: narrow chunks with few warps keep more programs in
+# flight. Benchmarks may override entries (--sweep); tests run whatever is here.
 CONFIG: dict[tuple[str, int], dict[str, int]] = {
-    ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 4, "maxnreg": 0},
-    ("kv", 128): {"bd": 32, "block_t": 128, "num_warps": 4, "split_bd": 32, "split_warps": 4, "maxnreg": 0},
-    ("index", 4): {"bd": 64, "block_t": 8, "num_warps": 1, "split_bd": 128, "split_warps": 2, "maxnreg": 0},
+    ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 4, "maxnreg": 0,
+                 "fast_div": 1},
+    ("kv", 128): {"bd": 32, "block_t": 128, "num_warps": 4, "split_bd": 32, "split_warps": 4, "maxnreg": 0,
+                   "split_maxnreg": 0, "fast_div": 1},
+    ("index", 4): {"bd": 64, "block_t": 8, "num_warps": 1, "split_bd": 128, "split_warps": 2, "maxnreg": 0,
+                    "fast_div": 1},
 }
 ONE_TOKEN_MAX_T = 2048  # calls with at most this many tokens run one token per program (decode)
 SPLIT_MAX_T = 2048  # ... and spread a token's feature chunks over programs (workspace T x HP float32)
@@ -42,7 +47,8 @@ def _plan(what: str, ratio: int, h: int, n: int) -> dict:
     bd, warps = min(cfg["bd"], hp), cfg["num_warps"]
     if n <= SPLIT_MAX_T and hp > bd:
         bd, warps = min(cfg.get("split_bd", bd), hp), cfg.get("split_warps", warps)
-        return {"BD": bd, "NCHUNK": hp // bd, "NSPLIT": hp // bd, "BLOCK_T": 1, "num_warps": warps}
+        return {"BD": bd, "NCHUNK": hp // bd, "NSPLIT": hp // bd, "BLOCK_T": 1, "num_warps": warps,
+                "maxnreg": cfg.get("split_maxnreg", 0)}
     block_t = 1 if n <= ONE_TOKEN_MAX_T else cfg["block_t"]
     return {"BD": bd, "NCHUNK": hp // bd, "NSPLIT": 1, "BLOCK_T": block_t, "num_warps": warps,
             "maxnreg": cfg.get("maxnreg", 0)}
@@ -113,7 +119,8 @@ def _launch(mode: str, what: str, state_cache, ratio, positions, req, table, bas
         float(eps), cm.f32(h ** -0.5),
         MODE=MODES[mode], RATIO=ratio, H=h, W=state_cache.shape[2] // 2, ROWS=state_cache.shape[1],
         BD=plan["BD"], NCHUNK=plan["NCHUNK"], NSPLIT=plan["NSPLIT"], BLOCK_T=plan["BLOCK_T"],
-        HAS_BASE=base is not None, W_BF16=weight.dtype == torch.bfloat16, GPU=dev.type == "cuda", ROPE=rope,
+        HAS_BASE=base is not None, W_BF16=weight.dtype == torch.bfloat16, GPU=dev.type == "cuda",
+        FAST_DIV=bool(CONFIG[(what, ratio)]["fast_div"]), ROPE=rope,
         LOG2_H=h.bit_length() - 1, **geo, **cm.launch_opts(plan), enable_fp_fusion=False)
     return out
 

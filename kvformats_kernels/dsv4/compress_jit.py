@@ -118,7 +118,8 @@ def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr,
                     cs_rows, out_stride, capacity, eps, had_scale,
                     MODE: tl.constexpr, RATIO: tl.constexpr, H: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
                     BD: tl.constexpr, NCHUNK: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
-                    HAS_BASE: tl.constexpr, W_BF16: tl.constexpr, GPU: tl.constexpr, ROPE: tl.constexpr,
+                    HAS_BASE: tl.constexpr, W_BF16: tl.constexpr, GPU: tl.constexpr, FAST_DIV: tl.constexpr,
+                    ROPE: tl.constexpr,
                     LOG2_H: tl.constexpr, PAGE_SIZE: tl.constexpr, NB: tl.constexpr, QB: tl.constexpr,
                     OFF0: tl.constexpr, STRIDE0: tl.constexpr, OFF1: tl.constexpr, STRIDE1: tl.constexpr,
                     SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr, PAD_OFF: tl.constexpr,
@@ -162,13 +163,15 @@ def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr,
             pooled = tl.zeros((NCHUNK, BD), tl.float32)
             for c in range(NCHUNK):
                 part = pj.pool_features(state_ptr, c * BD + j, p, r, r_ok, base_r, table_ptr, t_stride0, t_stride1,
-                                        table_cols, num_pages, page_stride, RATIO, H, W, ROWS, GPU)
+                                        table_cols, num_pages, page_stride, RATIO, H, W, ROWS, GPU,
+                                        FAST_DIV)
                 pooled = tl.where(cidx[:, None] == c, part[None, :], pooled)
             ready = True
         else:
             c = tl.program_id(1)
             part = pj.pool_features(state_ptr, c * BD + j, p, r, r_ok, base_r, table_ptr, t_stride0, t_stride1,
-                                    table_cols, num_pages, page_stride, RATIO, H, W, ROWS, GPU)
+                                    table_cols, num_pages, page_stride, RATIO, H, W, ROWS, GPU,
+                                    FAST_DIV)
             ws_row = ws_ptr + t * HP
             tl.store(ws_row + c * BD + j, part)
             tl.debug_barrier()  # every thread's part is stored before the counter releases it

@@ -24,6 +24,10 @@ except ImportError:  # Triton releases before the backend-neutral alias
 from kvformats_kernels import numerics_jit as nj
 
 MASKED_SCORE = tl.constexpr(-1.0e30)  # the reference's score of a missing window row (weight exactly 0)
+# Softmax weights divide by div_by (same bits as div_rn, fewer instructions) where every weight
+# of a tile is exp(s - max) >= exp(-41) > 2^-60 and the sums are at most 2^60 (not NaN); else by div_rn.
+MIN_LOGIT = tl.constexpr(-41.0)
+DIV_HI = tl.constexpr(2.0 ** 60)
 
 
 @triton.jit
@@ -40,6 +44,35 @@ def rsqrt_f32(x, GPU: tl.constexpr):
         return libdevice.rsqrt(x)
     else:
         return tl.math.rsqrt(x)
+
+
+@triton.jit
+def recip_for_div(b):
+    """The reciprocal estimate of sm_90's div.rn.f32 fast path (MUFU.RCP and one Newton step,
+    as ptxas emits them), for ``div_by`` (GPU only)."""
+    return tl.inline_asm_elementwise(
+        "{\n.reg .f32 r, t;\nrcp.approx.ftz.f32 r, $1;\nneg.f32 t, $1;\nfma.rn.f32 t, t, r, 0f3F800000;\n"
+        "fma.rn.f32 $0, r, t, r;\n}", "=f,f", [b], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def div_by(a, b, y):
+    """a / b correctly rounded (div_rn's bits) for y = recip_for_div(b), when a and b lie in
+    [2^-60, 2^60] (callers check; outside, use div_rn).
+
+    sm_90's div.rn.f32 is: y as recip_for_div, q0 = a * y, r = fma(-b, q0, a), q = fma(y, r,
+    q0), then FCHK sends operands whose exponents could make that wrong to a slow subroutine;
+    with the call's register shuffling one division takes ~10 instructions on the fast path.
+    Dividing many values by one b, y is made once and each value costs these three. In the
+    range above neither quotient nor remainder can under- or overflow, and the sequence is
+    the fast path's own; tests/kernels/test_pool_division.py compares it with div_rn on the GPU."""
+    q0 = a * y  # launched with enable_fp_fusion=False: a plain product, as the fast path's FFMA(a, y, 0)
+    return tl.fma(y, tl.fma(-b, q0, a), q0)
+
+
+@triton.jit
+def max_min(a0, a1, b0, b1):
+    return tl.maximum(a0, b0), tl.minimum(a1, b1)
 
 
 # ----- window rows ---------------------------------------------------------------------------
@@ -83,8 +116,14 @@ def csa_row(state_ptr, d, p, r, r_ok, base_r, table_ptr, t_stride0, t_stride1, t
 
 
 @triton.jit
+def div4(a0, a1, a2, a3, b):
+    """a0 / b .. a3 / b, correctly rounded (div_rn)."""
+    return tl.math.div_rn(a0, b), tl.math.div_rn(a1, b), tl.math.div_rn(a2, b), tl.math.div_rn(a3, b)
+
+
+@triton.jit
 def pool_csa(state_ptr, d, p, r, r_ok, base_r, tab, ts0, ts1, cols, pages, stride, H: tl.constexpr,
-             W: tl.constexpr, ROWS: tl.constexpr, RF: tl.constexpr, GPU: tl.constexpr):
+             W: tl.constexpr, ROWS: tl.constexpr, RF: tl.constexpr, GPU: tl.constexpr, FAST_DIV: tl.constexpr):
     """Softmax-pooled features ``d`` [BD] of the 8-row CSA window (ratio 4) ending at p, every
     float32 operation in the reference's order (each window row is its own vector)."""
     kv0, s0 = csa_row(state_ptr, d, p, r, r_ok, base_r, tab, ts0, ts1, cols, pages, stride, 0, 0, H, W, ROWS, RF)
@@ -106,14 +145,32 @@ def pool_csa(state_ptr, d, p, r, r_ok, base_r, tab, ts0, ts1, cols, pages, strid
     e6 = exp_f32(s6 - m, GPU)
     e7 = exp_f32(s7 - m, GPU)
     total = (((((((e0 + e1) + e2) + e3) + e4) + e5) + e6) + e7)
-    p0 = kv0 * tl.math.div_rn(e0, total)
-    p1 = kv1 * tl.math.div_rn(e1, total)
-    p2 = kv2 * tl.math.div_rn(e2, total)
-    p3 = kv3 * tl.math.div_rn(e3, total)
-    p4 = kv4 * tl.math.div_rn(e4, total)
-    p5 = kv5 * tl.math.div_rn(e5, total)
-    p6 = kv6 * tl.math.div_rn(e6, total)
-    p7 = kv7 * tl.math.div_rn(e7, total)
+    fast = False
+    if GPU and FAST_DIV:
+        least = tl.minimum(tl.minimum(tl.minimum(s0, s1), tl.minimum(s2, s3)),
+                           tl.minimum(tl.minimum(s4, s5), tl.minimum(s6, s7)))
+        fast = tl.min(((least - m >= MIN_LOGIT) & (total <= DIV_HI)).to(tl.int32), axis=0) == 1
+    if fast:
+        y = recip_for_div(total)
+        w0 = div_by(e0, total, y)
+        w1 = div_by(e1, total, y)
+        w2 = div_by(e2, total, y)
+        w3 = div_by(e3, total, y)
+        w4 = div_by(e4, total, y)
+        w5 = div_by(e5, total, y)
+        w6 = div_by(e6, total, y)
+        w7 = div_by(e7, total, y)
+    else:
+        w0, w1, w2, w3 = div4(e0, e1, e2, e3, total)
+        w4, w5, w6, w7 = div4(e4, e5, e6, e7, total)
+    p0 = kv0 * w0
+    p1 = kv1 * w1
+    p2 = kv2 * w2
+    p3 = kv3 * w3
+    p4 = kv4 * w4
+    p5 = kv5 * w5
+    p6 = kv6 * w6
+    p7 = kv7 * w7
     if GPU:  # torch's CUDA reduce: 4 accumulators (rows i, i + 4) from 0, then combined in order
         return ((((0.0 + p0) + p4) + ((0.0 + p1) + p5)) + ((0.0 + p2) + p6)) + ((0.0 + p3) + p7)
     else:  # torch's CPU sum over a strided dim: one accumulator from 0
@@ -123,7 +180,7 @@ def pool_csa(state_ptr, d, p, r, r_ok, base_r, tab, ts0, ts1, cols, pages, strid
 @triton.jit
 def pool_tile(state_ptr, d, p, r, r_ok, base_r, table_ptr, t_stride0, t_stride1, table_cols, num_pages,
               page_stride, L: tl.constexpr, H: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
-              ROW_FLOATS: tl.constexpr, GPU: tl.constexpr):
+              ROW_FLOATS: tl.constexpr, GPU: tl.constexpr, FAST_DIV: tl.constexpr):
     """Softmax-pooled features ``d`` [BD] of the L-row (non-overlapping) window ending at p, as
     one [L, BD] tile (sums in the compiler's order)."""
     ok, off = window_rows(tl.arange(0, L), p, r, r_ok, base_r, table_ptr, t_stride0, t_stride1, table_cols,
@@ -132,8 +189,20 @@ def pool_tile(state_ptr, d, p, r, r_ok, base_r, table_ptr, t_stride0, t_stride1,
     m = ok[:, None] & (d < H)[None, :]
     kv = tl.load(at, mask=m, other=0.0)
     score = tl.load(at + W, mask=m, other=MASKED_SCORE)
-    e = exp_f32(score - tl.max(score, axis=0)[None, :], GPU)
-    w = tl.math.div_rn(e, tl.broadcast_to(tl.sum(e, axis=0)[None, :], e.shape))
+    if GPU and FAST_DIV:
+        m, least = tl.reduce((score, score), 0, max_min)
+    else:
+        m = tl.max(score, axis=0)
+    e = exp_f32(score - m[None, :], GPU)
+    sums = tl.sum(e, axis=0)
+    total = tl.broadcast_to(sums[None, :], e.shape)
+    fast = False
+    if GPU and FAST_DIV:
+        fast = tl.min(((least - m >= MIN_LOGIT) & (sums <= DIV_HI)).to(tl.int32), axis=0) == 1
+    if fast:
+        w = div_by(e, total, tl.broadcast_to(recip_for_div(sums)[None, :], e.shape))
+    else:
+        w = tl.math.div_rn(e, total)
     return tl.sum(kv * w, axis=0)
 
 
@@ -191,15 +260,15 @@ def sum_squares(x, H: tl.constexpr, GPU: tl.constexpr):
 
 @triton.jit
 def pool_features(state_ptr, d, p, r, r_ok, base_r, tab, ts0, ts1, cols, pages, stride, RATIO: tl.constexpr,
-                  H: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, GPU: tl.constexpr):
+                  H: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, GPU: tl.constexpr, FAST_DIV: tl.constexpr):
     """Softmax-pooled features ``d`` [BD] of the window ending at position p of request r
     (features d >= H, the padding of a head dim that is not a power of two, pool to 0)."""
     if RATIO == 4:
         return pool_csa(state_ptr, d, p, r, r_ok, base_r, tab, ts0, ts1, cols, pages, stride, H, W, ROWS, 2 * W,
-                        GPU)
+                        GPU, FAST_DIV)
     else:
         return pool_tile(state_ptr, d, p, r, r_ok, base_r, tab, ts0, ts1, cols, pages, stride, RATIO, H, W, ROWS,
-                         2 * W, GPU)
+                         2 * W, GPU, FAST_DIV)
 
 
 @triton.jit
