@@ -19,15 +19,15 @@ from kvformats_kernels.dsv4 import compress_jit as jit
 # the full padded width means no split), and a register cap for calls that are not split
 # (maxnreg, 0 = the compiler's choice; _common.launch_opts) and one for split calls
 # (split_maxnreg); fast_div 1 divides the softmax weights by the pooling's hoisted-reciprocal
-# division (pool_jit.div_rn_by: the same bits as div_rn), 0 by div_rn itself. Picked by the
+# division (pool_jit.div_by: the same bits as div_rn), 0 by div_rn itself. Picked by the
 # H200 sweeps in docs/performance_gpu.md: narrow chunks with few warps keep more programs in
 # flight. Benchmarks may override entries (--sweep); tests run whatever is here.
 CONFIG: dict[tuple[str, int], dict[str, int]] = {
     ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 4, "maxnreg": 0,
-                 "fast_div": 1},
+                 "fast_div": 0},
     ("kv", 128): {"bd": 32, "block_t": 128, "num_warps": 4, "split_bd": 32, "split_warps": 4, "maxnreg": 0,
                    "split_maxnreg": 0, "fast_div": 1},
-    ("index", 4): {"bd": 64, "block_t": 8, "num_warps": 1, "split_bd": 128, "split_warps": 2, "maxnreg": 0,
+    ("index", 4): {"bd": 64, "block_t": 8, "num_warps": 1, "split_bd": 128, "split_warps": 2, "maxnreg": 80,
                     "fast_div": 1},
 }
 ONE_TOKEN_MAX_T = 2048  # calls with at most this many tokens run one token per program (decode)
