@@ -33,17 +33,25 @@ def _both(x_ptr, hw_ptr, sw_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
     elif OP == 2:
         x = tl.load(x_ptr + offs, mask=m, other=0.0)
         hw, sw = nj.bf16_bits(x, True), nj.bf16_bits(x, False)
-    else:  # the query kernels' fast-path bf16 rounding (values that are not NaN)
+    elif OP == 3:  # the query kernels' fast-path bf16 rounding (values that are not NaN)
         x = tl.load(x_ptr + offs, mask=m, other=0.0)
         hw, sw = nj.f32_bits(qj.bf16_value(x, False, True)), nj.f32_bits(qj.bf16_value(x, False, False))
+    elif OP == 4:  # ... two values per conversion (the MXFP4 prep)
+        x = tl.load(x_ptr + offs, mask=m, other=0.0)
+        hw, sw = nj.f32_bits(qj.bf16_value(x, False, True, True)), nj.f32_bits(qj.bf16_value(x, False, False))
+    else:  # the MXFP4 prep's e2m1 bytes in f16 pairs against two short codes (x: even, odd, ...)
+        even = tl.load(x_ptr + 2 * offs, mask=m, other=0.0)
+        odd = tl.load(x_ptr + 2 * offs + 1, mask=m, other=0.0)
+        hw, sw = nj.e2m1_pair_hw(even, odd), nj.e2m1_code_short(even) | (nj.e2m1_code_short(odd) << 4)
     tl.store(hw_ptr + offs, hw, mask=m)
     tl.store(sw_ptr + offs, sw, mask=m)
 
 
 def _run(op: int, x: torch.Tensor):
-    hw = torch.empty(x.shape, dtype=torch.int32, device=x.device)
+    n = x.numel() // 2 if op == 5 else x.numel()  # op 5 reads pairs
+    hw = torch.empty(n, dtype=torch.int32, device=x.device)
     sw = torch.empty_like(hw)
-    _both[(triton.cdiv(x.numel(), 4096),)](x, hw, sw, x.numel(), OP=op, BLOCK=4096)
+    _both[(triton.cdiv(n, 4096),)](x, hw, sw, n, OP=op, BLOCK=4096)
     return hw, sw
 
 
@@ -94,6 +102,27 @@ def test_gpu_query_fast_bf16_rounding_equals_integer_path():
     integer path, on every bf16 pattern, 2^22 random float32 patterns and the e4m3 midpoints."""
     x = _floats()
     x = x[~torch.isnan(x)].cuda()
-    hw, sw = _run(3, x)
-    bad = (hw != sw).nonzero()
-    assert bad.numel() == 0, f"{bad.numel()} differ; first x bits {hex(int(x.view(torch.int32)[bad[0, 0]]))}"
+    for op in (3, 4):  # one value per conversion, two
+        hw, sw = _run(op, x)
+        bad = (hw != sw).nonzero()
+        first = hex(int(x.view(torch.int32)[bad[0, 0]])) if bad.numel() else None
+        assert bad.numel() == 0, f"op {op}: {bad.numel()} differ; first x bits {first}"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_e2m1_pairs_equal_two_short_codes():
+    """``numerics_jit.e2m1_pair_hw`` (f16 pairs, inline PTX) against ``e2m1_code_short`` on every
+    finite bf16 value below 7 in magnitude (the short code's inputs: a bf16 value times a power of
+    two), each paired with every position of the byte by two random orders, and the thresholds."""
+    every = (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32)
+    v = every[torch.isfinite(every) & (every.abs() < 7)]
+    edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 6.5, 0.0, 2.0 ** -20, 2.0 ** -126, 2.0 ** -133])
+    v = torch.cat([v, edges, -edges])
+    g = torch.Generator().manual_seed(9)
+    for order in (torch.randperm(v.numel(), generator=g), torch.randperm(v.numel(), generator=g)):
+        pairs = torch.stack([v, v[order]], dim=1).reshape(-1).cuda()
+        hw, sw = _run(5, pairs)
+        bad = (hw != sw).nonzero()
+        first = pairs[2 * bad[0, 0]:2 * bad[0, 0] + 2].tolist() if bad.numel() else None
+        assert bad.numel() == 0, f"{bad.numel()} bytes differ; first pair {first}"
+    assert int(hw.max()) > 0x80  # sign bits and high codes were exercised
