@@ -278,7 +278,7 @@ def e2m1_pair_hw(even, odd):
     the one kept mantissa bit (0xFF at bit 9), rebias (28 codes, 30 below 1: the lane's
     "1.0 where a < 1" word carries bit 10 = 2 codes), add 8 where h < -0.25, shift. About 13
     instructions per pair against ~18 for two short codes and the nibble packing.
-    tests/kernels/test_e2m1_pair.py compares it with e2m1_code_short on every such value."""
+    tests/kernels/test_hw_cvt.py compares it with e2m1_code_short on every such value."""
     return tl.inline_asm_elementwise(
         "{\n.reg .b32 h, m, one, lt, a1, t, q, ng;\n"
         "cvt.rn.f16x2.f32 h, $2, $1;\n"  # odd in the upper lane

@@ -21,7 +21,9 @@ from kvformats_kernels.dsv4 import compress_jit as jit
 # (split_maxnreg); fast_div 1 divides the softmax weights by the pooling's hoisted-reciprocal
 # division (pool_jit.div_by: the same bits as div_rn), 0 by div_rn itself. Picked by the
 # H200 sweeps in docs/performance_gpu.md: narrow chunks with few warps keep more programs in
-# flight. Benchmarks may override entries (--sweep); tests run whatever is here.
+# flight; caps of 96 (CSA) and 80 (indexer) registers fit more programs without spilling
+# (80 -> 83 %, 64 / 70 -> 73 %); div_by speeds up HCA and the indexer but slows the one-warp
+# CSA programs (80 -> 76 %). Benchmarks may override entries (--sweep); tests run whatever is here.
 CONFIG: dict[tuple[str, int], dict[str, int]] = {
     ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 4, "maxnreg": 96,
                  "fast_div": 0},
