@@ -119,11 +119,12 @@ def rope_pairs(ev, od, cs_row, FIRST: tl.constexpr, ROPE: tl.constexpr):
 
 @triton.jit
 def _half(row, live, cs_row, HALF_IDX: tl.constexpr, ROPE: tl.constexpr, IS_BF16: tl.constexpr,
-          PAIRS: tl.constexpr, SAFE: tl.constexpr, LANE: tl.constexpr, HW: tl.constexpr):
+          PAIRS: tl.constexpr, SAFE: tl.constexpr, LANE: tl.constexpr, HW: tl.constexpr,
+          PAIRED: tl.constexpr = False):
     """Half HALF_IDX (64 dims) of 128-dim rows, RoPE'd where it holds RoPE dims and rounded to
     bf16 where that changes anything (RoPE dims, non-bf16 input) -> (float32 [BM, 64], the sum
     of the values read: not finite when one of them is not; 0 with HW, see _indexer_rows).
-    PAIRS: bf16 read as int32 words (``row`` points at words)."""
+    PAIRS: bf16 read as int32 words (``row`` points at words); PAIRED: as bf16_value."""
     BM: tl.constexpr = row.shape[0]
     if PAIRS:
         ev, od = words_f32(thread_rows(row + HALF_IDX * 32, live, 32, 4, LANE=LANE))
@@ -138,7 +139,7 @@ def _half(row, live, cs_row, HALF_IDX: tl.constexpr, ROPE: tl.constexpr, IS_BF16
     FIRST: tl.constexpr = HALF_IDX * 32 - (128 - ROPE) // 2  # rope pair of this half's pair 0
     if FIRST + 32 > 0:
         ev, od = rope_pairs(ev, od, cs_row, FIRST, ROPE)
-        return bf16_value(tl.reshape(tl.join(ev, od), (BM, 64)), SAFE, HW), check
+        return bf16_value(tl.reshape(tl.join(ev, od), (BM, 64)), SAFE, HW, PAIRED), check
     x = tl.reshape(tl.join(ev, od), (BM, 64))
     return (x if IS_BF16 else bf16_value(x, SAFE, HW)), check
 
@@ -167,14 +168,14 @@ def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.co
 
     H_128 = H_64 on each half, then one stage (a, b) -> (a + b, a - b) across the halves: the
     reference's butterfly stage for stage, with the RoPE tail (the second half) alone."""
-    xa, check_a = _half(row, live, cs_row, 0, ROPE, IS_BF16, PAIRS, SAFE, LANE, HW_E4M3)
-    xb, check_b = _half(row, live, cs_row, 1, ROPE, IS_BF16, PAIRS, SAFE, LANE, HW_E4M3)
+    FAST_MX: tl.constexpr = MXFP4 and HW_E4M3 and not SAFE
+    xa, check_a = _half(row, live, cs_row, 0, ROPE, IS_BF16, PAIRS, SAFE, LANE, HW_E4M3, FAST_MX)
+    xb, check_b = _half(row, live, cs_row, 1, ROPE, IS_BF16, PAIRS, SAFE, LANE, HW_E4M3, FAST_MX)
     a = tj.hadamard_rows(xa, 6)
     b = tj.hadamard_rows(xb, 6)
     BM: tl.constexpr = a.shape[0]
     check = check_a + check_b
     word = tl.zeros((BM,), tl.int32)
-    FAST_MX: tl.constexpr = MXFP4 and HW_E4M3 and not SAFE
     if FAST_MX:  # both halves first: a and b are dead before the quantization (a row lives in one
         z0 = (a + b) * had_scale  # lane: 24 instead of 165 spill loads and stores at 160 registers;
         z1 = (a - b) * had_scale  # the FP8 prep measured 73 -> 69 % that way, so it keeps its order)

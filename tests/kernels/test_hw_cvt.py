@@ -42,7 +42,8 @@ def _both(x_ptr, hw_ptr, sw_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
     else:  # the MXFP4 prep's e2m1 bytes in f16 pairs against two short codes (x: even, odd, ...)
         even = tl.load(x_ptr + 2 * offs, mask=m, other=0.0)
         odd = tl.load(x_ptr + 2 * offs + 1, mask=m, other=0.0)
-        hw, sw = nj.e2m1_pair_hw(even, odd), nj.e2m1_code_short(even) | (nj.e2m1_code_short(odd) << 4)
+        hw = nj.e2m1_pair_hw(even, odd) & 0xFF  # its bits above the byte are not cleared
+        sw = nj.e2m1_code_short(even) | (nj.e2m1_code_short(odd) << 4)
     tl.store(hw_ptr + offs, hw, mask=m)
     tl.store(sw_ptr + offs, sw, mask=m)
 
