@@ -72,6 +72,7 @@ def div_by(a, b, y):
 
 @triton.jit
 def max_min(a0, a1, b0, b1):
+    """Combine of a (max, min) reduction (tl.reduce over a pair of tensors)."""
     return tl.maximum(a0, b0), tl.minimum(a1, b1)
 
 
@@ -190,15 +191,15 @@ def pool_tile(state_ptr, d, p, r, r_ok, base_r, table_ptr, t_stride0, t_stride1,
     kv = tl.load(at, mask=m, other=0.0)
     score = tl.load(at + W, mask=m, other=MASKED_SCORE)
     if GPU and FAST_DIV:
-        m, least = tl.reduce((score, score), 0, max_min)
+        peak, least = tl.reduce((score, score), 0, max_min)
     else:
-        m = tl.max(score, axis=0)
-    e = exp_f32(score - m[None, :], GPU)
+        peak = tl.max(score, axis=0)
+    e = exp_f32(score - peak[None, :], GPU)
     sums = tl.sum(e, axis=0)
     total = tl.broadcast_to(sums[None, :], e.shape)
     fast = False
     if GPU and FAST_DIV:
-        fast = tl.min(((least - m >= MIN_LOGIT) & (sums <= DIV_HI)).to(tl.int32), axis=0) == 1
+        fast = tl.min(((least - peak >= MIN_LOGIT) & (sums <= DIV_HI)).to(tl.int32), axis=0) == 1
     if fast:
         w = div_by(e, total, tl.broadcast_to(recip_for_div(sums)[None, :], e.shape))
     else:

@@ -156,15 +156,15 @@ def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.co
 
     Not SAFE, the e2m1 code takes its short form (with HW_E4M3: in pairs, nj.e2m1_pair_hw) and,
     without HW_E4M3, the integer roundings skip their NaN select (a NaN made by arithmetic would
-    turn into -0.0); both hold for finite values. The check, a sum of every value rounded last
-    (z; for MXFP4 with HW_E4M3 the NaN-keeping block maxima of y = bf16(z), which the scales
-    need anyway and which are not finite exactly when some y, hence some z, is not), is then
-    not finite whenever a value on the way was not (an Inf or NaN input, an overflow in RoPE or in the butterfly): every
-    output of a Hadamard transform sums every input, add and subtract keep Inf and NaN, and so
-    does the hardware bf16 rounding; the integer rounding may not, so without HW_E4M3 the sums
-    of the inputs join the check. The caller then redoes the rows SAFE. (Finite sums beyond
-    float32 also trip it: harmless. z itself cannot round to a bf16 Inf: it is the butterfly's
-    finite float32 sum times 128^-0.5.)
+    turn into -0.0); both hold for finite values. The check, a sum of every value rounded last (z;
+    for MXFP4 with HW_E4M3 the NaN-keeping block maxima of y = bf16(z), which the scales need anyway
+    and which are not finite exactly when some y, hence some z, is not), is then not finite whenever
+    a value on the way was not (an Inf or NaN input, an overflow in RoPE or in the butterfly): every
+    output of a Hadamard transform sums every input, add and subtract keep Inf and NaN, and so does
+    the hardware bf16 rounding; the integer rounding may not, so without HW_E4M3 the sums of the
+    inputs join the check. The caller then redoes the rows SAFE. (Finite sums beyond float32 also
+    trip it: harmless. z itself cannot round to a bf16 Inf: it is the butterfly's finite float32 sum
+    times 128^-0.5.)
 
     H_128 = H_64 on each half, then one stage (a, b) -> (a + b, a - b) across the halves: the
     reference's butterfly stage for stage, with the RoPE tail (the second half) alone."""
