@@ -42,9 +42,10 @@ def divide(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return fast, exact
 
 
-def floats(sign_exp_lo: int, sign_exp_hi: int, n: int, g: torch.Generator, mantissa=None) -> torch.Tensor:
-    """float32 [n] with exponents uniform in [lo, hi) and random (or the given) mantissas, on the GPU."""
-    e = torch.randint(sign_exp_lo + 127, sign_exp_hi + 127, (n,), generator=g, dtype=torch.int64)
+def floats(exp_lo: int, exp_hi: int, n: int, g: torch.Generator, mantissa=None) -> torch.Tensor:
+    """Positive float32 [n] with exponents uniform in [exp_lo, exp_hi) and random (or the given)
+    mantissas, on the GPU."""
+    e = torch.randint(exp_lo + 127, exp_hi + 127, (n,), generator=g, dtype=torch.int64)
     m = torch.randint(0, 1 << 23, (n,), generator=g, dtype=torch.int64) if mantissa is None else mantissa
     return ((e << 23) | m).to(torch.int32).view(torch.float32).cuda()
 
