@@ -184,7 +184,6 @@ def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.co
             z = z0 if half == 0 else z1
         else:
             z = ((a + b) if half == 0 else (a - b)) * had_scale
-        if not FAST_MX:
             check += tl.sum(z)
         y = bf16_value(z, SAFE, HW_E4M3, FAST_MX)
         if MXFP4:
