@@ -138,6 +138,21 @@ def rule_constants(rule) -> dict:
                 E_MIN=rule.exponent_min, E_MAX=rule.exponent_max)
 
 
+def short_exponent(rule) -> dict:
+    """Constexprs of ``numerics_jit.block_exponent_short`` for a ScaleRule: SHORT_E (whether it
+    holds: a ceil rule with power-of-two scales, an element max >= 1 of at most 8 significant
+    bits, a floor that keeps every quotient normal), E_FLOOR (the rule's exponent of 0), and
+    the element max's bits as EM_CARRY (0x7FFFFF - its mantissa field) and EM_FIELD (its
+    exponent field)."""
+    em, fl = f32(rule.element_max), f32(rule.floor)
+    em_bits = struct.unpack("<I", struct.pack("<f", em))[0]
+    tiny = 2.0 ** -126
+    ok = (rule.power_of_two and rule.exponent_mode == "ceil" and 1.0 <= em < float("inf")
+          and em_bits & 0xFFFF == 0 and fl >= tiny and (rule.floor_on == "scale" or fl / em >= tiny))
+    e_floor = int(rule.exponents(torch.zeros(1, 1))[0]) if ok else 0
+    return dict(SHORT_E=bool(ok), E_FLOOR=e_floor, EM_CARRY=0x7FFFFF - (em_bits & 0x7FFFFF), EM_FIELD=em_bits >> 23)
+
+
 @per_layout
 def profile_constants(layout, e2m1: bool = False) -> dict:
     """The rest of a layout's numerics profile as encode-kernel constexprs (with

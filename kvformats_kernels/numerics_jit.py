@@ -268,35 +268,61 @@ def bf16_round_hw(x):
         "=r,=r,r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
 
 
+def _e2m1_lane_codes(lo: str, hi: str, out: str) -> str:
+    """PTX of e2m1_words_hw for one pair: ``out`` gets the codes of f32 registers lo / hi in bits
+    9-12 of its low / high 16-bit lane (bit 12 the sign), every other bit 0."""
+    return (f"cvt.rn.f16x2.f32 h, {hi}, {lo};\n"
+            "and.b32 m, h, 0x7FFF7FFF;\n"
+            "set.lt.f16x2.f16x2 lt, m, one;\n"  # 1.0 (0x3C00) where |h| < 1, else 0
+            "add.rn.f16x2 a1, m, lt;\n"
+            "and.b32 t, lt, 0x04000400;\n"
+            "sub.u32 t, a1, t;\n"
+            "sub.u32 t, t, 0x37013701;\n"  # + 0xFF - (28 << 9) per lane, no lane borrows (a1 >= 1.0)
+            "set.lt.f16x2.f16x2 ng, h, q;\n"  # h < -0.25: 0x3C00 (bits 10-13)
+            # bits 9-11 and 13 from t (the code; bit 13 is 0), the others from ng & ~t: bit 12 is
+            # ng's (t's is 0), bits 0-8 and 14-15 are 0 in ng
+            f"lop3.b32 {out}, t, ng, 0x2E002E00, 0xA4;\n")
+
+
+_E2M1_WORDS_ASM = tl.constexpr(
+    "{\n.reg .b32 h, m, one, q, lt, a1, t, ng, ta, tb, tc, td;\n"
+    "mov.b32 one, 0x3C003C00;\n"
+    "mov.b32 q, 0xB400B400;\n"  # -0.25
+    + _e2m1_lane_codes("$1", "$2", "ta") + _e2m1_lane_codes("$3", "$4", "tb")
+    + _e2m1_lane_codes("$5", "$6", "tc") + _e2m1_lane_codes("$7", "$8", "td")
+    + "shr.u32 ta, ta, 9;\n"  # (0, 4) -> nibbles 0, 4
+    "shr.u32 tb, tb, 1;\n"  # (2, 6) -> 2, 6
+    "shr.u32 tc, tc, 5;\n"  # (1, 5) -> 1, 5
+    "shl.b32 td, td, 3;\n"  # (3, 7) -> 3, 7
+    "or.b32 ta, ta, tb;\n"
+    "or.b32 tc, tc, td;\n"
+    "or.b32 $0, ta, tc;\n}")
+
+
 @triton.jit
-def e2m1_pair_hw(even, odd):
-    """The byte ``e2m1_code_short(even) | e2m1_code_short(odd) << 4`` (GPU only: inline PTX),
-    for the same inputs (at most 8 significant bits, |y| < 7), two values per instruction in
-    half precision: such values convert to f16 exactly (below 2^-14 they may round, but stay
-    below 0.25: code 0, no sign), then per 16-bit lane as e2m1_code_short on float32 bits:
-    a = |h|, a + 1 where a < 1 (exact: a has 8 significant bits), add just under half an ulp of
-    the one kept mantissa bit (0xFF at bit 9), rebias (28 codes, 30 below 1: the lane's
-    "1.0 where a < 1" word carries bit 10 = 2 codes), set the code's bit 3 where h < -0.25,
-    shift. About 11 instructions per pair against ~18 for two short codes and the nibble
-    packing. The byte's bits above 8 are not cleared (stores keep the low byte).
-    tests/kernels/test_hw_cvt.py compares it with e2m1_code_short on every such value."""
-    return tl.inline_asm_elementwise(
-        "{\n.reg .b32 h, m, one, lt, a1, t, q, ng;\n"
-        "cvt.rn.f16x2.f32 h, $2, $1;\n"  # odd in the upper lane
-        "and.b32 m, h, 0x7FFF7FFF;\n"
-        "mov.b32 one, 0x3C003C00;\n"
-        "set.lt.f16x2.f16x2 lt, m, one;\n"  # 1.0 (0x3C00) where |h| < 1, else 0
-        "add.rn.f16x2 a1, m, lt;\n"
-        "and.b32 t, lt, 0x04000400;\n"
-        "sub.u32 t, a1, t;\n"
-        "sub.u32 t, t, 0x37013701;\n"  # + 0xFF - (28 << 9) per lane, no lane borrows (a1 >= 1.0)
-        "mov.b32 q, 0xB400B400;\n"
-        "set.lt.f16x2.f16x2 ng, h, q;\n"  # h < -0.25: 0x3C00, whose bit 12 is the code's bit 3 (0 so far)
-        "lop3.b32 t, t, ng, 0x10001000, 0xF8;\n"  # t | (ng & bit 12 of each lane)
-        "shr.u32 q, t, 9;\n"
-        "shr.u32 t, t, 21;\n"
-        "lop3.b32 $0, q, t, 0xF, 0xE4;\n}",  # (q & 0xF) | (t & ~0xF): the byte (the store keeps 8 bits)
-        "=r,f,f", [even, odd], dtype=tl.int32, is_pure=True, pack=1)
+def e2m1_words_hw(y):
+    """e2m1 nibbles of y [BM, 8k] as little-endian words [BM, k] (``e2m1_code_short`` of element
+    8w + j in bits 4j..4j+3 of word w; GPU only: inline PTX), for the short code's inputs (at most
+    8 significant bits, |y| < 7), two values per instruction in half precision: such values
+    convert to f16 exactly (below 2^-14 they may round, but stay below 0.25: code 0, no sign),
+    then per 16-bit lane as e2m1_code_short on float32 bits: a = |h|, a + 1 where a < 1 (exact:
+    a has 8 significant bits), add just under half an ulp of the one kept mantissa bit (0xFF at
+    bit 9), rebias (28 codes, 30 below 1: the lane's "1.0 where a < 1" word carries bit 10 = 2
+    codes), the sign where h < -0.25, and every other bit cleared. The pairs are (0, 4), (2, 6),
+    (1, 5), (3, 7) of each eight, so that the four lane words shifted by 9, 1, 5 and -3 hold
+    disjoint nibbles and OR into the word: about 9 instructions per pair, against 11 and the
+    byte packing for codes made a pair at a time. tests/kernels/test_hw_cvt.py compares it with
+    e2m1_code_short on every such value."""
+    BM: tl.constexpr = y.shape[0]
+    j0a, j0b = tl.split(tl.reshape(y, (BM, y.shape[1] // 8, 2, 2, 2)))  # element 8w + 4 j2 + 2 j1 + j0
+    e0_4, e2_6 = tl.split(j0a)
+    e1_5, e3_7 = tl.split(j0b)
+    e0, e4 = tl.split(e0_4)
+    e2, e6 = tl.split(e2_6)
+    e1, e5 = tl.split(e1_5)
+    e3, e7 = tl.split(e3_7)
+    return tl.inline_asm_elementwise(_E2M1_WORDS_ASM, "=r,f,f,f,f,f,f,f,f", [e0, e4, e2, e6, e1, e5, e3, e7],
+                                     dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -345,6 +371,26 @@ def block_exponent(amax, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_S
         q = tl.math.div_rn(max_nan(amax, FLOOR), tl.full(amax.shape, ELEM_MAX, tl.float32))
         NORMAL: tl.constexpr = FLOOR / ELEM_MAX >= 1.2e-38  # the quotient of the floor stays normal
     return tl.minimum(tl.maximum(ceil_log2(q, NORMAL), E_MIN), E_MAX)
+
+
+@triton.jit
+def block_exponent_short(amax, E_FLOOR: tl.constexpr, EM_CARRY: tl.constexpr, EM_FIELD: tl.constexpr,
+                         E_MAX: tl.constexpr):
+    """``block_exponent`` in four integer operations, for amax with at most 8 significant bits
+    (a maximum of bf16 values) under a rule that ``_common.short_exponent`` accepts: a ceil rule
+    whose ELEM_MAX = (1 + g) 2^j has at most 8 significant bits and whose floor keeps every
+    quotient normal; E_FLOOR is the rule's exponent of amax = 0 (the floor's). Exact:
+    tests/kernels/test_numerics_jit.py compares it with the rule on every bf16 value.
+
+    For a = (1 + f) 2^k >= the floor, q = a / ELEM_MAX rounds to 2^(k - j) or less when f <= g,
+    and to at least 2^(k - j) (1 + 2^-8) otherwise (8-bit significands differ by more than the
+    rounding), where float32's log2 is above k - j + 1/200, so ceil(log2(q)) = k - j + (f > g):
+    a carry out of the mantissa field when it exceeds g's. Values below the floor, subnormal or
+    0 give at most its exponent, which the maximum with E_FLOOR then takes (ceil(log2(.)) is
+    monotonic, so the floor commutes with it). Not for Inf or NaN (garbage). EM_CARRY is
+    0x7FFFFF - g's mantissa field, EM_FIELD the biased exponent field of ELEM_MAX (127 + j)."""
+    e = ((f32_bits(amax) + EM_CARRY) >> 23) - EM_FIELD
+    return tl.minimum(tl.maximum(e, E_FLOOR), E_MAX)
 
 
 @triton.jit

@@ -5,6 +5,7 @@ and the Hadamard transform. Each takes exactly the arguments of its reference im
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -27,7 +28,7 @@ from kvformats_kernels.dsv4 import query_jit as jit
 # best; 184 and up back to ~59 / 36 %, 128 below the uncapped kernel; docs/performance_gpu.md).
 # Re-swept after the MXFP4 fast path's f16-pair e2m1 codes (46 % at 160): 176 and 192 slower.
 CONFIG = {
-    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "maxnreg": 160},
+    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "lane_store_mx": 1, "maxnreg": 160},
     "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0, "maxnreg": 0},
     "inv_rope": {"lanes": 8, "num_warps": 1, "lane_load": 1, "lane_store": 0},
 }
@@ -76,6 +77,13 @@ def _input(x: torch.Tensor) -> tuple[torch.Tensor, bool, bool]:
     return x, is_bf16, False
 
 
+@functools.cache
+def _mxfp4_rule() -> dict:
+    """The MXFP4 indexer's scale rule as kernel constexprs (the FP8 prep's scales take no rule)."""
+    rule = ref._MXFP4.scale_rule
+    return {**cm.rule_constants(rule), **cm.short_exponent(rule)}
+
+
 def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, mxfp4: bool):
     t, h, d = index_q.shape
     dev = index_q.device
@@ -87,13 +95,14 @@ def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, 
         w, w_bf16 = _bits(weights)
         cs = _unit_last(cos_sin)
         cfg = CONFIG["indexer_q"]
-        rule = cm.rule_constants(ref._MXFP4.scale_rule)
         jit.indexer_q_kernel[(t, cm.grid_rows(h, cfg["block_h"]))](
-            qk, positions, cs, w, out, scales, w_out, h, qk.stride(0), qk.stride(1), positions.stride(0),
-            cs.stride(0), w.stride(0), w.stride(1), cm.f32(d ** -0.5), cm.f32(softmax_scale), cm.f32(head_scale),
-            ROPE=cs.shape[1], MXFP4=mxfp4, **rule, IS_BF16=is_bf16, PAIRS=pairs, W_BF16=w_bf16,
-            HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], **_lanes(cfg), **cm.launch_opts(cfg),
-            enable_fp_fusion=False)
+            qk, positions, cs, w, out.view(torch.int32) if mxfp4 else out, scales, w_out, h, qk.stride(0),
+            qk.stride(1), positions.stride(0), cs.stride(0), w.stride(0), w.stride(1), cm.f32(d ** -0.5),
+            cm.f32(softmax_scale), cm.f32(head_scale), ROPE=cs.shape[1], MXFP4=mxfp4, **_mxfp4_rule(),
+            IS_BF16=is_bf16, PAIRS=pairs, W_BF16=w_bf16,
+            HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], EVEN_H=h % cfg["block_h"] == 0,
+            LANE_LOAD=bool(cfg["lane_load"]), LANE_STORE=bool(cfg["lane_store_mx" if mxfp4 else "lane_store"]),
+            **cm.launch_opts(cfg), enable_fp_fusion=False)
     if mxfp4:
         return (out, scales), w_out
     return out.view(torch.float8_e4m3fn), w_out

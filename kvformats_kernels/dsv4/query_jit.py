@@ -145,16 +145,49 @@ def _half(row, live, cs_row, HALF_IDX: tl.constexpr, ROPE: tl.constexpr, IS_BF16
 
 
 @triton.jit
+def _mxfp4_fast(u, had_scale, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
+                E_MIN: tl.constexpr, E_MAX: tl.constexpr, SHORT_E: tl.constexpr, E_FLOOR: tl.constexpr,
+                EM_CARRY: tl.constexpr, EM_FIELD: tl.constexpr):
+    """The MXFP4 fast path (GPU: hardware roundings, inline PTX) of one half u [BM, 64] of the
+    butterfly's last stage, two blocks of 32 -> (nibble words [BM, 8], block exponents [BM, 2],
+    a check that is not finite when the fast path does not hold).
+
+    The reference takes y = bf16(u * s) (s = had_scale), the block's e from max |y|, then the
+    codes of y * 2^-e. Both roundings are monotonic, so max |y| = bf16(max |u| * s): the maxima
+    are taken on u. And a product's rounding commutes with a power of two while the result
+    stays normal, so y * 2^-e = bf16(u * (s * 2^-e)): one product per value instead of two.
+    That holds when s * 2^-e lies in [2^-126, 2^96]: then every u * s that can reach a code
+    (|y| * 2^-e > 0.25, so u * s >= 2^-103) is normal, and smaller values give code 0 either
+    way; outside that range (2^-e is then not even formed exactly) the check is made infinite
+    and the rows are redone SAFE. The maxima keep NaN, and bf16(max) is not finite exactly when
+    some y is not. SHORT_E: max |y| has 8 significant bits, so the rule's exponent takes
+    nj.block_exponent_short (a division and a float32 log2 otherwise: ~48 instructions a block)."""
+    BM: tl.constexpr = u.shape[0]
+    blocks = tl.reshape(u, (BM, 2, 32))
+    amax = (abs_max_nan(blocks, 2) * had_scale).to(tl.bfloat16).to(tl.float32)  # max |y|
+    if SHORT_E:
+        e = nj.block_exponent_short(amax, E_FLOOR, EM_CARRY, EM_FIELD, E_MAX)
+    else:
+        e = nj.block_exponent(amax, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
+    s2 = had_scale * nj.bits_f32((127 - e) << 23)  # 2^-e where -e is a normal exponent
+    far = (s2 < 1.1754943508222875e-38) | (s2 > 7.922816251426434e+28)  # not in [2^-126, 2^96]
+    bad = tl.sum(tl.where(far, float("inf"), amax))
+    y = nj.bf16_round_hw(blocks * s2[:, :, None])
+    return nj.e2m1_words_hw(tl.reshape(y, (BM, 64))), e, bad
+
+
+@triton.jit
 def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.constexpr,
                   FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                   E_MIN: tl.constexpr, E_MAX: tl.constexpr,
                   IS_BF16: tl.constexpr, PAIRS: tl.constexpr, HW_E4M3: tl.constexpr, SAFE: tl.constexpr,
-                  LANE: tl.constexpr):
-    """(bytes of dims 0..63, bytes of dims 64..127, MXFP4 scale words, check) of rows of 128
-    dims: y = bf16(scale * H(bf16(rope_p(q)))), then MXFP4 ([BM, 32] byte halves) or e4m3
-    ([BM, 64] byte halves).
+                  LANE: tl.constexpr, SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0,
+                  EM_CARRY: tl.constexpr = 0, EM_FIELD: tl.constexpr = 0):
+    """(dims 0..63, dims 64..127, MXFP4 scale words, check) of rows of 128 dims:
+    y = bf16(scale * H(bf16(rope_p(q)))), then MXFP4 ([BM, 8] halves of little-endian int32 words
+    of nibbles) or e4m3 ([BM, 64] byte halves).
 
-    Not SAFE, the e2m1 code takes its short form (with HW_E4M3: in pairs, nj.e2m1_pair_hw) and,
+    Not SAFE, the e2m1 code takes its short form (with HW_E4M3: in f16 pairs, nj.e2m1_words_hw) and,
     without HW_E4M3, the integer roundings skip their NaN select (a NaN made by arithmetic would
     turn into -0.0); both hold for finite values. The check, a sum of every value rounded last (z;
     for MXFP4 with HW_E4M3 the NaN-keeping block maxima of y = bf16(z), which the scales need anyway
@@ -177,29 +210,25 @@ def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.co
     check = check_a + check_b
     word = tl.zeros((BM,), tl.int32)
     if FAST_MX:  # both halves first: a and b are dead before the quantization (a row lives in one
-        z0 = (a + b) * had_scale  # lane: 24 instead of 165 spill loads and stores at 160 registers;
-        z1 = (a - b) * had_scale  # the FP8 prep measured 73 -> 69 % that way, so it keeps its order)
+        u0 = a + b  # lane: 24 instead of 165 spill loads and stores at 160 registers; the FP8 prep
+        u1 = a - b  # measured 73 -> 69 % that way, so it keeps its order)
     for half in tl.static_range(2):
         if FAST_MX:
-            z = z0 if half == 0 else z1
+            out, e, bad = _mxfp4_fast(u0 if half == 0 else u1, had_scale, FLOOR, ELEM_MAX, FLOOR_ON_SCALE,
+                                      E_MIN, E_MAX, SHORT_E, E_FLOOR, EM_CARRY, EM_FIELD)
+            check += bad
         else:
             z = ((a + b) if half == 0 else (a - b)) * had_scale
             check += tl.sum(z)
-        y = bf16_value(z, SAFE, HW_E4M3, FAST_MX)
+            y = bf16_value(z, SAFE, HW_E4M3)
         if MXFP4:
-            blocks = tl.reshape(y, (BM, 2, 32))
-            amax = abs_max_nan(blocks, 2)
-            if FAST_MX:  # the block maxima (NaN kept) are not finite exactly when some y is not
-                check += tl.sum(amax)
-            e = nj.block_exponent(amax, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
-            scaled = blocks * nj.pow2(-e)[:, :, None]
-            if FAST_MX:
-                ev, od = tl.split(tl.reshape(scaled, (BM, 32, 2)))  # element 2k in the low nibble
-                out = nj.e2m1_pair_hw(ev, od)
-            else:
-                codes = nj.e2m1_code(scaled) if SAFE else nj.e2m1_code_short(scaled)
-                lo, hi = tl.split(tl.reshape(codes, (BM, 32, 2)))  # element 2k in the low nibble
-                out = lo | (hi << 4)
+            if not FAST_MX:
+                blocks = tl.reshape(y, (BM, 2, 32))
+                e = nj.block_exponent(abs_max_nan(blocks, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
+                codes = nj.e2m1_code(blocks * nj.pow2(-e)[:, :, None]) if SAFE else \
+                    nj.e2m1_code_short(blocks * nj.pow2(-e)[:, :, None])
+                # little-endian words, as e2m1_words_hw: element 8w + j in bits 4j..4j+3 of word w
+                out = tl.sum(tl.reshape(codes, (BM, 8, 8)) << (4 * tl.arange(0, 8))[None, None, :], axis=2)
             s = tl.minimum(tl.maximum(e + 127, 0), 255)
             word = word | tl.sum(s << (8 * tl.arange(0, 2) + 16 * half)[None, :], axis=1)  # disjoint bytes
         else:
@@ -213,13 +242,17 @@ def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.co
 
 @triton.jit
 def _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4: tl.constexpr, LANE: tl.constexpr):
-    """Rows r of the packed output (two halves of W bytes) and, for MXFP4, their scale words."""
-    W: tl.constexpr = 32 if MXFP4 else 64
-    at = out_ptr + r * (2 * W)
-    store_rows(at, out0.to(tl.uint8), live, 16, LANE)
-    store_rows(at + W, out1.to(tl.uint8), live, 16, LANE)
+    """Rows r of the packed output, two halves of 64 bytes (FP8: out_ptr points at bytes) or of 8
+    int32 words of nibbles (MXFP4: at words), and for MXFP4 their scale words."""
     if MXFP4:
+        at = out_ptr + r * 16
+        store_rows(at, out0, live, 4, LANE)
+        store_rows(at + 8, out1, live, 4, LANE)
         tl.store(scale_out_ptr + r, word, mask=live)
+    else:
+        at = out_ptr + r * 128
+        store_rows(at, out0.to(tl.uint8), live, 16, LANE)
+        store_rows(at + 64, out1.to(tl.uint8), live, 16, LANE)
 
 
 @triton.jit
@@ -230,18 +263,23 @@ def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_ou
                      FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                      E_MIN: tl.constexpr, E_MAX: tl.constexpr,
                      IS_BF16: tl.constexpr, PAIRS: tl.constexpr, W_BF16: tl.constexpr, HW_E4M3: tl.constexpr,
-                     BLOCK_H: tl.constexpr, LANE_LOAD: tl.constexpr, LANE_STORE: tl.constexpr):
+                     BLOCK_H: tl.constexpr, LANE_LOAD: tl.constexpr, LANE_STORE: tl.constexpr,
+                     EVEN_H: tl.constexpr = False, SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0,
+                     EM_CARRY: tl.constexpr = 0, EM_FIELD: tl.constexpr = 0):
     """Token program_id(0), heads BLOCK_H * program_id(1) + i of q [T, H, 128] (strides in
-    q_ptr's units): MXFP4 nibbles [T * H, 64] and one int32 of the four ue8m0 bytes per row, or
+    q_ptr's units): MXFP4 nibbles [T * H, 16] (int32 words) and one int32 of the four ue8m0 bytes per row, or
     e4m3 bytes [T * H, 128]; w_out[t * H + h] = (w[t, h] * softmax_scale) * head_scale."""
     t = tl.program_id(0).to(tl.int64)  # axis 0: up to 2^31 - 1 tokens (axis 1 stops at 65535)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     live = h < heads
+    if EVEN_H:  # every head of the program exists: unmasked loads need no zeroed registers
+        live = tl.full((BLOCK_H,), 1, tl.int1)
     cs_row = cs_ptr + tl.load(pos_ptr + t * pos_stride).to(tl.int64) * cs_stride
     row = q_ptr + t * q_stride_t + h.to(tl.int64) * q_stride_h
     r = t * heads + h
     out0, out1, word, check = _indexer_rows(row, live, cs_row, had_scale, ROPE, MXFP4, FLOOR, ELEM_MAX,
-                                            FLOOR_ON_SCALE, E_MIN, E_MAX, IS_BF16, PAIRS, HW_E4M3, False, LANE_LOAD)
+                                            FLOOR_ON_SCALE, E_MIN, E_MAX, IS_BF16, PAIRS, HW_E4M3, False, LANE_LOAD,
+                                            SHORT_E, E_FLOOR, EM_CARRY, EM_FIELD)
     _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4, LANE_STORE)
     if check * 0.0 != check * 0.0:  # the check is Inf or NaN
         # stored first and redone here, so that no result of the fast path stays live (in

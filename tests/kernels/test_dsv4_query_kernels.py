@@ -24,6 +24,7 @@ from kvformats.strategies import storage_bytes
 triton = pytest.importorskip("triton")
 import triton.language as tl
 
+from kvformats_kernels import _common as cm
 from kvformats_kernels import numerics_jit as nj
 from kvformats_kernels.dsv4 import query as kq
 from kvformats_kernels.dsv4 import query_jit as qj
@@ -130,6 +131,83 @@ def test_e4m3_finite_matches_numerics():
     x = torch.cat([bf, rand.view(torch.float32), (grid[1:] + grid[:-1]) / 2, torch.tensor([float("inf"), -1e39])])
     x = x[~torch.isnan(x)]
     assert torch.equal(_helper(1, x.to(DEV)).cpu(), nx.e4m3_encode(x).to(torch.int32))
+
+
+@triton.jit
+def _short_exponent_kernel(x_ptr, out_ptr, n, E_FLOOR: tl.constexpr, EM_CARRY: tl.constexpr,
+                           EM_FIELD: tl.constexpr, E_MAX: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, nj.block_exponent_short(x, E_FLOOR, EM_CARRY, EM_FIELD, E_MAX), mask=offs < n)
+
+
+SHORT_RULES = [rq._MXFP4.scale_rule,  # element max 6, floor 1e-4 on the maximum
+               nx.ScaleRule(element_max=448.0, floor=1e-10, floor_on="absmax", exponent_max=127),
+               nx.ScaleRule(element_max=6.0, floor=2.0 ** -100, floor_on="scale"),
+               nx.ScaleRule(element_max=1.0, floor=2.0 ** -126, floor_on="scale", exponent_min=-20)]
+
+
+@pytest.mark.parametrize("rule", SHORT_RULES, ids=["mxfp4", "e4m3", "on-scale", "unit"])
+def test_block_exponent_short_equals_the_rule_on_every_bf16_value(rule):
+    """``numerics_jit.block_exponent_short`` (the MXFP4 query prep's exponent of a bf16 block
+    maximum) against the rule itself on every finite non-negative bf16 value."""
+    c = cm.short_exponent(rule)
+    assert c["SHORT_E"]
+    amax = (torch.arange(0x7F80, dtype=torch.int32) << 16).view(torch.float32)  # 0 .. bf16 max
+    out = torch.empty(amax.shape, dtype=torch.int32)
+    amax, out = amax.to(DEV), out.to(DEV)
+    _short_exponent_kernel[(triton.cdiv(amax.numel(), 4096),)](
+        amax, out, amax.numel(), c["E_FLOOR"], c["EM_CARRY"], c["EM_FIELD"], rule.exponent_max, BLOCK=4096)
+    want = rule.exponents(amax.cpu()[:, None])
+    bad = (out.cpu() != want).nonzero()
+    assert bad.numel() == 0, f"{bad.numel()} differ; first amax {amax[bad[0, 0]].item()!r}"
+
+
+@pytest.mark.parametrize("rule", [nx.ScaleRule(element_max=6.1, floor=1e-4, floor_on="absmax"),  # 24-bit max
+                                  nx.ScaleRule(element_max=6.0, floor=0.0, floor_on="absmax"),  # subnormal q
+                                  nx.ScaleRule(element_max=6.0, floor=2.0 ** -126, floor_on="absmax"),
+                                  nx.ScaleRule(element_max=0.5, floor=1e-4, floor_on="absmax"),
+                                  nx.ScaleRule(element_max=6.0, floor=1e-4, floor_on="absmax", power_of_two=False),
+                                  nx.ScaleRule(element_max=6.0, floor=2.0 ** -127, floor_on="absmax",
+                                               exponent_mode="floor_minus_emax", element_emax=2)])
+def test_short_exponent_refuses_rules_it_does_not_cover(rule):
+    assert cm.short_exponent(rule)["SHORT_E"] is False
+
+
+def _single_value_rows(bits: torch.Tensor, heads: int = 64):
+    """One row per bf16 pattern: the value at dim 0 (NoPE), zeros elsewhere, so that every output
+    of the Hadamard transform is +-v * 128^-0.5 and each block's maximum is bf16(|v| 128^-0.5):
+    every 8-bit significand at every exponent, the floor, the rule's boundaries (1.5 * 2^k) and,
+    near the bf16 maximum, exponents whose 2^-e * 128^-0.5 is not normal (the fast path's limit)."""
+    n = -(-bits.numel() // heads) * heads
+    q = torch.zeros(n, 128, dtype=torch.int16)
+    q[:bits.numel(), 0] = bits.to(torch.int16)
+    return q.view(torch.bfloat16).reshape(n // heads, heads, 128)
+
+
+def _mxfp4_rows_agree(q):
+    t = q.shape[0]
+    pos = torch.arange(t, dtype=torch.int64) % 300
+    args = (q.to(DEV), pos.to(DEV), rope_table(64), torch.ones(q.shape[:2], device=DEV), 128 ** -0.5, 1.0)
+    (p, s), _ = kq.prepare_indexer_q_mxfp4(*args)
+    (rp, rs_), _ = rq.prepare_indexer_q_mxfp4_reference(*args)
+    assert torch.equal(s, rs_)
+    assert torch.equal(p, rp)
+
+
+def test_prepare_indexer_q_mxfp4_single_value_rows():
+    """Positive and negative values at the floor, at 1.5 * 2^k and its neighbours, and at the
+    top of the range (a subset: the interpreter is slow; the GPU test takes every pattern)."""
+    k = torch.arange(0, 0x80, dtype=torch.int32)
+    bits = torch.cat([k + (e << 7) for e in (0x60, 0x71, 0x80, 0x81, 0xFC, 0xFD, 0xFE)])
+    _mxfp4_rows_agree(_single_value_rows(torch.cat([bits, bits | 0x8000]), heads=32))
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_prepare_indexer_q_mxfp4_every_single_value_row():
+    bits = torch.arange(0, 0x7F80, dtype=torch.int32)
+    _mxfp4_rows_agree(_single_value_rows(torch.cat([bits, bits | 0x8000])))
 
 
 # ----------------------------------------------------------------------------- swa_insert

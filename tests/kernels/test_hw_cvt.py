@@ -39,17 +39,17 @@ def _both(x_ptr, hw_ptr, sw_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
     elif OP == 4:  # ... two values per conversion (the MXFP4 prep)
         x = tl.load(x_ptr + offs, mask=m, other=0.0)
         hw, sw = nj.f32_bits(qj.bf16_value(x, False, True, True)), nj.f32_bits(qj.bf16_value(x, False, False))
-    else:  # the MXFP4 prep's e2m1 bytes in f16 pairs against two short codes (x: even, odd, ...)
-        even = tl.load(x_ptr + 2 * offs, mask=m, other=0.0)
-        odd = tl.load(x_ptr + 2 * offs + 1, mask=m, other=0.0)
-        hw = nj.e2m1_pair_hw(even, odd) & 0xFF  # its bits above the byte are not cleared
-        sw = nj.e2m1_code_short(even) | (nj.e2m1_code_short(odd) << 4)
+    else:  # the MXFP4 prep's e2m1 words (f16 pairs) against eight short codes (x: 8 per word)
+        j = tl.arange(0, 8)
+        y = tl.load(x_ptr + 8 * offs[:, None] + j[None, :], mask=m[:, None], other=0.0)
+        hw = tl.reshape(nj.e2m1_words_hw(y), (BLOCK,))
+        sw = tl.sum(nj.e2m1_code_short(y) << (4 * j)[None, :], axis=1)
     tl.store(hw_ptr + offs, hw, mask=m)
     tl.store(sw_ptr + offs, sw, mask=m)
 
 
 def _run(op: int, x: torch.Tensor):
-    n = x.numel() // 2 if op == 5 else x.numel()  # op 5 reads pairs
+    n = x.numel() // 8 if op == 5 else x.numel()  # op 5 reads eights
     hw = torch.empty(n, dtype=torch.int32, device=x.device)
     sw = torch.empty_like(hw)
     _both[(triton.cdiv(n, 4096),)](x, hw, sw, n, OP=op, BLOCK=4096)
@@ -111,19 +111,20 @@ def test_gpu_query_fast_bf16_rounding_equals_integer_path():
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-def test_gpu_e2m1_pairs_equal_two_short_codes():
-    """``numerics_jit.e2m1_pair_hw`` (f16 pairs, inline PTX) against ``e2m1_code_short`` on every
+def test_gpu_e2m1_words_equal_eight_short_codes():
+    """``numerics_jit.e2m1_words_hw`` (f16 pairs, inline PTX) against ``e2m1_code_short`` on every
     finite bf16 value below 7 in magnitude (the short code's inputs: a bf16 value times a power of
-    two), each paired with every position of the byte by two random orders, and the thresholds."""
+    two), in eight random orders, and the thresholds."""
     every = (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32)
     v = every[torch.isfinite(every) & (every.abs() < 7)]
     edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 6.5, 0.0, 2.0 ** -20, 2.0 ** -126, 2.0 ** -133])
     v = torch.cat([v, edges, -edges])
+    v = torch.cat([v, torch.zeros(-v.numel() % 8)])  # whole words
     g = torch.Generator().manual_seed(9)
-    for order in (torch.randperm(v.numel(), generator=g), torch.randperm(v.numel(), generator=g)):
-        pairs = torch.stack([v, v[order]], dim=1).reshape(-1).cuda()
-        hw, sw = _run(5, pairs)
+    for _ in range(8):
+        x = v[torch.randperm(v.numel(), generator=g)].cuda()
+        hw, sw = _run(5, x)
         bad = (hw != sw).nonzero()
-        first = pairs[2 * bad[0, 0]:2 * bad[0, 0] + 2].tolist() if bad.numel() else None
-        assert bad.numel() == 0, f"{bad.numel()} bytes differ; first pair {first}"
-    assert int(hw.max()) > 0x80  # sign bits and high codes were exercised
+        first = x[8 * bad[0, 0]:8 * bad[0, 0] + 8].tolist() if bad.numel() else None
+        assert bad.numel() == 0, f"{bad.numel()} words differ; first eight {first}"
+    assert int((hw < 0).sum()) > 0  # sign bits and high codes reached the top nibble
