@@ -22,7 +22,7 @@ CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on 
     # cu_seq_lens up to this many requests, by binary search beyond
     ("gather", "bytes"): {"tile_bytes": 8192, "num_warps": 4, "max_unit": 8, "cu_scan_max": 64},
     ("indexer", "encode"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
-    ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1, "lane": 1},
+    ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1, "lane": 1, "hw_cvt": 1},
     ("indexer", "decode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     ("indexer", "paged"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     ("state", "copy"): {"block_m": 1, "block_w": 2048, "num_warps": 4},
@@ -138,6 +138,7 @@ def rule_constants(rule) -> dict:
                 E_MIN=rule.exponent_min, E_MAX=rule.exponent_max)
 
 
+@functools.cache
 def short_exponent(rule) -> dict:
     """Constexprs of ``numerics_jit.block_exponent_short`` for a ScaleRule: SHORT_E (whether it
     holds: a ceil rule with power-of-two scales, an element max >= 1 of at most 8 significant

@@ -30,6 +30,16 @@ def _profile(layout, cfg: dict) -> dict:
     return cm.profile_constants(layout, e2m1=True)  # e2m1 has no hardware conversion on Hopper
 
 
+def _mxfp4_constants(layout, cfg: dict, u8: torch.Tensor, stride: int) -> dict:
+    """The MXFP4 encode's launch constexprs beyond geometry and profile: its layout (LANE),
+    the short block exponent's (cm.short_exponent), the GPU's f16-pair nibbles (HW) and whether
+    they may be stored as int32 words (every value address a multiple of 4)."""
+    g = _geometry(layout)
+    words = all(v % 4 == 0 for v in (u8.data_ptr(), stride, g["VAL_OFF"], g["VAL_STRIDE"], g["QB"] // 2))
+    return dict(LANE=_whole_blocks_per_lane(layout, cfg), **cm.short_exponent(layout.scale_rule),
+                HW=cm.hw_cvt(cfg) and g["QB"] % 8 == 0, WORDS=words)
+
+
 def _whole_blocks_per_lane(layout, cfg: dict) -> bool:
     """Whether the MXFP4 encode takes its one-block-per-lane layout: asked for, and the program
     has at least one (row, block) pair per lane. With fewer (a head dim of 32 gives one block
@@ -50,7 +60,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     u8, stride = cm.byte_cache(layout, cache)
     mxfp4 = layout.name == "mxfp4_indexer"
     cfg = cm.config("mxfp4" if mxfp4 else "indexer", "encode", n)
-    layout_kw = dict(LANE=_whole_blocks_per_lane(layout, cfg)) if mxfp4 else {}
+    layout_kw = _mxfp4_constants(layout, cfg, u8, stride) if mxfp4 else {}
     _KERNELS[layout.name][0][(cm.grid_rows(n, cfg["block_m"]),)](
         x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
         **_geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout, cfg),

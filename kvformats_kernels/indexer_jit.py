@@ -81,6 +81,33 @@ def fp8_decode_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capaci
 
 
 @triton.jit
+def _store_nibbles(at, codes, mask):
+    """e2m1 codes [P, QB] as QB / 2 bytes at each of the P byte pointers ``at`` (element 2k in
+    the low nibble)."""
+    P: tl.constexpr = codes.shape[0]
+    HQ: tl.constexpr = codes.shape[1] // 2
+    lo, hi = tl.split(tl.reshape(codes, (P, HQ, 2)))  # element 2k, element 2k + 1
+    tl.store(at[:, None] + tl.arange(0, HQ)[None, :], (lo | (hi << 4)).to(tl.uint8), mask=mask[:, None])
+
+
+@triton.jit
+def _store_nibble_words(at, words, mask, WORDS: tl.constexpr):
+    """Little-endian words [P, QB / 8] of nibbles (nj.e2m1_words_hw) at the P byte pointers
+    ``at``: as int32 stores where WORDS (the launcher checked every address is a multiple of
+    4), else byte by byte."""
+    P: tl.constexpr = words.shape[0]
+    NW: tl.constexpr = words.shape[1]
+    if WORDS:
+        wp = at.to(tl.pointer_type(tl.int32))
+        tl.store(wp[:, None] + tl.arange(0, NW)[None, :], words, mask=mask[:, None])
+    else:
+        k = tl.arange(0, 4)
+        b = (words[:, :, None] >> (8 * k)[None, None, :]) & 0xFF
+        tl.store(at[:, None] + tl.arange(0, 4 * NW)[None, :], tl.reshape(b, (P, 4 * NW)).to(tl.uint8),
+                 mask=mask[:, None])
+
+
+@triton.jit
 def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
                         PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
@@ -88,7 +115,9 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
                         FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                         E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
                         E2M1_RNE: tl.constexpr, E2M1_SIGNED_ZERO: tl.constexpr, IS_BF16: tl.constexpr,
-                        EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, LANE: tl.constexpr = False):
+                        EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, LANE: tl.constexpr = False,
+                        SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0, EM_CARRY: tl.constexpr = 0,
+                        EM_FIELD: tl.constexpr = 0, HW: tl.constexpr = False, WORDS: tl.constexpr = False):
     """Default rule: e = ceil_log2(max(amax, 1e-4) / 6); nibbles by threshold (element 2k low);
     scale e + 127. Other profiles: their exponent rule and e2m1 rounding (constexprs).
     LANE: each (row, block) pair of the program in one lane; else the [rows, blocks, values]
@@ -108,7 +137,12 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
     The e2m1 codes take ``e2m1_code_short`` (about half the instructions) when the program's
     blocks allow it: bf16 input (8 significant bits), the default rounding and sign rule, and
     every scaled block maximum finite and below 7 (true of finite input under any ceil-rule
-    profile). Otherwise the full ``e2m1_code``; the same bytes either way."""
+    profile). Otherwise the full ``e2m1_code``; the same bytes either way. On that short path
+    with HW (GPU only) the nibbles come four f16 pairs to a word (nj.e2m1_words_hw: about half
+    the instructions again), stored as int32 words where WORDS (every value address a multiple
+    of 4). With bf16 input and a rule that allows it (SHORT_E: _common.short_exponent) a block's
+    exponent takes four integer operations (nj.block_exponent_short) instead of a division
+    and a float32 log2."""
     HQ: tl.constexpr = QB // 2
     if LANE:
         V: tl.constexpr = 8 if QB % 8 == 0 else QB
@@ -123,24 +157,28 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
                         (in_range & live)[:, None, None], IS_BF16)  # overlaps the slot load
         x = tl.reshape(x, (P, QB))
         amax = nj.abs_max(x, 1)
-        e = nj.block_exponent(amax, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE, ELEM_EMAX)
+        if SHORT_E and IS_BF16:  # the maximum of bf16 values: 8 significant bits
+            e = nj.block_exponent_short(amax, E_FLOOR, EM_CARRY, EM_FIELD, E_MAX)
+        else:
+            e = nj.block_exponent(amax, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE, ELEM_EMAX)
         scale = nj.pow2(-e)
         y = x * scale[:, None]
+        base = cache_ptr + page * page_stride
+        at = base + VAL_OFF + row * VAL_STRIDE + blk * HQ
         SHORT_RULES: tl.constexpr = IS_BF16 and not E2M1_RNE and not E2M1_SIGNED_ZERO
         if SHORT_RULES:
             # amax * 2^-e is the largest |y| of the block (a product by a power of two is monotone);
             # compared as bit patterns, where NaN and Inf lie above 7 (tl.max on floats drops NaN)
             top = tl.max(tl.where(live, nj.f32_bits(amax * scale) & 0x7FFFFFFF, 0))
             if top < 0x40E00000:  # 7.0
-                codes = nj.e2m1_code_short(y)
+                if HW:
+                    _store_nibble_words(at, nj.e2m1_words_hw(y), ok & live, WORDS)
+                else:
+                    _store_nibbles(at, nj.e2m1_code_short(y), ok & live)
             else:
-                codes = nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO)
+                _store_nibbles(at, nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO), ok & live)
         else:
-            codes = nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO)
-        lo, hi = tl.split(tl.reshape(codes, (P, HQ, 2)))  # element 2k, element 2k + 1
-        base = cache_ptr + page * page_stride
-        tl.store((base + VAL_OFF + row * VAL_STRIDE + blk * HQ)[:, None] + tl.arange(0, HQ)[None, :],
-                 (lo | (hi << 4)).to(tl.uint8), mask=(ok & live)[:, None])
+            _store_nibbles(at, nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO), ok & live)
         s = tl.minimum(tl.maximum(e + 127, 0), 255)
         tl.store(base + SCALE_OFF + row * SCALE_STRIDE + blk, s.to(tl.uint8), mask=ok & live)
     else:

@@ -387,10 +387,13 @@ def block_exponent_short(amax, E_FLOOR: tl.constexpr, EM_CARRY: tl.constexpr, EM
     rounding), where float32's log2 is above k - j + 1/200, so ceil(log2(q)) = k - j + (f > g):
     a carry out of the mantissa field when it exceeds g's. Values below the floor, subnormal or
     0 give at most its exponent, which the maximum with E_FLOOR then takes (ceil(log2(.)) is
-    monotonic, so the floor commutes with it). Not for Inf or NaN (garbage). EM_CARRY is
-    0x7FFFFF - g's mantissa field, EM_FIELD the biased exponent field of ELEM_MAX (127 + j)."""
-    e = ((f32_bits(amax) + EM_CARRY) >> 23) - EM_FIELD
-    return tl.minimum(tl.maximum(e, E_FLOOR), E_MAX)
+    monotonic, so the floor commutes with it). Inf and NaN (bit patterns above the largest
+    finite one; amax >= 0) give E_MAX, as the rule's clamp of ceil(log2(.)) = 128 or 129 does.
+    EM_CARRY is 0x7FFFFF - g's mantissa field, EM_FIELD the biased exponent field of ELEM_MAX
+    (127 + j)."""
+    b = f32_bits(amax)
+    e = tl.minimum(tl.maximum(((b + EM_CARRY) >> 23) - EM_FIELD, E_FLOOR), E_MAX)
+    return tl.where(b >= 0x7F800000, E_MAX, e)
 
 
 @triton.jit

@@ -79,7 +79,8 @@ def _input(x: torch.Tensor) -> tuple[torch.Tensor, bool, bool]:
 
 @functools.cache
 def _mxfp4_rule() -> dict:
-    """The MXFP4 indexer's scale rule as kernel constexprs (the FP8 prep's scales take no rule)."""
+    """The MXFP4 indexer's scale rule as kernel constexprs (the FP8 prep's scales take no rule;
+    cached: short_exponent runs the rule once)."""
     rule = ref._MXFP4.scale_rule
     return {**cm.rule_constants(rule), **cm.short_exponent(rule)}
 

@@ -150,10 +150,10 @@ SHORT_RULES = [rq._MXFP4.scale_rule,  # element max 6, floor 1e-4 on the maximum
 @pytest.mark.parametrize("rule", SHORT_RULES, ids=["mxfp4", "e4m3", "on-scale", "unit"])
 def test_block_exponent_short_equals_the_rule_on_every_bf16_value(rule):
     """``numerics_jit.block_exponent_short`` (the MXFP4 query prep's exponent of a bf16 block
-    maximum) against the rule itself on every finite non-negative bf16 value."""
+    maximum) against the rule itself on every non-negative bf16 pattern (Inf and NaN included)."""
     c = cm.short_exponent(rule)
     assert c["SHORT_E"]
-    amax = (torch.arange(0x7F80, dtype=torch.int32) << 16).view(torch.float32)  # 0 .. bf16 max
+    amax = (torch.arange(0x8000, dtype=torch.int32) << 16).view(torch.float32)  # 0 .. Inf, NaN
     out = torch.empty(amax.shape, dtype=torch.int32)
     amax, out = amax.to(DEV), out.to(DEV)
     _short_exponent_kernel[(triton.cdiv(amax.numel(), 4096),)](
