@@ -151,7 +151,8 @@ def short_exponent(rule) -> dict:
     ok = (rule.power_of_two and rule.exponent_mode == "ceil" and 1.0 <= em < float("inf")
           and em_bits & 0xFFFF == 0 and fl >= tiny and (rule.floor_on == "scale" or fl / em >= tiny))
     e_floor = int(rule.exponents(torch.zeros(1, 1))[0]) if ok else 0
-    return dict(SHORT_E=bool(ok), E_FLOOR=e_floor, EM_CARRY=0x7FFFFF - (em_bits & 0x7FFFFF), EM_FIELD=em_bits >> 23)
+    return dict(SHORT_E=bool(ok), E_FLOOR=e_floor, EM_CARRY=0x7FFFFF - (em_bits & 0x7FFFFF),
+                EM_FIELD=em_bits >> 23)
 
 
 @per_layout

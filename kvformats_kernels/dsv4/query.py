@@ -28,7 +28,8 @@ from kvformats_kernels.dsv4 import query_jit as jit
 # best; 184 and up back to ~59 / 36 %, 128 below the uncapped kernel; docs/performance_gpu.md).
 # Re-swept after the MXFP4 fast path's f16-pair e2m1 codes (46 % at 160): 176 and 192 slower.
 CONFIG = {
-    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "lane_store_mx": 1, "maxnreg": 160},
+    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "lane_store_mx": 1,
+                  "maxnreg": 160},
     "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0, "maxnreg": 0},
     "inv_rope": {"lanes": 8, "num_warps": 1, "lane_load": 1, "lane_store": 0},
 }
