@@ -46,7 +46,7 @@ def _encode_constants(layout) -> dict:
     return dict(_geometry(layout), PAD_OFF=pad_off, PAD_STRIDE=pad_stride, PAD_BYTES=pad_bytes,
                 PAD_P2=cm.next_pow2(pad_bytes), ROPE_P2=cm.next_pow2(layout.rope_dim),
                 **cm.rule_constants(layout.scale_rule), **cm.profile_constants(layout),
-                POW2=layout.scale_rule.power_of_two)
+                POW2=layout.scale_rule.power_of_two, **cm.short_exponent(layout.scale_rule))
 
 
 def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:

@@ -24,7 +24,12 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
                   FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                   E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
                   SCALE_F32: tl.constexpr, POW2: tl.constexpr,
-                  IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
+                  IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, HW: tl.constexpr = False,
+                  SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0, EM_CARRY: tl.constexpr = 0,
+                  EM_FIELD: tl.constexpr = 0):
+    """Rows x [N, head_dim] into the rows at slots (skipped outside [0, capacity)). SHORT_E: the
+    NoPE blocks' maxima (of bf16-rounded values: 8 significant bits) take their exponents in four
+    integer operations (nj.block_exponent_short; _common.short_exponent says which rules allow it)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
@@ -40,8 +45,11 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
     if not IS_BF16:
         xq = nj.bf16_round(xq)
     if POW2:
-        e = nj.tile_exponent(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
-                             FLOOR_MODE, ELEM_EMAX)
+        if SHORT_E:
+            e = nj.block_exponent_short(nj.abs_max(xq, 2), E_FLOOR, EM_CARRY, EM_FIELD, E_MAX)
+        else:
+            e = nj.tile_exponent(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
+                                 FLOOR_MODE, ELEM_EMAX)
         codes = nj.e4m3_code(xq * nj.pow2(-e)[:, :, None], HW)
     else:  # arbitrary float32 scale q, applied by one correctly rounded division (as the reference)
         q = nj.block_scale(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE)

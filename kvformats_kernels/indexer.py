@@ -26,18 +26,19 @@ def _geometry(layout) -> dict:
 
 def _profile(layout, cfg: dict) -> dict:
     if layout.name == "fp8_indexer":
-        return dict(cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two, HW=cm.hw_cvt(cfg))
-    return cm.profile_constants(layout, e2m1=True)  # e2m1 has no hardware conversion on Hopper
+        return dict(cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two, HW=cm.hw_cvt(cfg),
+                    **cm.short_exponent(layout.scale_rule))
+    # e2m1 has no hardware conversion on Hopper (the GPU path's f16 pairs: _mxfp4_constants)
+    return dict(cm.profile_constants(layout, e2m1=True), **cm.short_exponent(layout.scale_rule))
 
 
 def _mxfp4_constants(layout, cfg: dict, u8: torch.Tensor, stride: int) -> dict:
-    """The MXFP4 encode's launch constexprs beyond geometry and profile: its layout (LANE),
-    the short block exponent's (cm.short_exponent), the GPU's f16-pair nibbles (HW) and whether
-    they may be stored as int32 words (every value address a multiple of 4)."""
+    """The MXFP4 encode's launch constexprs beyond geometry and profile: its layout (LANE), the
+    GPU's f16-pair nibbles (HW) and whether they may be stored as int32 words (every value
+    address a multiple of 4)."""
     g = _geometry(layout)
     words = all(v % 4 == 0 for v in (u8.data_ptr(), stride, g["VAL_OFF"], g["VAL_STRIDE"], g["QB"] // 2))
-    return dict(LANE=_whole_blocks_per_lane(layout, cfg), **cm.short_exponent(layout.scale_rule),
-                HW=cm.hw_cvt(cfg) and g["QB"] % 8 == 0, WORDS=words)
+    return dict(LANE=_whole_blocks_per_lane(layout, cfg), HW=cm.hw_cvt(cfg) and g["QB"] % 8 == 0, WORDS=words)
 
 
 def _whole_blocks_per_lane(layout, cfg: dict) -> bool:

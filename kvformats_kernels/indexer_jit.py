@@ -16,10 +16,13 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
                       FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                       E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
                       POW2: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr,
-                      HW: tl.constexpr = False):
+                      HW: tl.constexpr = False, SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0,
+                      EM_CARRY: tl.constexpr = 0, EM_FIELD: tl.constexpr = 0):
     """Default rule: e = ceil_log2(max(amax / 448, 1e-10)); bytes e4m3(x * 2^-e); scale = float32
     2^e (LE). POW2=False (a profile storing arbitrary scales): s = the rule's float32 quotient,
-    bytes e4m3(x / s) with one correctly rounded division, as the reference."""
+    bytes e4m3(x / s) with one correctly rounded division, as the reference. SHORT_E with bf16
+    input: the exponent of a block maximum of 8 significant bits in four integer operations
+    (nj.block_exponent_short; _common.short_exponent says which rules allow it)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
@@ -29,8 +32,11 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
     x = nj.load_f32((x_ptr + rows * x_stride)[:, None, None] + elem[None, :, :],
                     in_range[:, None, None] & (blk < NB)[None, :, None], IS_BF16)  # overlaps the slot load
     if POW2:
-        e = nj.tile_exponent(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
-                             FLOOR_MODE, ELEM_EMAX)
+        if SHORT_E and IS_BF16:
+            e = nj.block_exponent_short(nj.abs_max(x, 2), E_FLOOR, EM_CARRY, EM_FIELD, E_MAX)
+        else:
+            e = nj.tile_exponent(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
+                                 FLOOR_MODE, ELEM_EMAX)
         codes = nj.e4m3_code(x * nj.pow2(-e)[:, :, None], HW)
         bits = nj.pow2_bits(e)
     else:
