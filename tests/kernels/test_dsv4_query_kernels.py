@@ -24,7 +24,6 @@ from kvformats.strategies import storage_bytes
 triton = pytest.importorskip("triton")
 import triton.language as tl
 
-from kvformats_kernels import _common as cm
 from kvformats_kernels import numerics_jit as nj
 from kvformats_kernels.dsv4 import query as kq
 from kvformats_kernels.dsv4 import query_jit as qj
@@ -131,47 +130,6 @@ def test_e4m3_finite_matches_numerics():
     x = torch.cat([bf, rand.view(torch.float32), (grid[1:] + grid[:-1]) / 2, torch.tensor([float("inf"), -1e39])])
     x = x[~torch.isnan(x)]
     assert torch.equal(_helper(1, x.to(DEV)).cpu(), nx.e4m3_encode(x).to(torch.int32))
-
-
-@triton.jit
-def _short_exponent_kernel(x_ptr, out_ptr, n, E_FLOOR: tl.constexpr, EM_CARRY: tl.constexpr,
-                           EM_FIELD: tl.constexpr, E_MAX: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-    tl.store(out_ptr + offs, nj.block_exponent_short(x, E_FLOOR, EM_CARRY, EM_FIELD, E_MAX), mask=offs < n)
-
-
-SHORT_RULES = [rq._MXFP4.scale_rule,  # element max 6, floor 1e-4 on the maximum
-               nx.ScaleRule(element_max=448.0, floor=1e-10, floor_on="absmax", exponent_max=127),
-               nx.ScaleRule(element_max=6.0, floor=2.0 ** -100, floor_on="scale"),
-               nx.ScaleRule(element_max=1.0, floor=2.0 ** -126, floor_on="scale", exponent_min=-20)]
-
-
-@pytest.mark.parametrize("rule", SHORT_RULES, ids=["mxfp4", "e4m3", "on-scale", "unit"])
-def test_block_exponent_short_equals_the_rule_on_every_bf16_value(rule):
-    """``numerics_jit.block_exponent_short`` (the MXFP4 query prep's exponent of a bf16 block
-    maximum) against the rule itself on every non-negative bf16 pattern (Inf and NaN included)."""
-    c = cm.short_exponent(rule)
-    assert c["SHORT_E"]
-    amax = (torch.arange(0x8000, dtype=torch.int32) << 16).view(torch.float32)  # 0 .. Inf, NaN
-    out = torch.empty(amax.shape, dtype=torch.int32)
-    amax, out = amax.to(DEV), out.to(DEV)
-    _short_exponent_kernel[(triton.cdiv(amax.numel(), 4096),)](
-        amax, out, amax.numel(), c["E_FLOOR"], c["EM_CARRY"], c["EM_FIELD"], rule.exponent_max, BLOCK=4096)
-    want = rule.exponents(amax.cpu()[:, None])
-    bad = (out.cpu() != want).nonzero()
-    assert bad.numel() == 0, f"{bad.numel()} differ; first amax {amax[bad[0, 0]].item()!r}"
-
-
-@pytest.mark.parametrize("rule", [nx.ScaleRule(element_max=6.1, floor=1e-4, floor_on="absmax"),  # 24-bit max
-                                  nx.ScaleRule(element_max=6.0, floor=0.0, floor_on="absmax"),  # subnormal q
-                                  nx.ScaleRule(element_max=6.0, floor=2.0 ** -126, floor_on="absmax"),
-                                  nx.ScaleRule(element_max=0.5, floor=1e-4, floor_on="absmax"),
-                                  nx.ScaleRule(element_max=6.0, floor=1e-4, floor_on="absmax", power_of_two=False),
-                                  nx.ScaleRule(element_max=6.0, floor=2.0 ** -127, floor_on="absmax",
-                                               exponent_mode="floor_minus_emax", element_emax=2)])
-def test_short_exponent_refuses_rules_it_does_not_cover(rule):
-    assert cm.short_exponent(rule)["SHORT_E"] is False
 
 
 def _single_value_rows(bits: torch.Tensor, heads: int = 64):

@@ -25,6 +25,7 @@ import triton.language as tl  # noqa: E402
 
 import kvformats_kernels as kk  # noqa: E402  (after conftest chose interpreter or GPU)
 from kvformats_kernels import numerics_jit as nj  # noqa: E402
+from kvformats_kernels import _common as cm  # noqa: E402
 from kvformats_kernels._common import rule_constants  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -313,6 +314,51 @@ def test_block_exponent_matches_scale_rule(fmt):
     assert torch.equal(got.cpu(), rule.exponents(amax[:, None]))
 
 
+@triton.jit
+def _short_exponent_kernel(x_ptr, out_ptr, n, E_FLOOR: tl.constexpr, EM_CARRY: tl.constexpr,
+                           EM_FIELD: tl.constexpr, E_MAX: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, nj.block_exponent_short(x, E_FLOOR, EM_CARRY, EM_FIELD, E_MAX), mask=offs < n)
+
+
+SHORT_RULES = [LAYOUTS["fp8_ds_mla"][0].scale_rule,  # element max 448, floor 1e-4 on the maximum
+               LAYOUTS["fp8_indexer"][0].scale_rule,  # 448, floor 1e-10 on the scale
+               LAYOUTS["mxfp4_indexer"][0].scale_rule,  # 6, floor 1e-4 on the maximum (also the query prep's)
+               nx.ScaleRule(element_max=448.0, floor=1e-10, floor_on="absmax", exponent_max=127),
+               nx.ScaleRule(element_max=6.0, floor=2.0 ** -100, floor_on="scale"),
+               nx.ScaleRule(element_max=1.0, floor=2.0 ** -126, floor_on="scale", exponent_min=-20)]
+
+
+@pytest.mark.parametrize("rule", SHORT_RULES, ids=["fp8_ds_mla", "fp8_indexer", "mxfp4", "e4m3", "on-scale",
+                                               "unit"])
+def test_block_exponent_short_equals_the_rule_on_every_bf16_value(rule):
+    """``numerics_jit.block_exponent_short`` (the encoders' and the MXFP4 query prep's exponent of
+    a bf16 block maximum) against the rule itself on every non-negative bf16 pattern (Inf and NaN
+    included)."""
+    c = cm.short_exponent(rule)
+    assert c["SHORT_E"]
+    amax = (torch.arange(0x8000, dtype=torch.int32) << 16).view(torch.float32)  # 0 .. Inf, NaN
+    out = torch.empty(amax.shape, dtype=torch.int32)
+    amax, out = amax.to(DEV), out.to(DEV)
+    _short_exponent_kernel[(triton.cdiv(amax.numel(), 4096),)](
+        amax, out, amax.numel(), c["E_FLOOR"], c["EM_CARRY"], c["EM_FIELD"], rule.exponent_max, BLOCK=4096)
+    want = rule.exponents(amax.cpu()[:, None])
+    bad = (out.cpu() != want).nonzero()
+    assert bad.numel() == 0, f"{bad.numel()} differ; first amax {amax[bad[0, 0]].item()!r}"
+
+
+@pytest.mark.parametrize("rule", [nx.ScaleRule(element_max=6.1, floor=1e-4, floor_on="absmax"),  # 24-bit max
+                                  nx.ScaleRule(element_max=6.0, floor=0.0, floor_on="absmax"),  # subnormal q
+                                  nx.ScaleRule(element_max=6.0, floor=2.0 ** -126, floor_on="absmax"),
+                                  nx.ScaleRule(element_max=0.5, floor=1e-4, floor_on="absmax"),
+                                  nx.ScaleRule(element_max=6.0, floor=1e-4, floor_on="absmax", power_of_two=False),
+                                  nx.ScaleRule(element_max=6.0, floor=2.0 ** -127, floor_on="absmax",
+                                               exponent_mode="floor_minus_emax", element_emax=2)])
+def test_short_exponent_refuses_rules_it_does_not_cover(rule):
+    assert cm.short_exponent(rule)["SHORT_E"] is False
+
+
 # ----------------------------------------------------------------------------- codecs
 
 
@@ -332,8 +378,6 @@ def launch_config(request, monkeypatch):
     """Each test of this fixture runs with both launch configurations of its kernels: the
     overrides of calls of few rows (``SMALL``, what n = 24 picks) and the configuration of
     large calls."""
-    from kvformats_kernels import _common as cm
-
     if request.param == "large":
         monkeypatch.setattr(cm, "SMALL_ROWS", 0)
     return request.param
@@ -355,8 +399,6 @@ def test_mxfp4_encode_layouts_and_e2m1_paths(lane, dtype, profile, monkeypatch):
     """Both layouts of the MXFP4 encoder, and in the lane layout both e2m1 paths: programs of
     finite bf16 rows take the short rounding, a program holding a NaN or an Inf the full one
     (as do float32 input and the RNE / signed-zero profiles); the bytes are the reference's."""
-    from kvformats_kernels import _common as cm
-
     monkeypatch.setitem(cm.CONFIG, ("mxfp4", "encode"), dict(cm.CONFIG[("mxfp4", "encode")], block_m=8, num_warps=1,
                                                                 lane=lane))
     monkeypatch.setattr(cm, "SMALL_ROWS", 0)  # CONFIG's programs of eight rows, whatever the call's size
