@@ -28,8 +28,7 @@ from kvformats_kernels.dsv4 import query_jit as jit
 # best; 184 and up back to ~59 / 36 %, 128 below the uncapped kernel; docs/performance_gpu.md).
 # Re-swept after the MXFP4 fast path's f16-pair e2m1 codes (46 % at 160): 176 and 192 slower.
 CONFIG = {
-    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "lane_store_mx": 1,
-                  "maxnreg": 160},
+    "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "maxnreg": 160},
     "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0, "maxnreg": 0},
     "inv_rope": {"lanes": 8, "num_warps": 1, "lane_load": 1, "lane_store": 0},
 }
@@ -103,8 +102,7 @@ def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, 
             cm.f32(softmax_scale), cm.f32(head_scale), ROPE=cs.shape[1], MXFP4=mxfp4, **_mxfp4_rule(),
             IS_BF16=is_bf16, PAIRS=pairs, W_BF16=w_bf16,
             HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], EVEN_H=h % cfg["block_h"] == 0,
-            LANE_LOAD=bool(cfg["lane_load"]), LANE_STORE=bool(cfg["lane_store_mx" if mxfp4 else "lane_store"]),
-            **cm.launch_opts(cfg), enable_fp_fusion=False)
+            **_lanes(cfg), **cm.launch_opts(cfg), enable_fp_fusion=False)
     if mxfp4:
         return (out, scales), w_out
     return out.view(torch.float8_e4m3fn), w_out
