@@ -101,7 +101,7 @@ def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, 
             qk.stride(1), positions.stride(0), cs.stride(0), w.stride(0), w.stride(1), cm.f32(d ** -0.5),
             cm.f32(softmax_scale), cm.f32(head_scale), ROPE=cs.shape[1], MXFP4=mxfp4, **_mxfp4_rule(),
             IS_BF16=is_bf16, PAIRS=pairs, W_BF16=w_bf16,
-            HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], EVEN_H=h % cfg["block_h"] == 0,
+            HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], EVEN_H=mxfp4 and h % cfg["block_h"] == 0,
             **_lanes(cfg), **cm.launch_opts(cfg), enable_fp_fusion=False)
     if mxfp4:
         return (out, scales), w_out

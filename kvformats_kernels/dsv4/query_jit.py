@@ -272,8 +272,8 @@ def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_ou
     t = tl.program_id(0).to(tl.int64)  # axis 0: up to 2^31 - 1 tokens (axis 1 stops at 65535)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     live = h < heads
-    if EVEN_H:  # every head of the program exists: unmasked loads need no zeroed registers
-        live = tl.full((BLOCK_H,), 1, tl.int1)
+    if EVEN_H:  # every head of the program exists: unmasked loads need no zeroed registers (the
+        live = tl.full((BLOCK_H,), 1, tl.int1)  # MXFP4 prep; the FP8 prep measured 73 -> 71 % so)
     cs_row = cs_ptr + tl.load(pos_ptr + t * pos_stride).to(tl.int64) * cs_stride
     row = q_ptr + t * q_stride_t + h.to(tl.int64) * q_stride_h
     r = t * heads + h
