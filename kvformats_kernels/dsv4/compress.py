@@ -28,7 +28,7 @@ CONFIG: dict[tuple[str, int], dict[str, int]] = {
     ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 4, "maxnreg": 96,
                  "fast_div": 0},
     ("kv", 128): {"bd": 32, "block_t": 128, "num_warps": 4, "split_bd": 32, "split_warps": 4, "maxnreg": 0,
-                   "split_maxnreg": 0, "fast_div": 1},
+                   "split_maxnreg": 96, "fast_div": 1},
     ("index", 4): {"bd": 64, "block_t": 8, "num_warps": 1, "split_bd": 128, "split_warps": 2, "maxnreg": 80,
                     "fast_div": 1},
 }
