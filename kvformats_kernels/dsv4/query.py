@@ -27,6 +27,8 @@ from kvformats_kernels.dsv4 import query_jit as jit
 # the FP8 prep 58.6 -> 73.5 %, MXFP4 36.8 -> 41.5 % of copy bandwidth (swept 128-224: 160-168
 # best; 184 and up back to ~59 / 36 %, 128 below the uncapped kernel; docs/performance_gpu.md).
 # Re-swept after the MXFP4 fast path's f16-pair e2m1 codes (46 % at 160): 176 and 192 slower.
+# With its words of nibbles, one product per value and the short block exponent the MXFP4 prep
+# measured 57 % at 160; one-row-per-lane stores there the same (56.8 %), so it keeps plain ones.
 CONFIG = {
     "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "maxnreg": 160},
     "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0, "maxnreg": 0},
