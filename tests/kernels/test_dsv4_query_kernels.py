@@ -135,8 +135,9 @@ def test_e4m3_finite_matches_numerics():
 def _single_value_rows(bits: torch.Tensor, heads: int = 64):
     """One row per bf16 pattern: the value at dim 0 (NoPE), zeros elsewhere, so that every output
     of the Hadamard transform is +-v * 128^-0.5 and each block's maximum is bf16(|v| 128^-0.5):
-    every 8-bit significand at every exponent, the floor, the rule's boundaries (1.5 * 2^k) and,
-    near the bf16 maximum, exponents whose 2^-e * 128^-0.5 is not normal (the fast path's limit)."""
+    every 8-bit significand at every exponent, the floor, the rule's boundaries (1.5 * 2^k) and
+    the largest exponents a finite row reaches (e = 122: the fast path's limit, 2^-e * 128^-0.5
+    below 2^-126, lies beyond them)."""
     n = -(-bits.numel() // heads) * heads
     q = torch.zeros(n, 128, dtype=torch.int16)
     q[:bits.numel(), 0] = bits.to(torch.int16)
