@@ -12,7 +12,12 @@ taken in random order; random: a random permutation of all slots), prints
 - the fewest bytes the op must move, GB/s and % of the device-to-device copy bandwidth
   measured in the same run (from the graph time), and the reference backend's do_bench median,
 - the bytes DRAM must move at 32-byte sector granularity for that slot pattern (traffic.py)
-  and the same time as a % of what that count allows at the copy bandwidth.
+  and the same time as a % of what that count allows at the copy bandwidth,
+- from 16,384 rows on, the time of an elementwise kernel that moves the op's fewest bytes (half
+  read, half written; gpu_timing.same_size_copy_us) inside the same kind of graph, as a % of
+  the op's time ("% of same-size copy"): a short op pays a launch, a ramp-up and a tail that
+  the multi-GB copy bandwidth does not, and this column says how near it is to what memory
+  speed allows at its own size.
 ``--sweep`` first tries launch configurations at 131,072 prefill rows and keeps the fastest.
 
 Then the paged ops (``--paged``, on by default): dequantize_gather of every decodable byte
@@ -37,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kvformats as kvf  # noqa: E402
 from kvformats import ops  # noqa: E402
-from gpu_timing import bench, copy_bandwidth, graph_per_call_us  # noqa: E402
+from gpu_timing import bench, copy_bandwidth, graph_per_call_us, same_size_copy_us  # noqa: E402
 from traffic import SECTOR, cache_sectors, dense_sectors  # noqa: E402
 
 SIZES = (64, 512, 16384, 131072)
@@ -215,8 +220,9 @@ def run_paged(args, bw, log, g):
     import kvformats_kernels as kk
 
     log()
-    log("| format | paged op | rows | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB |")
-    log("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    log("| format | paged op | rows | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB "
+        "| % of same-size copy |")
+    log("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for fmt in PAGED_FORMATS:
         layout = kvf.get_format(fmt)
         impl = kk.IMPLEMENTATIONS[fmt]
@@ -230,8 +236,9 @@ def run_paged(args, bw, log, g):
             graph_us = graph_per_call_us(fns, max(len(fns), 4 // len(fns) * len(fns)))
             ref_us = bench(ref, rep_ms=20) * 1e3 if args.reference else float("nan")
             gbs = nbytes / graph_us / 1e3
+            same = 100 * same_size_copy_us(nbytes) / graph_us
             log(f"| {fmt} | {label} | {n} | {eager * 1e3:.1f} | {graph_us:.2f} | {gbs:.0f} | {100 * gbs / bw:.0f} | "
-                f"{ref_us:.0f} | {nbytes / 1e6:.2f} |")
+                f"{ref_us:.0f} | {nbytes / 1e6:.2f} | {same:.0f} |")
         del cache
         torch.cuda.empty_cache()
 
@@ -348,8 +355,8 @@ def main():
 
     log()
     log("| format | op | rows | slots | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB "
-        "| sector MB | % of sector bound |")
-    log("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        "| sector MB | % of sector bound | % of same-size copy |")
+    log("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for fmt in fmts if args.codecs else ():
         layout = kvf.get_format(fmt)
         impl = kk.IMPLEMENTATIONS[fmt]
@@ -368,9 +375,10 @@ def main():
                 sectors = SECTOR * (records + dense_sectors(nbytes - layout.row_bytes * n))
                 gbs = nbytes / graph_us / 1e3
                 ref_ms = bench(refs[op], rep_ms=20) if args.reference else float("nan")
+                same = f"{100 * same_size_copy_us(nbytes) / graph_us:.0f}" if n >= 16384 else "—"
                 log(f"| {fmt} | {op} | {n} | {pattern} | {eager * 1e3:.1f} | {graph_us:.2f} | {gbs:.0f} | "
                     f"{100 * gbs / bw:.0f} | {ref_ms * 1e3:.0f} | {nbytes / 1e6:.2f} | {sectors / 1e6:.2f} | "
-                    f"{100 * sectors / graph_us / 1e3 / bw:.0f} |")
+                    f"{100 * sectors / graph_us / 1e3 / bw:.0f} | {same} |")
             del sets
         del cache
         torch.cuda.empty_cache()

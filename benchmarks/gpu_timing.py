@@ -21,6 +21,27 @@ def copy_bandwidth(nbytes=2 << 30) -> float:
     return 2 * nbytes / ms / 1e6
 
 
+_SAME_SIZE: dict[int, float] = {}
+
+
+def same_size_copy_us(nbytes: int, footprint: int = 256_000_000) -> float:
+    """Per-call µs, inside a CUDA graph, of an SM kernel that reads nbytes / 2 and writes
+    nbytes / 2 (torch.add on int32 words: torch's vectorised elementwise kernel): the time an op
+    moving ``nbytes`` takes at memory speed, launch, ramp-up and tail included. Not
+    ``copy_``: inside a graph that is a memcpy node, which ran at 46-64 % of the copy bandwidth
+    on the H200 (docs/performance_gpu.md, eleventh measurement). Calls cycle through enough
+    buffers that none finds its source in L2, as the op benchmarks do; cached per size."""
+    if nbytes not in _SAME_SIZE:
+        words = max(nbytes // 8, 1)
+        pairs = min(8, max(1, -(-footprint // nbytes)))
+        bufs = [(torch.randint(0, 1 << 30, (words,), dtype=torch.int32, device="cuda"),
+                 torch.empty(words, dtype=torch.int32, device="cuda")) for _ in range(pairs)]
+        fns = [lambda s=s, d=d: torch.add(s, 1, out=d) for s, d in bufs]
+        _SAME_SIZE[nbytes] = graph_per_call_us(fns, max(pairs, 8 // pairs * pairs))
+        del bufs, fns
+    return _SAME_SIZE[nbytes]
+
+
 def graph_per_call_us(fns, calls: int) -> float:
     """Median per-call µs of ``calls`` calls cycling through ``fns``, replayed as one CUDA graph."""
     for fn in fns:
