@@ -21,20 +21,27 @@ from kvformats_kernels.dsv4 import transforms_jit as tj
 
 # ----- row tails -----------------------------------------------------------------------------
 @triton.jit
-def rope_at(x, pos, cs_ptr, cs_stride, NOPE: tl.constexpr, ROPE: tl.constexpr):
-    """tj.rope_rows for a row x [1, HP] whose RoPE tail (dims NOPE .. NOPE + ROPE) is not at the
-    end of the tile (a head dim padded to a power of two): the same products and sums."""
-    HP: tl.constexpr = x.shape[1]
-    ev, od = tl.split(tl.reshape(x, (1, HP // 2, 2)))
-    k = tl.arange(0, HP // 2) - NOPE // 2
-    is_rope = (k >= 0) & (k < ROPE // 2)
-    kk = tl.where(is_rope, k, 0)
-    row = cs_ptr + pos[:, None] * cs_stride
-    cos = tl.load(row + kk[None, :], mask=is_rope[None, :], other=1.0)
-    sin = tl.load(row + (ROPE // 2) + kk[None, :], mask=is_rope[None, :], other=0.0)
-    ev2 = tl.where(is_rope[None, :], ev * cos - od * sin, ev)
-    od2 = tl.where(is_rope[None, :], ev * sin + od * cos, od)
-    return tl.reshape(tl.join(ev2, od2), (1, HP))
+def finisher_inputs(weight_ptr, w_stride, cs_ptr, cs_stride, tslot_ptr, tslot_stride, t, rope_pos, ready,
+                    H: tl.constexpr, HP: tl.constexpr, ROPE: tl.constexpr, W_BF16: tl.constexpr,
+                    MASKED: tl.constexpr):
+    """What finishing token t needs besides its pooled row: the RMSNorm weight [HP] as float32,
+    the RoPE pairs (is_rope [HP / 2]: pair i of the row is RoPE pair i - (H - ROPE) / 2) with
+    their cos / sin at rope_pos, and the target slot. MASKED: loaded only where ``ready`` (a
+    program that may not finish issues them before it knows)."""
+    k = tl.arange(0, HP)
+    w_on = k < H
+    pr = tl.arange(0, HP // 2) - (H - ROPE) // 2
+    is_rope = (pr >= 0) & (pr < ROPE // 2)
+    cs_on = is_rope
+    if MASKED:
+        w_on = w_on & pj.spread(ready, k)
+        cs_on = cs_on & pj.spread(ready, pr)
+    w = nj.load_f32(weight_ptr + k * w_stride, w_on, W_BF16)
+    row = cs_ptr + rope_pos * cs_stride + tl.where(is_rope, pr, 0)
+    cos = tl.load(row, mask=cs_on, other=1.0)
+    sin = tl.load(row + ROPE // 2, mask=cs_on, other=0.0)
+    slot = tl.load(tslot_ptr + t * tslot_stride).to(tl.int64)
+    return w, is_rope, cos, sin, slot
 
 
 @triton.jit
@@ -176,20 +183,23 @@ def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr,
             tl.store(ws_row + c * BD + j, part)
             tl.debug_barrier()  # every thread's part is stored before the counter releases it
             ready = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu") == NSPLIT - 1
+        if NSPLIT > 1:  # the finisher's other inputs load with its pooled row: one wait, not three
+            w, is_rope, cos, sin, slot = finisher_inputs(weight_ptr, w_stride, cs_ptr, cs_stride, tslot_ptr,
+                                                         tslot_stride, t, (p // RATIO) * RATIO, ready, H, HP,
+                                                         ROPE, W_BF16, True)
             at = cidx[:, None] * BD + j[None, :]
             pooled = tl.load(ws_row + at, mask=pj.spread(ready, at), other=0.0, cache_modifier=".cg")
         if ready:  # this program holds (or completed) the whole pooled row
-            n = pj.rms_weighted(tl.reshape(pooled, (HP,)), weight_ptr, w_stride, eps, H, W_BF16, GPU)
+            if NSPLIT == 1:  # loaded here, they hold no registers during the pooling
+                w, is_rope, cos, sin, slot = finisher_inputs(weight_ptr, w_stride, cs_ptr, cs_stride, tslot_ptr,
+                                                             tslot_stride, t, (p // RATIO) * RATIO, ready, H, HP,
+                                                             ROPE, W_BF16, False)
+            n = pj.rms_weighted(tl.reshape(pooled, (HP,)), w, eps, H, GPU)
             if MODE == 0:
                 k = tl.arange(0, HP)[None, :]
                 tl.store(out_ptr + t * out_stride + k, n, mask=k < H)
             else:
-                rope_pos = (p // RATIO) * RATIO + tl.zeros((1,), tl.int64)
-                if HP == H:
-                    y = tj.rope_rows(n, rope_pos, cs_ptr, cs_stride, H, ROPE, False)
-                else:
-                    y = rope_at(n, rope_pos, cs_ptr, cs_stride, H - ROPE, ROPE)
-                slot = tl.load(tslot_ptr + t * tslot_stride).to(tl.int64)
+                y = tj.rope_apply(n, is_rope, cos[None, :], sin[None, :], False)
                 base = (slot // PAGE_SIZE) * out_stride
                 row = slot % PAGE_SIZE
                 if MODE == 1:

@@ -21,7 +21,6 @@ try:
 except ImportError:  # Triton releases before the backend-neutral alias
     from triton.language.extra.cuda import libdevice
 
-from kvformats_kernels import numerics_jit as nj
 
 MASKED_SCORE = tl.constexpr(-1.0e30)  # the reference's score of a missing window row (weight exactly 0)
 # Softmax weights divide by div_by (same bits as div_rn, fewer instructions) where every weight
@@ -273,11 +272,9 @@ def pool_features(state_ptr, d, p, r, r_ok, base_r, tab, ts0, ts1, cols, pages, 
 
 
 @triton.jit
-def rms_weighted(x, weight_ptr, w_stride, eps, H: tl.constexpr, W_BF16: tl.constexpr, GPU: tl.constexpr):
-    """x [HP] (zeros beyond H) -> [1, HP]: (x * rsqrt(sum(x^2) / H + eps)) * weight, as
-    kvformats.deepseek_v4.rms_norm; zeros beyond H."""
+def rms_weighted(x, w, eps, H: tl.constexpr, GPU: tl.constexpr):
+    """x [HP] (zeros beyond H), weight w [HP] float32 -> [1, HP]: (x * rsqrt(sum(x^2) / H +
+    eps)) * w, as kvformats.deepseek_v4.rms_norm; zeros beyond H where w is."""
     var = tl.math.div_rn(sum_squares(x, H, GPU), tl.full((1,), H, tl.float32))
     scale = rsqrt_f32(var + eps, GPU)
-    k = tl.arange(0, x.shape[0])
-    w = nj.load_f32(weight_ptr + k * w_stride, k < H, W_BF16)
     return (x[None, :] * scale[:, None]) * w[None, :]

@@ -19,15 +19,22 @@ import triton.language as tl
 def rope_rows(x, pos, cs_ptr, cs_stride, D: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr):
     """x [BM, D] float32 rotated on its last ROPE dims at positions ``pos`` [BM] (int64, valid
     rows of ``cs_ptr``: a float32 cos_sin table [max_pos, ROPE] of [cos | sin] rows)."""
-    BM: tl.constexpr = x.shape[0]
-    HALF: tl.constexpr = D // 2
-    ev, od = tl.split(tl.reshape(x, (BM, HALF, 2)))
-    k = tl.arange(0, HALF) - (D - ROPE) // 2  # pair index inside the tail (< 0: a NoPE pair)
+    k = tl.arange(0, D // 2) - (D - ROPE) // 2  # pair index inside the tail (< 0: a NoPE pair)
     is_rope = k >= 0
     kk = tl.where(is_rope, k, 0)
     row = cs_ptr + pos[:, None] * cs_stride
     cos = tl.load(row + kk[None, :], mask=is_rope[None, :], other=1.0)
     sin = tl.load(row + (ROPE // 2) + kk[None, :], mask=is_rope[None, :], other=0.0)
+    return rope_apply(x, is_rope, cos, sin, INVERSE)
+
+
+@triton.jit
+def rope_apply(x, is_rope, cos, sin, INVERSE: tl.constexpr):
+    """x [BM, D] with its pairs (2i, 2i + 1) rotated by cos / sin [BM, D / 2] where is_rope
+    [D / 2] (elsewhere passed through by a select, so the sign of a zero survives)."""
+    BM: tl.constexpr = x.shape[0]
+    D: tl.constexpr = x.shape[1]
+    ev, od = tl.split(tl.reshape(x, (BM, D // 2, 2)))
     if INVERSE:  # times -1, not unary minus: compiled, that is 0 - sin, which gives +0 for sin = +0
         sin = sin * -1.0
     ev2 = ev * cos - od * sin
