@@ -85,7 +85,8 @@ def gather(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     jit.gather_bytes_kernel[(cm.grid_rows(n, block_m),)](
         src, slots, out.view(unit), n, slots.stride(0), cm.capacity(layout, cache), stride,
         PAGE_SIZE=layout.page_size, ROW=layout.row_bytes // unit.itemsize, **_segment_constants(layout, unit),
-        BLOCK_M=block_m, num_warps=warps)
+        BLOCK_M=block_m, EVICT_FIRST=layout.row_bytes <= cm.config("gather", "bytes")["evict_first_rows"],
+        num_warps=warps)
     return out
 
 

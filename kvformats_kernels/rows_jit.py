@@ -107,25 +107,30 @@ def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr, SCAN: t
 
 
 @triton.jit
-def _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, AT: tl.constexpr, N: tl.constexpr, N_P2: tl.constexpr):
+def _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, AT: tl.constexpr, N: tl.constexpr, N_P2: tl.constexpr,
+                EVICT_FIRST: tl.constexpr = False):
     cols = tl.arange(0, N_P2)
     m = (cols < N)[None, :]
-    v = tl.load(src_ptr + (src + AT)[:, None] + cols[None, :], mask=ok[:, None] & m, other=0)
+    at = src_ptr + (src + AT)[:, None] + cols[None, :]
+    if EVICT_FIRST:
+        v = tl.load(at, mask=ok[:, None] & m, other=0, eviction_policy="evict_first")
+    else:
+        v = tl.load(at, mask=ok[:, None] & m, other=0)
     tl.store(dst_ptr + (dst + AT)[:, None] + cols[None, :], v, mask=live[:, None] & m)
 
 
 @triton.jit
 def copy_record(src_ptr, dst_ptr, src, dst, ok, live, P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr,
-                P2_P2: tl.constexpr):
+                P2_P2: tl.constexpr, EVICT_FIRST: tl.constexpr = False):
     """Copy one record of P0 + P1 + P2 units per row from ``src_ptr + src`` to ``dst_ptr + dst``
     (zeros where not ok, nothing where not live). P0, P1 are powers of two (or 0); P2 is the
-    rest (rounded up to P2_P2 lanes)."""
+    rest (rounded up to P2_P2 lanes). EVICT_FIRST marks the loads evict-first in L2."""
     if P0 > 0:
-        _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, 0, P0, P0)
+        _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, 0, P0, P0, EVICT_FIRST)
     if P1 > 0:
-        _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, P0, P1, P1)
+        _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, P0, P1, P1, EVICT_FIRST)
     if P2 > 0:
-        _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, P0 + P1, P2, P2_P2)
+        _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, P0 + P1, P2, P2_P2, EVICT_FIRST)
 
 
 @triton.jit
@@ -134,17 +139,19 @@ def gather_bytes_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capa
                         S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_A: tl.constexpr, S0_B: tl.constexpr,
                         S0_C: tl.constexpr, S0_CP: tl.constexpr,
                         S1_OFF: tl.constexpr, S1_REC: tl.constexpr, S1_A: tl.constexpr, S1_B: tl.constexpr,
-                        S1_C: tl.constexpr, S1_CP: tl.constexpr, BLOCK_M: tl.constexpr):
+                        S1_C: tl.constexpr, S1_CP: tl.constexpr, BLOCK_M: tl.constexpr,
+                        EVICT_FIRST: tl.constexpr = False):
     """out[n] = the encoded row at slots[n] (segment records in page order); zeros if invalid.
     Everything in units (see the module docstring)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
     dst = rows * ROW
-    copy_record(cache_ptr, out_ptr, base + S0_OFF + row * S0_REC, dst, ok, in_range, S0_A, S0_B, S0_C, S0_CP)
+    copy_record(cache_ptr, out_ptr, base + S0_OFF + row * S0_REC, dst, ok, in_range, S0_A, S0_B, S0_C, S0_CP,
+                EVICT_FIRST)
     if S1_REC > 0:
         copy_record(cache_ptr, out_ptr, base + S1_OFF + row * S1_REC, dst + S0_REC, ok, in_range,
-                    S1_A, S1_B, S1_C, S1_CP)
+                    S1_A, S1_B, S1_C, S1_CP, EVICT_FIRST)
 
 
 @triton.jit
