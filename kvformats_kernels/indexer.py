@@ -85,10 +85,11 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
     """float32 ``out [R, W, head_dim]``: see kvformats.paged.dequantize_gather (validated there)."""
     u8, stride = cm.byte_cache(layout, cache)
+    cfg = cm.config("indexer", "paged")
+    mxfp4 = layout.name == "mxfp4_indexer"
     cm.launch_paged(jit.paged_decode_kernel, (u8,), out, block_table, seq_lens, gather_lens, base, offset,
-                    cache.shape[0], (stride,), dict(_geometry(layout), MXFP4=layout.name == "mxfp4_indexer",
-                                                    HW=cm.hw_cvt(cm.config("indexer", "paged"))),
-                    cm.config("indexer", "paged"))
+                    cache.shape[0], (stride,), dict(_geometry(layout), MXFP4=mxfp4, HW=cm.hw_cvt(cfg),
+                                                    STREAM=mxfp4 and bool(cfg.get("mxfp4_cs_stores", 0))), cfg)
 
 
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:

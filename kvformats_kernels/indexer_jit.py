@@ -212,8 +212,9 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
 def mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
                       VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
                       SCALE_STRIDE: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                      BLOCK_M: tl.constexpr):
-    """float32 rows ``out_row`` (where live) = e2m1 value * 2^(s-127) of the rows at (page, row)."""
+                      BLOCK_M: tl.constexpr, STREAM: tl.constexpr = False):
+    """float32 rows ``out_row`` (where live) = e2m1 value * 2^(s-127) of the rows at (page, row).
+    STREAM: the rows are stored with the .cs (streaming, evict-first) cache hint."""
     HQ: tl.constexpr = QB // 2
     base = page * page_stride
     blk = tl.arange(0, NB_P2)
@@ -226,8 +227,11 @@ def mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
     sc = nj.ue8m0_value(s)[:, :, None]
     v = tl.join(nj.e2m1_value(b) * sc, nj.e2m1_value(b.to(tl.int32) >> 4) * sc)  # low nibble first
     elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
-    tl.store(out_row[:, None, None] + elem[None, :, :], tl.reshape(v, (BLOCK_M, NB_P2, QB)),
-             mask=live[:, None, None] & inb)
+    at = out_row[:, None, None] + elem[None, :, :]
+    if STREAM:
+        tl.store(at, tl.reshape(v, (BLOCK_M, NB_P2, QB)), mask=live[:, None, None] & inb, cache_modifier=".cs")
+    else:
+        tl.store(at, tl.reshape(v, (BLOCK_M, NB_P2, QB)), mask=live[:, None, None] & inb)
 
 
 @triton.jit
@@ -252,9 +256,10 @@ def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_p
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, MXFP4: tl.constexpr,
                         HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        HW: tl.constexpr = False):
+                        HW: tl.constexpr = False, STREAM: tl.constexpr = False):
     """dequantize_gather of either indexer format (MXFP4 picks the body): float32
-    out[req, offset + i] = the decoded row of position seq_len - gather_len + i of request req."""
+    out[req, offset + i] = the decoded row of position seq_len - gather_len + i of request req.
+    STREAM: MXFP4 rows stored with the streaming cache hint."""
     req = tl.program_id(1).to(tl.int64) + req0
     i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     live, ok, page, row = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr, glen_ptr,
@@ -262,7 +267,7 @@ def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_p
     out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
     if MXFP4:
         mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
-                          VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M)
+                          VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, STREAM)
     else:
         fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
                         VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, HW)
