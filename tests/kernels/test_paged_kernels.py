@@ -146,6 +146,24 @@ def test_dequantize_gather_matches_reference(name, table_dtype, strided, with_gl
     assert_same(out, want)
 
 
+@pytest.mark.parametrize("cs_stores", [0, 1], ids=["plain-stores", "streaming-stores"])
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_mxfp4_dequantize_gather_either_store_hint(cs_stores, monkeypatch):
+    """The MXFP4 dequantize_gather's streaming-store knob (indexer.paged.mxfp4_cs_stores) either
+    way: the hint may change speed, never the bytes written or the rows left alone."""
+    from kvformats_kernels import _common as cm
+
+    monkeypatch.setitem(cm.CONFIG, ("indexer", "paged"),
+                        dict(cm.CONFIG[("indexer", "paged")], mxfp4_cs_stores=cs_stores))
+    layout = DECODE_LAYOUTS["mxfp4_indexer"]
+    cache, out, a = _dg_case(layout, 3, torch.int32, False, True, True)
+    want = out.clone()
+    paged.dequantize_gather_reference(layout, cache, want, a["block_table"], a["seq_lens"], a["gather_lens"],
+                                      a["base"], a["offset"])
+    _run_dg(impl(layout).dequantize_gather, layout, cache, out, a)
+    assert_same(out, want)
+
+
 @pytest.mark.parametrize("name", ["fp8_ds_mla", "mxfp4_indexer"])
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_dequantize_gather_strided_workspace(name):
