@@ -248,7 +248,9 @@ def sweep(setups, log):
 
     for key, candidates in SWEEP.items():
         best = None
-        for cfg in candidates:
+        base = dict(cm.CONFIG[key])  # a candidate overrides its keys only (hw_cvt, hints, ... stay)
+        for candidate in candidates:
+            cfg = {**base, **candidate}
             cm.CONFIG[key] = cfg
             try:
                 total = sweep_one(setups, key)

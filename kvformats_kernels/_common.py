@@ -28,7 +28,8 @@ CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on 
     ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1, "lane": 1, "hw_cvt": 1},
     ("indexer", "decode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     # mxfp4_cs_stores: the MXFP4 dequantize_gather stores its float32 rows with the streaming
-    # hint (one H200 run: 70-77 -> 80-81 %; the FP8 rows and the slot decodes did not gain)
+    # hint (H200, twelfth measurement: 73-80 % with it, 69-76 % without; the FP8 rows and the
+    # slot decodes did not gain)
     ("indexer", "paged"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1, "mxfp4_cs_stores": 1},
     ("state", "copy"): {"block_m": 1, "block_w": 2048, "num_warps": 4},
 }

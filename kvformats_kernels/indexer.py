@@ -89,7 +89,7 @@ def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, ba
     mxfp4 = layout.name == "mxfp4_indexer"
     cm.launch_paged(jit.paged_decode_kernel, (u8,), out, block_table, seq_lens, gather_lens, base, offset,
                     cache.shape[0], (stride,), dict(_geometry(layout), MXFP4=mxfp4, HW=cm.hw_cvt(cfg),
-                                                    STREAM=mxfp4 and bool(cfg.get("mxfp4_cs_stores", 0))), cfg)
+                                                    STREAM=mxfp4 and bool(cfg["mxfp4_cs_stores"])), cfg)
 
 
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:
