@@ -36,16 +36,8 @@ def unit_cache(layout, cache: torch.Tensor, unit: torch.dtype) -> tuple[torch.Te
     return flat.view(unit), stride // unit.itemsize
 
 
-def _pieces(rec: int) -> list[int]:
-    """A record of ``rec`` units as (P0, P1, P2, P2 rounded up to a power of two)."""
-    p0 = 1 << (rec.bit_length() - 1) if rec else 0
-    rest = rec - p0
-    p1 = 1 << (rest.bit_length() - 1) if rest else 0
-    p2 = rest - p1
-    return [p0, p1, p2, cm.next_pow2(p2) if p2 else 1]
-
-
 def _segment_constants(layout, unit: torch.dtype) -> dict:
+    """Each segment's offset, record size and record size rounded up to a power of two, in units."""
     segs = layout.segments
     if len(segs) > 2:
         raise LayoutError(f"the Triton byte kernels handle layouts of at most 2 segments; "
@@ -55,10 +47,10 @@ def _segment_constants(layout, unit: torch.dtype) -> dict:
     for i in range(2):
         if i < len(segs):
             rec = segs[i].record_bytes // w
-            vals = [layout.segment_offsets[segs[i].name] // w, rec, *_pieces(rec)]
+            vals = [layout.segment_offsets[segs[i].name] // w, rec, cm.next_pow2(rec)]
         else:
-            vals = [0, 0, 0, 0, 0, 1]
-        out.update(zip((f"S{i}_OFF", f"S{i}_REC", f"S{i}_A", f"S{i}_B", f"S{i}_C", f"S{i}_CP"), vals))
+            vals = [0, 0, 1]
+        out.update(zip((f"S{i}_OFF", f"S{i}_REC", f"S{i}_P2"), vals))
     return out
 
 

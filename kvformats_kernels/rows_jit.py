@@ -3,8 +3,11 @@ cu_seq_lens) and copying encoded records.
 
 Records move in *units*: the widest integer type (8, 4, 2 or 1 bytes) dividing every offset,
 stride and record size involved, chosen by the launcher (rows.py); all offsets here count
-units. A record of REC units is copied as up to three power-of-two pieces (72 = 64 + 8), so
-no lane of a tile is masked off for padding to the next power of two.
+units. A record of REC units is copied as one tile of REC rounded up to a power of two, the
+padding lanes masked off. (Earlier versions split it into power-of-two pieces, 72 = 64 + 8, so
+that no lane idled; on an H200 one masked tile copied fp8_ds_mla's 584-byte rows faster, 79-81
+against 72-78 % of the copy bandwidth at 131,072 rows and 1.42-1.46 against 1.56-1.60 µs at 64
+rows: docs/performance_gpu.md, thirteenth measurement.)
 """
 
 import triton
@@ -107,39 +110,26 @@ def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr, SCAN: t
 
 
 @triton.jit
-def _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, AT: tl.constexpr, N: tl.constexpr, N_P2: tl.constexpr,
+def copy_record(src_ptr, dst_ptr, src, dst, ok, live, REC: tl.constexpr, REC_P2: tl.constexpr,
                 EVICT_FIRST: tl.constexpr = False):
-    cols = tl.arange(0, N_P2)
-    m = (cols < N)[None, :]
-    at = src_ptr + (src + AT)[:, None] + cols[None, :]
+    """Copy one record of REC units per row from ``src_ptr + src`` to ``dst_ptr + dst`` (zeros
+    where not ok, nothing where not live), as a [rows, REC_P2] tile. EVICT_FIRST marks the loads
+    evict-first in L2."""
+    cols = tl.arange(0, REC_P2)
+    m = (cols < REC)[None, :]
+    at = src_ptr + src[:, None] + cols[None, :]
     if EVICT_FIRST:
         v = tl.load(at, mask=ok[:, None] & m, other=0, eviction_policy="evict_first")
     else:
         v = tl.load(at, mask=ok[:, None] & m, other=0)
-    tl.store(dst_ptr + (dst + AT)[:, None] + cols[None, :], v, mask=live[:, None] & m)
-
-
-@triton.jit
-def copy_record(src_ptr, dst_ptr, src, dst, ok, live, P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr,
-                P2_P2: tl.constexpr, EVICT_FIRST: tl.constexpr = False):
-    """Copy one record of P0 + P1 + P2 units per row from ``src_ptr + src`` to ``dst_ptr + dst``
-    (zeros where not ok, nothing where not live). P0, P1 are powers of two (or 0); P2 is the
-    rest (rounded up to P2_P2 lanes). EVICT_FIRST marks the loads evict-first in L2."""
-    if P0 > 0:
-        _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, 0, P0, P0, EVICT_FIRST)
-    if P1 > 0:
-        _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, P0, P1, P1, EVICT_FIRST)
-    if P2 > 0:
-        _copy_piece(src_ptr, dst_ptr, src, dst, ok, live, P0 + P1, P2, P2_P2, EVICT_FIRST)
+    tl.store(dst_ptr + dst[:, None] + cols[None, :], v, mask=live[:, None] & m)
 
 
 @triton.jit
 def gather_bytes_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
                         PAGE_SIZE: tl.constexpr, ROW: tl.constexpr,
-                        S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_A: tl.constexpr, S0_B: tl.constexpr,
-                        S0_C: tl.constexpr, S0_CP: tl.constexpr,
-                        S1_OFF: tl.constexpr, S1_REC: tl.constexpr, S1_A: tl.constexpr, S1_B: tl.constexpr,
-                        S1_C: tl.constexpr, S1_CP: tl.constexpr, BLOCK_M: tl.constexpr,
+                        S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_P2: tl.constexpr,
+                        S1_OFF: tl.constexpr, S1_REC: tl.constexpr, S1_P2: tl.constexpr, BLOCK_M: tl.constexpr,
                         EVICT_FIRST: tl.constexpr = False):
     """out[n] = the encoded row at slots[n] (segment records in page order); zeros if invalid.
     Everything in units (see the module docstring)."""
@@ -147,21 +137,20 @@ def gather_bytes_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capa
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
     dst = rows * ROW
-    copy_record(cache_ptr, out_ptr, base + S0_OFF + row * S0_REC, dst, ok, in_range, S0_A, S0_B, S0_C, S0_CP,
+    copy_record(cache_ptr, out_ptr, base + S0_OFF + row * S0_REC, dst, ok, in_range, S0_REC, S0_P2,
                 EVICT_FIRST)
     if S1_REC > 0:
         copy_record(cache_ptr, out_ptr, base + S1_OFF + row * S1_REC, dst + S0_REC, ok, in_range,
-                    S1_A, S1_B, S1_C, S1_CP, EVICT_FIRST)
+                    S1_REC, S1_P2, EVICT_FIRST)
 
 
 @triton.jit
 def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, t_rows, requests, cu_stride,
                         t_stride0, t_stride1, table_cols, num_pages, page_stride, v0_stride, v1_stride,
                         PAGE_SIZE: tl.constexpr, STEPS: tl.constexpr,
-                        S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_A: tl.constexpr, S0_B: tl.constexpr,
-                        S0_C: tl.constexpr, S0_CP: tl.constexpr,
-                        S1_OFF: tl.constexpr, S1_REC: tl.constexpr, S1_A: tl.constexpr, S1_B: tl.constexpr,
-                        S1_C: tl.constexpr, S1_CP: tl.constexpr, BLOCK_M: tl.constexpr, SCAN: tl.constexpr = 0):
+                        S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_P2: tl.constexpr,
+                        S1_OFF: tl.constexpr, S1_REC: tl.constexpr, S1_P2: tl.constexpr, BLOCK_M: tl.constexpr,
+                        SCAN: tl.constexpr = 0):
     """views[s][t] = segment s's record of position t - cu[r] of the request r holding row t;
     zeros for a missing page; rows not covered by cu_seq_lens untouched. Units as above."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -169,7 +158,7 @@ def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, t_rows, re
     ok, page, row = table_page(table_ptr, t_stride0, t_stride1, table_cols, num_pages, req, pos, covered, PAGE_SIZE)
     base = page * page_stride
     copy_record(cache_ptr, v0_ptr, base + S0_OFF + row * S0_REC, t * v0_stride, ok, covered,
-                S0_A, S0_B, S0_C, S0_CP)
+                S0_REC, S0_P2)
     if S1_REC > 0:
         copy_record(cache_ptr, v1_ptr, base + S1_OFF + row * S1_REC, t * v1_stride, ok, covered,
-                    S1_A, S1_B, S1_C, S1_CP)
+                    S1_REC, S1_P2)
