@@ -228,6 +228,8 @@ def run_paged(args, bw, log, g):
         impl = kk.IMPLEMENTATIONS[fmt]
         cache, pages = allocate(layout, args.cache_gib)
         for label, n, nbytes, fns, ref in paged_cases(layout, impl, cache, pages, g):
+            if args.ops and label.split()[0] not in args.ops.split(","):
+                continue
             try:
                 eager = bench(fns[0])
             except Exception as err:  # keep the rest of the table
@@ -290,6 +292,9 @@ def main():
     ap.add_argument("--no-reference", dest="reference", action="store_false")
     ap.add_argument("--no-paged", dest="paged", action="store_false")
     ap.add_argument("--no-codecs", dest="codecs", action="store_false")
+    ap.add_argument("--ops", default=None,
+                    help="only these ops, comma-separated: encode, decode, gather (codecs) and "
+                         "dequantize_gather, gather_paged, decode_topk (paged); default all")
     ap.add_argument("--set", action="append", default=[], metavar="[FAMILY.OP.]KEY=INT",
                     help="override KEY in every kernel config that has it (e.g. hw_cvt=0), or in the "
                          "config of one (family, op) only (e.g. mxfp4.encode.block_m=64), or with a small. "
@@ -370,6 +375,8 @@ def main():
             # every op touches each slot's cache records once: the pattern's sector count is shared
             records = cache_sectors(layout, slots, layout.byte_pages(cache)[1])
             for op in ("encode", "decode", "gather"):
+                if args.ops and op not in args.ops.split(","):
+                    continue
                 fns = [op_fns(layout, impl, cache, x_, kw_, s_)[op] for x_, kw_, s_ in sets]
                 eager = bench(fns[0])
                 graph_us = graph_per_call_us(fns, graph_calls(n, len(fns)))
