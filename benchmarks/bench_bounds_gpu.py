@@ -60,10 +60,11 @@ def _row_chain_kernel(cache_ptr, slots_ptr, out_ptr, page_stride, REC: tl.conste
     k = tl.arange(0, REC_P2)
     v = tl.load(cache_ptr + page * page_stride + row * REC + k, mask=k < REC)
     dst = out_ptr + tl.program_id(0) * (REC + SCALE)
-    tl.store(dst + k, v, mask=k < REC)
-    if SCALE > 0:
+    if SCALE > 0:  # both loads before any store (a load cannot move above a store that may alias it)
         j = tl.arange(0, SCALE)
-        tl.store(dst + REC + j, tl.load(cache_ptr + page * page_stride + SCALE_OFF + row * SCALE + j))
+        s = tl.load(cache_ptr + page * page_stride + SCALE_OFF + row * SCALE + j)
+        tl.store(dst + REC + j, s)
+    tl.store(dst + k, v, mask=k < REC)
 
 
 def read_floor(nbytes: int, log) -> None:

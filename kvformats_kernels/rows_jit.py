@@ -110,19 +110,22 @@ def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr, SCAN: t
 
 
 @triton.jit
-def copy_record(src_ptr, dst_ptr, src, dst, ok, live, REC: tl.constexpr, REC_P2: tl.constexpr,
-                EVICT_FIRST: tl.constexpr = False):
-    """Copy one record of REC units per row from ``src_ptr + src`` to ``dst_ptr + dst`` (zeros
-    where not ok, nothing where not live), as a [rows, REC_P2] tile. EVICT_FIRST marks the loads
-    evict-first in L2."""
+def load_record(src_ptr, src, ok, REC: tl.constexpr, REC_P2: tl.constexpr, EVICT_FIRST: tl.constexpr = False):
+    """One record of REC units per row at ``src_ptr + src`` as a [rows, REC_P2] tile (zeros
+    where not ok or past REC). EVICT_FIRST marks the loads evict-first in L2."""
     cols = tl.arange(0, REC_P2)
-    m = (cols < REC)[None, :]
+    m = ok[:, None] & (cols < REC)[None, :]
     at = src_ptr + src[:, None] + cols[None, :]
     if EVICT_FIRST:
-        v = tl.load(at, mask=ok[:, None] & m, other=0, eviction_policy="evict_first")
-    else:
-        v = tl.load(at, mask=ok[:, None] & m, other=0)
-    tl.store(dst_ptr + dst[:, None] + cols[None, :], v, mask=live[:, None] & m)
+        return tl.load(at, mask=m, other=0, eviction_policy="evict_first")
+    return tl.load(at, mask=m, other=0)
+
+
+@triton.jit
+def store_record(dst_ptr, dst, v, live, REC: tl.constexpr, REC_P2: tl.constexpr):
+    """The tile of load_record at ``dst_ptr + dst`` (nothing where not live)."""
+    cols = tl.arange(0, REC_P2)
+    tl.store(dst_ptr + dst[:, None] + cols[None, :], v, mask=live[:, None] & (cols < REC)[None, :])
 
 
 @triton.jit
@@ -137,11 +140,15 @@ def gather_bytes_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capa
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
     dst = rows * ROW
-    copy_record(cache_ptr, out_ptr, base + S0_OFF + row * S0_REC, dst, ok, in_range, S0_REC, S0_P2,
-                EVICT_FIRST)
+    # both segments are loaded before either is stored: the compiler may not move a load above
+    # a store that could alias it, so load, store, load, store would wait for memory twice
+    v0 = load_record(cache_ptr, base + S0_OFF + row * S0_REC, ok, S0_REC, S0_P2, EVICT_FIRST)
     if S1_REC > 0:
-        copy_record(cache_ptr, out_ptr, base + S1_OFF + row * S1_REC, dst + S0_REC, ok, in_range,
-                    S1_REC, S1_P2, EVICT_FIRST)
+        v1 = load_record(cache_ptr, base + S1_OFF + row * S1_REC, ok, S1_REC, S1_P2, EVICT_FIRST)
+        store_record(out_ptr, dst, v0, in_range, S0_REC, S0_P2)
+        store_record(out_ptr, dst + S0_REC, v1, in_range, S1_REC, S1_P2)
+    else:
+        store_record(out_ptr, dst, v0, in_range, S0_REC, S0_P2)
 
 
 @triton.jit
@@ -157,8 +164,10 @@ def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, t_rows, re
     covered, req, pos = cu_rows(cu_ptr, cu_stride, requests, t, t_rows, STEPS, SCAN)
     ok, page, row = table_page(table_ptr, t_stride0, t_stride1, table_cols, num_pages, req, pos, covered, PAGE_SIZE)
     base = page * page_stride
-    copy_record(cache_ptr, v0_ptr, base + S0_OFF + row * S0_REC, t * v0_stride, ok, covered,
-                S0_REC, S0_P2)
+    v0 = load_record(cache_ptr, base + S0_OFF + row * S0_REC, ok, S0_REC, S0_P2)  # both loads first (as above)
     if S1_REC > 0:
-        copy_record(cache_ptr, v1_ptr, base + S1_OFF + row * S1_REC, t * v1_stride, ok, covered,
-                    S1_REC, S1_P2)
+        v1 = load_record(cache_ptr, base + S1_OFF + row * S1_REC, ok, S1_REC, S1_P2)
+        store_record(v0_ptr, t * v0_stride, v0, covered, S0_REC, S0_P2)
+        store_record(v1_ptr, t * v1_stride, v1, covered, S1_REC, S1_P2)
+    else:
+        store_record(v0_ptr, t * v0_stride, v0, covered, S0_REC, S0_P2)
