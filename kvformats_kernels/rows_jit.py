@@ -4,10 +4,12 @@ cu_seq_lens) and copying encoded records.
 Records move in *units*: the widest integer type (8, 4, 2 or 1 bytes) dividing every offset,
 stride and record size involved, chosen by the launcher (rows.py); all offsets here count
 units. A record of REC units is copied as one tile of REC rounded up to a power of two, the
-padding lanes masked off. (Earlier versions split it into power-of-two pieces, 72 = 64 + 8, so
-that no lane idled; on an H200 one masked tile copied fp8_ds_mla's 584-byte rows faster, 79-81
-against 72-78 % of the copy bandwidth at 131,072 rows and 1.42-1.46 against 1.56-1.60 µs at 64
-rows: docs/performance_gpu.md, thirteenth measurement.)
+padding lanes masked off, and a row's two segments are both loaded before either is stored.
+(Earlier versions copied power-of-two pieces, 72 = 64 + 8, one after another; since a load
+cannot move above a store that may alias it, each row then waited for memory once per piece.
+On an H200 the fp8_ds_mla gather went from 77-79 to 85 % of the copy bandwidth at 131,072 rows
+and the 64-row gathers from 1.52-1.66 to 1.27-1.42 µs: docs/performance_gpu.md, thirteenth
+measurement.)
 """
 
 import triton
