@@ -18,6 +18,13 @@ launchers on CPU tensors, so the outputs are garbage: only compilation is checke
 figures come from ``cuobjdump`` in Triton's wheel. Relies on Triton internals
 (``triton.runtime.driver``, ``JITFunction.run``); written against Triton 3.6 and 3.9.
 
+"loads after a store" counts the global loads (LDG) that follow the kernel's first global store
+(STG) in the SASS text. A load cannot move above a store that may alias it, so in straight-line
+code each such load can cost a wait on memory after the store (removing them took 0.15-0.3 µs off
+the byte gathers' 64-row time: docs/performance_gpu.md, thirteenth measurement). In a kernel with a
+loop, the count also includes the loop's later iterations, which is not that pattern. The table
+shows each kernel's worst specialization.
+
 Exit status: 0 every kernel compiled; 1 a compile failure (listed first), or nothing compiled
 (on a host with a GPU the calls do not reach the launchers this way; its GPU tests compile the
 kernels for real).
@@ -103,8 +110,10 @@ def resources(kernel, sass: bool) -> dict:
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     ops = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", code, re.M)
     top = collections.Counter(op for op in ops).most_common(6) if sass else []
+    first_store = ops.index("STG") if "STG" in ops else len(ops)
     return dict(regs=int(m[1]) if m else -1, stack=int(m[2]) if m else -1, shared=kernel.metadata.shared,
-                sass=len(ops), top=" ".join(f"{o}:{n}" for o, n in top))
+                sass=len(ops), top=" ".join(f"{o}:{n}" for o, n in top),
+                late=ops[first_store:].count("LDG"))
 
 
 def parse_args(argv=None):
@@ -154,15 +163,18 @@ def main(argv=None) -> int:
         rows.append((name, kernel.metadata.num_warps, resources(kernel, args.sass)))
     print(f"\nTriton {triton.__version__}, sm_{args.arch}: {len(d.calls)} calls, {len(rows)} compiled kernels, "
           f"{len(failures)} compile failures, {other} calls raising something else (outputs are not computed)")
-    print("| kernel | warps | regs | stack B | shared B | SASS |" + (" top opcodes |" if args.sass else ""))
-    print("| --- | ---: | ---: | ---: | ---: | ---: |" + (" --- |" if args.sass else ""))
+    print("| kernel | warps | regs | stack B | shared B | SASS | loads after a store |"
+          + (" top opcodes |" if args.sass else ""))
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" --- |" if args.sass else ""))
     agg: dict = {}
     for name, warps, r in rows:  # the worst specialization of each kernel and warp count
         key = (name, warps)
-        if key not in agg or (r["stack"], r["regs"]) > (agg[key]["stack"], agg[key]["regs"]):
+        worse = (r["stack"], r["regs"], r["late"]) > (agg[key]["stack"], agg[key]["regs"], agg[key]["late"]) \
+            if key in agg else True
+        if worse:
             agg[key] = r
     for (name, warps), r in sorted(agg.items()):
-        print(f"| {name} | {warps} | {r['regs']} | {r['stack']} | {r['shared']} | {r['sass']} |"
+        print(f"| {name} | {warps} | {r['regs']} | {r['stack']} | {r['shared']} | {r['sass']} | {r['late']} |"
               + (f" {r['top']} |" if args.sass else ""))
     if not rows:  # every call ran some other path (seen on a host with a GPU): nothing was checked
         print("NOTHING COMPILED: no call reached a Triton launcher (this tool is meant for a machine "
