@@ -2,8 +2,10 @@
 
     python3 benchmarks/bench_bounds_gpu.py [--read-mb 33.62] [--rows 64]
 
-Per-call µs inside a replayed CUDA graph (gpu_timing.graph_per_call_us; calls cycle through
-enough buffers that none finds its data in L2):
+Per-call µs inside a replayed CUDA graph (gpu_timing.graph_per_call_us). The read floor cycles
+through 8 buffers of the size read, so no call finds its data in L2; the 64-row calls cycle
+through 8 slot sets, whose few hundred KB of records may stay in L2 across replays, as in the
+op benchmarks' 64-row cases:
 
 - *read floor*: reading ``--read-mb`` of contiguous float32 and nothing else (the HCA
   compress-insert at 64 decode rows must read 33.62 MB of state windows before it can write

@@ -131,6 +131,24 @@ def store_record(dst_ptr, dst, v, live, REC: tl.constexpr, REC_P2: tl.constexpr)
 
 
 @triton.jit
+def copy_segments(cache_ptr, base, row, ok, out0_ptr, dst0, out1_ptr, dst1, live,
+                  S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_P2: tl.constexpr,
+                  S1_OFF: tl.constexpr, S1_REC: tl.constexpr, S1_P2: tl.constexpr, EVICT_FIRST: tl.constexpr = False):
+    """The records of row ``row`` of the pages at ``base`` (segment 0, and segment 1 where
+    S1_REC > 0) to ``out0_ptr + dst0`` / ``out1_ptr + dst1``: zeros where not ok, nothing where
+    not live. Both segments are loaded before either is stored: the compiler may not move a
+    load above a store that could alias it, so load, store, load, store would wait for memory
+    twice."""
+    v0 = load_record(cache_ptr, base + S0_OFF + row * S0_REC, ok, S0_REC, S0_P2, EVICT_FIRST)
+    if S1_REC > 0:
+        v1 = load_record(cache_ptr, base + S1_OFF + row * S1_REC, ok, S1_REC, S1_P2, EVICT_FIRST)
+        store_record(out0_ptr, dst0, v0, live, S0_REC, S0_P2)
+        store_record(out1_ptr, dst1, v1, live, S1_REC, S1_P2)
+    else:
+        store_record(out0_ptr, dst0, v0, live, S0_REC, S0_P2)
+
+
+@triton.jit
 def gather_bytes_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
                         PAGE_SIZE: tl.constexpr, ROW: tl.constexpr,
                         S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_P2: tl.constexpr,
@@ -140,17 +158,9 @@ def gather_bytes_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capa
     Everything in units (see the module docstring)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
-    base = page * page_stride
     dst = rows * ROW
-    # both segments are loaded before either is stored: the compiler may not move a load above
-    # a store that could alias it, so load, store, load, store would wait for memory twice
-    v0 = load_record(cache_ptr, base + S0_OFF + row * S0_REC, ok, S0_REC, S0_P2, EVICT_FIRST)
-    if S1_REC > 0:
-        v1 = load_record(cache_ptr, base + S1_OFF + row * S1_REC, ok, S1_REC, S1_P2, EVICT_FIRST)
-        store_record(out_ptr, dst, v0, in_range, S0_REC, S0_P2)
-        store_record(out_ptr, dst + S0_REC, v1, in_range, S1_REC, S1_P2)
-    else:
-        store_record(out_ptr, dst, v0, in_range, S0_REC, S0_P2)
+    copy_segments(cache_ptr, page * page_stride, row, ok, out_ptr, dst, out_ptr, dst + S0_REC, in_range,
+                  S0_OFF, S0_REC, S0_P2, S1_OFF, S1_REC, S1_P2, EVICT_FIRST)
 
 
 @triton.jit
@@ -165,11 +175,5 @@ def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, t_rows, re
     t = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     covered, req, pos = cu_rows(cu_ptr, cu_stride, requests, t, t_rows, STEPS, SCAN)
     ok, page, row = table_page(table_ptr, t_stride0, t_stride1, table_cols, num_pages, req, pos, covered, PAGE_SIZE)
-    base = page * page_stride
-    v0 = load_record(cache_ptr, base + S0_OFF + row * S0_REC, ok, S0_REC, S0_P2)  # both loads first (as above)
-    if S1_REC > 0:
-        v1 = load_record(cache_ptr, base + S1_OFF + row * S1_REC, ok, S1_REC, S1_P2)
-        store_record(v0_ptr, t * v0_stride, v0, covered, S0_REC, S0_P2)
-        store_record(v1_ptr, t * v1_stride, v1, covered, S1_REC, S1_P2)
-    else:
-        store_record(v0_ptr, t * v0_stride, v0, covered, S0_REC, S0_P2)
+    copy_segments(cache_ptr, page * page_stride, row, ok, v0_ptr, t * v0_stride, v1_ptr, t * v1_stride, covered,
+                  S0_OFF, S0_REC, S0_P2, S1_OFF, S1_REC, S1_P2)
