@@ -42,6 +42,14 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
     # x is read under the row-range mask only, so its load overlaps the slot load
     xq = nj.load_f32(x_row[:, None, None] + elem[None, :, :], in_range[:, None, None] & (blk < NB)[None, :, None],
                      IS_BF16)
+    # The RoPE tail is loaded here, before any store: a load cannot move above a store that may
+    # alias it, so loading it after the NoPE stores cost a second wait on memory.
+    j = tl.arange(0, ROPE_P2)
+    mj = in_range[:, None] & (j < ROPE)[None, :]
+    if IS_BF16:
+        h = tl.load(x_row[:, None] + (NB * QB) + j[None, :], mask=mj, other=0).to(tl.int32)
+    else:
+        h = nj.bf16_rne_bits(nj.load_f32(x_row[:, None] + (NB * QB) + j[None, :], mj, IS_BF16))
     if not IS_BF16:
         xq = nj.bf16_round(xq)
     if POW2:
@@ -77,12 +85,6 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
                  mask=ok[:, None] & (p < PAD_BYTES)[None, :])
 
     # RoPE tail as bf16, little endian: element j's low byte at 2j, high byte at 2j + 1.
-    j = tl.arange(0, ROPE_P2)
-    mj = in_range[:, None] & (j < ROPE)[None, :]
-    if IS_BF16:
-        h = tl.load(x_row[:, None] + (NB * QB) + j[None, :], mask=mj, other=0).to(tl.int32)
-    else:
-        h = nj.bf16_rne_bits(nj.load_f32(x_row[:, None] + (NB * QB) + j[None, :], mj, IS_BF16))
     pairs = tl.reshape(tl.join(h & 0xFF, (h >> 8) & 0xFF), (BLOCK_M, 2 * ROPE_P2))
     k = tl.arange(0, 2 * ROPE_P2)
     rope_at = cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE
@@ -158,10 +160,10 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
         else:
             s = tl.load(scale_at + blk[None, :], mask=ok[:, None] & (blk < NB)[None, :], other=127)
             bits = ue8m0_block_bits(b, s, HW)
-        tl.store(out_row[:, None, None] + elem[None, :, :], bits.to(tl.int16), mask=live[:, None, None] & inb)
-        k = tl.arange(0, 2 * ROPE_P2)
+        k = tl.arange(0, 2 * ROPE_P2)  # the tail is loaded before the NoPE store (see the encode)
         pairs = tl.load((cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE)[:, None] + k[None, :],
                         mask=ok[:, None] & (k < 2 * ROPE)[None, :], other=0).to(tl.int32)
+        tl.store(out_row[:, None, None] + elem[None, :, :], bits.to(tl.int16), mask=live[:, None, None] & inb)
         lo, hi = tl.split(tl.reshape(pairs, (BLOCK_M, ROPE_P2, 2)))
         j = tl.arange(0, ROPE_P2)
         tl.store(out_row[:, None] + (NB * QB) + j[None, :], (lo | (hi << 8)).to(tl.int16),
