@@ -278,6 +278,9 @@ def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_ou
     cs_row = cs_ptr + tl.load(pos_ptr + t * pos_stride).to(tl.int64) * cs_stride
     row = q_ptr + t * q_stride_t + h.to(tl.int64) * q_stride_h
     r = t * heads + h
+    # the head weights are loaded before any store: a load cannot move above a store that may
+    # alias it, so loading them last cost a second wait on memory
+    w = nj.load_f32(w_ptr + t * w_stride_t + h * w_stride_h, live, W_BF16)
     out0, out1, word, check = _indexer_rows(row, live, cs_row, had_scale, ROPE, MXFP4, FLOOR, ELEM_MAX,
                                             FLOOR_ON_SCALE, E_MIN, E_MAX, IS_BF16, PAIRS, HW_E4M3, False, LANE_LOAD,
                                             SHORT_E, E_FLOOR, EM_CARRY, EM_FIELD)
@@ -289,7 +292,6 @@ def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_ou
         out0, out1, word, check = _indexer_rows(row, live, cs_row, had_scale, ROPE, MXFP4, FLOOR, ELEM_MAX,
                                                 FLOOR_ON_SCALE, E_MIN, E_MAX, IS_BF16, PAIRS, HW_E4M3, True, LANE_LOAD)
         _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4, LANE_STORE)
-    w = nj.load_f32(w_ptr + t * w_stride_t + h * w_stride_h, live, W_BF16)
     tl.store(w_out_ptr + r, (w * softmax_scale) * head_scale, mask=live)
 
 

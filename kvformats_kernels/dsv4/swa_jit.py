@@ -77,13 +77,15 @@ def _q_rows(q_ptr, pos_ptr, cs_ptr, t, hb, heads, q_stride_t, q_stride_h, pos_st
     h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     live = h < heads
     row = q_ptr + t * q_stride_t + h.to(tl.int64) * q_stride_h  # in q_ptr's units (words if PAIRS)
+    # Every load (the row, its tail again, the position, cos / sin) comes before the first store:
+    # a load cannot move above a store that may alias it, so each load after one waits on memory.
     ev, od = _load_pairs(row, live, D - DT, DT, 0, D, IS_BF16, PAIRS)
-    var = tl.math.div_rn(tl.sum(ev * ev + od * od, axis=1), tl.full((BLOCK_H,), D, tl.float32))
-    r = tl.math.rsqrt(var + eps)[:, None]
-    _store_pairs(row, live, ev * r, od * r, D - DT, 0, D - ROPE, IS_BF16, PAIRS)
     te, to = _load_pairs(row, live, D - RT, RT, D - ROPE, D, IS_BF16, PAIRS)
     cs_row = cs_ptr + tl.load(pos_ptr + t * pos_stride).to(tl.int64) * cs_stride
+    var = tl.math.div_rn(tl.sum(ev * ev + od * od, axis=1), tl.full((BLOCK_H,), D, tl.float32))
+    r = tl.math.rsqrt(var + eps)[:, None]
     te, to = rope_pairs(te * r, to * r, cs_row, -((RT - ROPE) // 2), ROPE)  # one position per program
+    _store_pairs(row, live, ev * r, od * r, D - DT, 0, D - ROPE, IS_BF16, PAIRS)
     _store_pairs(row, live, te, to, D - RT, D - ROPE, D, IS_BF16, PAIRS)
 
 
@@ -108,6 +110,13 @@ def _kv_rows(kv_ptr, slots_ptr, pos_ptr, cs_ptr, cache_ptr, blk_id, n_kv, kv_str
     elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
     xq = nj.load_f32(x_row[:, None, None] + elem[None, :, :], in_range[:, None, None] & (blk < NB)[None, :, None],
                      IS_BF16)
+    # The RoPE tail, right-aligned in an RT-wide tile and rotated at each row's position, is
+    # loaded (with its position and cos / sin) before any store, as in the q rows above.
+    j = tl.arange(0, RT) - (RT - ROPE)
+    mt = in_range[:, None] & (j >= 0)[None, :]
+    tail = nj.load_f32(x_row[:, None] + (NB * QB) + j[None, :], mt, IS_BF16)
+    pos = tl.load(pos_ptr + rows * pos_stride, mask=in_range, other=0).to(tl.int64)
+    h = nj.bf16_rne_bits(tj.rope_rows(tail, pos, cs_ptr, cs_stride, RT, ROPE, False))
     if not IS_BF16:
         xq = nj.bf16_round(xq)
     e = nj.block_exponent(abs_max_nan(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
@@ -124,13 +133,8 @@ def _kv_rows(kv_ptr, slots_ptr, pos_ptr, cs_ptr, cache_ptr, blk_id, n_kv, kv_str
         tl.store(pad_at[:, None] + p[None, :], tl.zeros((BLOCK_KV, PAD_P2), tl.uint8),
                  mask=ok[:, None] & (p < PAD_BYTES)[None, :])
 
-    # RoPE tail, right-aligned in an RT-wide tile, rotated at each row's position, then bf16
-    # little endian: element j's low byte at 2j, high byte at 2j + 1.
-    j = tl.arange(0, RT) - (RT - ROPE)
-    mt = in_range[:, None] & (j >= 0)[None, :]
-    tail = nj.load_f32(x_row[:, None] + (NB * QB) + j[None, :], mt, IS_BF16)
-    pos = tl.load(pos_ptr + rows * pos_stride, mask=in_range, other=0).to(tl.int64)
-    h = nj.bf16_rne_bits(tj.rope_rows(tail, pos, cs_ptr, cs_stride, RT, ROPE, False))
+    # RoPE tail (rotated and rounded above): bf16 little endian, element j's low byte at 2j, high
+    # byte at 2j + 1.
     pairs = tl.reshape(tl.join(h & 0xFF, (h >> 8) & 0xFF), (BLOCK_KV, 2 * RT))
     k = tl.arange(0, 2 * RT) - 2 * (RT - ROPE)
     rope_at = cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE
