@@ -18,8 +18,9 @@ launchers on CPU tensors, so the outputs are garbage: only compilation is checke
 figures come from ``cuobjdump`` in Triton's wheel. Relies on Triton internals
 (``triton.runtime.driver``, ``JITFunction.run``); written against Triton 3.6 and 3.9.
 
-"loads after a store" counts the global loads (LDG) that follow the kernel's first global store
-(STG) in the SASS text. A load cannot move above a store that may alias it, so in straight-line
+"loads after a store" counts the global loads (LDG) that follow a global store (STG) in the
+SASS text, within stretches that end at an unpredicated EXIT, RET or BRA (so one branch's loads
+are not counted after another branch's stores). A load cannot move above a store that may alias it, so in straight-line
 code each such load can cost a wait on memory after the store (removing them took 0.15-0.3 µs off
 the byte gathers' 64-row time: docs/performance_gpu.md, thirteenth measurement). In a kernel with a
 loop, the count also includes the loop's later iterations, which is not that pattern. The table
@@ -46,6 +47,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile for real (before anything im
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests" / "reliability"), str(HERE)]
 
+import sass_text  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -108,12 +110,11 @@ def resources(kernel, sass: bool) -> dict:
         usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
         code = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    ops = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", code, re.M)
+    found = sass_text.instructions(code)
+    ops = [op for _, op in found]
     top = collections.Counter(op for op in ops).most_common(6) if sass else []
-    first_store = ops.index("STG") if "STG" in ops else len(ops)
     return dict(regs=int(m[1]) if m else -1, stack=int(m[2]) if m else -1, shared=kernel.metadata.shared,
-                sass=len(ops), top=" ".join(f"{o}:{n}" for o, n in top),
-                late=ops[first_store:].count("LDG"))
+                sass=len(ops), top=" ".join(f"{o}:{n}" for o, n in top), late=sass_text.late_loads(found))
 
 
 def parse_args(argv=None):

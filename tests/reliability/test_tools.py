@@ -278,6 +278,33 @@ def test_compile_check_compiles_every_codec_kernel_for_sm90():
             "mxfp4_encode_kernel", "fp8_encode_kernel"} <= rows
 
 
+SASS = """
+        /*0000*/                   LDG.E.64 R2, desc[UR4][R2.64] ;        /* 0x0000000402027981 */
+        /*0010*/              @P0 BRA 0x60 ;                               /* 0x0000000000000947 */
+        /*0020*/                   STG.E.128 desc[UR4][R4.64], R8 ;       /* 0x0000000804007986 */
+        /*0030*/              @!P1 LDG.E R6, desc[UR4][R6.64] ;           /* 0x0000000406069981 */
+        /*0040*/                   STG.E desc[UR4][R4.64+0x10], R6 ;      /* 0x0000100604007986 */
+        /*0050*/                   EXIT ;                                 /* 0x000000000000794d */
+        /*0060*/                   LDG.E.128 R8, desc[UR4][R2.64] ;       /* 0x0000000402087981 */
+        /*0070*/                   STG.E.128 desc[UR4][R4.64], R8 ;       /* 0x0000000804007986 */
+        /*0080*/              @P2 EXIT ;                                  /* 0x000000000000294d */
+        /*0090*/                   LDG.E R6, desc[UR4][R6.64] ;           /* 0x0000000406067981 */
+        /*00a0*/                   BRA 0xa0 ;                             /* 0xfffffffc00fc7947 */
+"""
+
+
+def test_sass_late_loads_count_per_stretch_between_exits():
+    import sass_text
+
+    found = sass_text.instructions(SASS)
+    assert [op for _, op in found] == ["LDG", "BRA", "STG", "LDG", "STG", "EXIT", "LDG", "STG", "EXIT", "LDG", "BRA"]
+    assert found[1][0] == "@P0" and found[0][0] == ""
+    # 0x30 follows the store at 0x20; 0x60 starts after an unpredicated EXIT (another branch);
+    # 0x90 follows the store at 0x70 (the EXIT at 0x80 is predicated)
+    assert sass_text.late_loads(found) == 2
+    assert sass_text.late_loads([(p, op) for p, op in found if op != "EXIT"]) == 3
+
+
 def test_launch_counter_hooks_and_unhooks():
     pytest.importorskip("triton")
     from triton import knobs
