@@ -2,9 +2,9 @@
 
     python3 benchmarks/bench_small_gpu.py [--rows 64] [--rounds 2] [--sets 1] [--keys fp8_ds_mla.decode,...]
 
-At ``--rows`` rows a call's time is one program's chain of dependent loads and instructions
-plus the launch, so rows per program and warps per program trade parallel programs against each
-program's share of the arithmetic. For every (family, op) of SMALL, each candidate of CANDIDATES
+At ``--rows`` rows (at most SMALL_ROWS; FEW's overrides apply up to FEW_ROWS) a call's time is
+one program's chain of dependent loads and instructions plus the launch, so rows per program
+and warps per program trade parallel programs against each program's share of the arithmetic. For every (family, op) of SMALL, each candidate of CANDIDATES
 (the library's current setting first, marked *) is set in turn and the codec ops that use it are
 timed: per-call µs inside a CUDA graph, prefill-like slots (the rows in one page taken at random)
 and random slots (a random permutation of a 1 GiB cache's slots), as in bench_kernels_gpu.py. The
@@ -48,7 +48,8 @@ def uses(key: tuple[str, str]) -> list[tuple[str, str]]:
 
 
 def candidates_of(key: tuple[str, str], current: dict[str, int]) -> list[dict[str, int]]:
-    """The library's current setting (of the keys CANDIDATES varies), then the other candidates."""
+    """The library's current setting at this many rows (SMALL's, or FEW's on top; of the keys
+    CANDIDATES varies), then the other candidates."""
     now = {k: current[k] for k in CANDIDATES[key][0]}
     return [now] + [c for c in CANDIDATES[key] if c != now]
 
@@ -91,10 +92,10 @@ def main() -> None:
           f"git {rev or '?'} (+ working tree)  rows {args.rows}  slot sets per call {args.sets}", flush=True)
     data = setups({fmt for k in keys for fmt, _ in uses(k)}, args.rows, args.sets, torch.Generator().manual_seed(0))
     results: dict = {}
-    candidates = {key: candidates_of(key, cm.SMALL[key]) for key in keys}
+    candidates = {key: candidates_of(key, cm.config(*key, args.rows)) for key in keys}
     for _ in range(args.rounds):
         for key in keys:
-            default = dict(cm.SMALL[key])
+            default, few = dict(cm.SMALL[key]), cm.FEW.pop(key, None)  # a candidate stands alone
             for cand in candidates[key]:
                 cm.SMALL[key] = {**default, **cand}
                 for fmt, op in uses(key):
@@ -104,6 +105,8 @@ def main() -> None:
                         us = graph_per_call_us(fns, GRAPH_CALLS)
                         results.setdefault((key, tuple(cand.items()), fmt, op, pattern), []).append(us)
             cm.SMALL[key] = default
+            if few is not None:
+                cm.FEW[key] = few
     print("\n| config | candidate | format | op | prefill µs | random µs |\n| --- | --- | --- | --- | ---: | ---: |")
     for key in keys:
         for i, cand in enumerate(candidates[key]):

@@ -48,14 +48,31 @@ SMALL: dict[tuple[str, str], dict[str, int]] = {
     ("indexer", "decode"): {"block_m": 2, "num_warps": 1},
     ("state", "copy"): {"block_m": 1, "block_w": 1024, "num_warps": 4},
 }
+# Calls of at most FEW_ROWS rows (and within SMALL_ROWS) take FEW's overrides on top of SMALL's:
+# one row per program, so that every row has a program of its own while the grid still fits
+# on the H200's 132 SMs. At 64 rows that was 0.05-0.1 us faster for these ops, at 512 rows
+# 0.05-0.1 us slower than SMALL's (the MXFP4 encode then takes its layout without a block per
+# lane, indexer.py; docs/performance_gpu.md, fourteenth measurement).
+FEW_ROWS = 128
+FEW: dict[tuple[str, str], dict[str, int]] = {
+    ("fp8_ds_mla", "decode"): {"block_m": 1, "num_warps": 2},
+    ("mxfp4", "encode"): {"block_m": 1, "num_warps": 1},
+    ("indexer", "decode"): {"block_m": 1, "num_warps": 1},
+}
 
 
 def config(family: str, op: str, rows: int | None = None) -> dict[str, int]:
     """The launch configuration of (family, op); for a call of ``rows`` <= SMALL_ROWS rows, with
-    SMALL's overrides (``rows`` is a shape, known on the host, so graphs capture either)."""
-    cfg = CONFIG[(family, op)]
-    if rows is not None and rows <= SMALL_ROWS and (family, op) in SMALL:
-        return {**cfg, **SMALL[(family, op)]}
+    SMALL's overrides, and FEW's too for ``rows`` <= FEW_ROWS (``rows`` is a shape, known on the
+    host, so graphs capture either)."""
+    key = (family, op)
+    cfg = CONFIG[key]
+    if rows is None or rows > SMALL_ROWS:
+        return cfg
+    if key in SMALL:
+        cfg = {**cfg, **SMALL[key]}
+    if rows <= FEW_ROWS and key in FEW:
+        cfg = {**cfg, **FEW[key]}
     return cfg
 
 

@@ -373,11 +373,13 @@ def _encode_both(name, dtype, pad, n, seed):
     return layout, arena_ref, arena_tri, ref, tri
 
 
-@pytest.fixture(params=["small", "large"])
+@pytest.fixture(params=["few", "small", "large"])
 def launch_config(request, monkeypatch):
-    """Each test of this fixture runs with both launch configurations of its kernels: the
-    overrides of calls of few rows (``SMALL``, what n = 24 picks) and the configuration of
-    large calls."""
+    """Each test of this fixture runs with every launch configuration of its kernels: the
+    overrides of calls of very few rows (``FEW`` on top of ``SMALL``, what n = 24 picks), those
+    of calls of few rows (``SMALL`` alone) and the configuration of large calls."""
+    if request.param != "few":
+        monkeypatch.setattr(cm, "FEW_ROWS", 0)
     if request.param == "large":
         monkeypatch.setattr(cm, "SMALL_ROWS", 0)
     return request.param
