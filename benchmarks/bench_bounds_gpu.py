@@ -1,6 +1,6 @@
 """Yardsticks that bound the issue figures no kernel of ours has reached, on the GPU.
 
-    python3 benchmarks/bench_bounds_gpu.py [--read-mb 33.62] [--rows 64]
+    python3 benchmarks/bench_bounds_gpu.py [--read-mb 33.62] [--rows 64] [--scatter-rows 131072] [--only-scatter]
 
 Per-call µs inside a replayed CUDA graph (gpu_timing.graph_per_call_us). The read floor cycles
 through 8 buffers of the size read, so no call finds its data in L2; the 64-row calls cycle
@@ -16,7 +16,13 @@ op benchmarks' 64-row cases:
 - *64-row chain*: a Triton kernel of one program (one warp) per row that loads the row's slot,
   then its 584-byte fp8_ds_mla record from a 1 GiB cache, then stores it: the dependent-load
   chain every slot-addressed op at 64 rows pays, against the library's own gather and decode
-  of the same slots.
+  of the same slots; and the same chain for compressor_state's 8 KB rows (four warps per row);
+- *scatter yardstick* (``--scatter-rows``, 131,072 by default; ``--only-scatter`` runs only
+  this): each byte format's record bytes copied from contiguous rows to the records of
+  prefill-like and random slots of a 1 GiB cache, with no arithmetic: the memory traffic of an
+  encode, as a % of what its 32-byte sectors allow at the copy bandwidth, beside the library's
+  encode and gather of the same slots. Random slots scatter each row's two segments into two
+  random places of DRAM; this says how far the sector count is from what DRAM gives.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ import subprocess
 import torch
 import triton
 import triton.language as tl
+from bench_kernels_gpu import make_input, make_slots
 from gpu_timing import copy_bandwidth, graph_per_call_us
+from traffic import SECTOR, cache_sectors, dense_sectors
 
 import kvformats as kvf
 
@@ -67,6 +75,26 @@ def _row_chain_kernel(cache_ptr, slots_ptr, out_ptr, page_stride, REC: tl.conste
         s = tl.load(cache_ptr + page * page_stride + SCALE_OFF + row * SCALE + j)
         tl.store(dst + REC + j, s)
     tl.store(dst + k, v, mask=k < REC)
+
+
+@triton.jit
+def _scatter_kernel(src_ptr, slots_ptr, cache_ptr, n, page_stride, PAGE_SIZE: tl.constexpr,
+                    A_OFF: tl.constexpr, A: tl.constexpr, A_P2: tl.constexpr,
+                    B_OFF: tl.constexpr, B: tl.constexpr, B_P2: tl.constexpr, BM: tl.constexpr):
+    """Rows of A + B contiguous bytes of src into the two segment records (A bytes at A_OFF,
+    B bytes at B_OFF of each page) of the rows at slots: an encode's memory traffic and nothing
+    else (both loads before either store)."""
+    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+    live = rows < n
+    slot = tl.load(slots_ptr + rows, mask=live, other=0).to(tl.int64)
+    base = (slot // PAGE_SIZE) * page_stride
+    row = slot % PAGE_SIZE
+    a, b = tl.arange(0, A_P2), tl.arange(0, B_P2)
+    ma, mb = live[:, None] & (a < A)[None, :], live[:, None] & (b < B)[None, :]
+    va = tl.load(src_ptr + rows[:, None] * (A + B) + a[None, :], mask=ma)
+    vb = tl.load(src_ptr + rows[:, None] * (A + B) + A + b[None, :], mask=mb)
+    tl.store(cache_ptr + (base + A_OFF + row * A)[:, None] + a[None, :], va, mask=ma)
+    tl.store(cache_ptr + (base + B_OFF + row * B)[:, None] + b[None, :], vb, mask=mb)
 
 
 def read_floor(nbytes: int, log) -> None:
@@ -125,10 +153,80 @@ def row_chain(rows: int, log, g) -> None:
             log(f"| {rows} rows, {pattern}: kvformats fp8_ds_mla {op} | {graph_per_call_us(fns, 64):.2f} |")
 
 
+def state_chain(rows: int, log, g) -> None:
+    """The same chain for compressor_state's 8 KB rows (4 warps per row), against the library's
+    compressor_state gather and decode of the same slots."""
+    layout = kvf.get_format("compressor_state")
+    pages = (1 << 30) // (layout.page_size * layout.row_bytes)
+    cache = layout.allocate(pages, device="cuda")
+    cache.normal_()
+    flat = cache.view(torch.uint8).reshape(-1)
+    page_bytes = layout.page_size * layout.row_bytes
+    capacity = pages * layout.page_size
+    out = torch.empty(rows, layout.row_bytes, dtype=torch.uint8, device="cuda")
+    for pattern in ("prefill", "random"):
+        if pattern == "random":
+            slot_sets = [torch.randint(0, capacity, (rows,), generator=g).cuda() for _ in range(BUFFERS)]
+        else:  # consecutive slots from a random first page (a state page holds 4 rows)
+            slot_sets = [(int(torch.randint(0, pages - rows, (1,), generator=g)) * layout.page_size
+                          + torch.arange(rows)).cuda() for _ in range(BUFFERS)]
+        fns = [lambda s=s: _row_chain_kernel[(rows,)](
+            flat, s, out, page_bytes, REC=layout.row_bytes, REC_P2=layout.row_bytes, PAGE_SIZE=layout.page_size,
+            SCALE_OFF=0, SCALE=0, num_warps=4) for s in slot_sets]
+        log(f"| {rows} rows, {pattern}: slot → one 8 KB compressor_state row → store (4 warps per row) | "
+            f"{graph_per_call_us(fns, 64):.2f} |")
+        for op in ("gather", "decode"):
+            fns = [lambda s=s, op=op: getattr(layout, op)(cache, s, backend="triton", check=False) for s in slot_sets]
+            log(f"| {rows} rows, {pattern}: kvformats compressor_state {op} | {graph_per_call_us(fns, 64):.2f} |")
+
+
+def scatter_floor(rows: int, bw: float, log, g) -> None:
+    """At ``rows`` rows of each byte format, prefill-like and random slots of a 1 GiB cache: the
+    scatter yardstick (the record bytes copied from contiguous rows to the slots' records, no
+    arithmetic) against the library's encode and gather of the same slots, each as a % of what
+    the op's 32-byte sectors allow at the copy bandwidth ``bw`` (GB/s)."""
+    for fmt in ("fp8_ds_mla", "fp8_indexer", "mxfp4_indexer"):
+        layout = kvf.get_format(fmt)
+        pages = (1 << 30) // layout.page_bytes
+        cache = layout.allocate(pages, device="cuda")
+        (sa, sb) = layout.segments
+        rec = sa.record_bytes + sb.record_bytes
+        count = min(BUFFERS, max(1, -(-256_000_000 // (2 * rec * rows))))  # no call finds its data in L2
+        bm = max(1, 8192 // (1 << (rec - 1).bit_length()))
+        for pattern in ("prefill", "random"):
+            sets = []
+            for _ in range(count):
+                slots = make_slots(layout, pages, rows, pattern, g)
+                x = make_input(layout, rows, g)[0]
+                src = torch.randint(0, 256, (rows, rec), dtype=torch.uint8, device="cuda")
+                sets.append((slots, x, src))
+            sectors = SECTOR * (cache_sectors(layout, sets[0][0], layout.page_bytes) + dense_sectors(8 * rows))
+            cases = {
+                "scatter yardstick": (rec * rows, [lambda s=s, src=src: _scatter_kernel[(triton.cdiv(rows, bm),)](
+                    src, s, cache, rows, layout.page_bytes, PAGE_SIZE=layout.page_size,
+                    A_OFF=layout.segment_offsets[sa.name], A=sa.record_bytes, A_P2=1 << (sa.record_bytes - 1).bit_length(),
+                    B_OFF=layout.segment_offsets[sb.name], B=sb.record_bytes, B_P2=1 << (sb.record_bytes - 1).bit_length(),
+                    BM=bm, num_warps=4) for s, _, src in sets]),
+                "kvformats encode": (x.element_size() * x.shape[1] * rows, [
+                    lambda s=s, x=x: layout.encode(x, cache, s, backend="triton", check=False) for s, x, _ in sets]),
+                "kvformats gather": (rec * rows, [
+                    lambda s=s: layout.gather(cache, s, backend="triton", check=False) for s, _, _ in sets]),
+            }
+            for label, (dense, fns) in cases.items():
+                us = graph_per_call_us(fns, max(len(fns), 8))
+                total = sectors + SECTOR * dense_sectors(dense)
+                log(f"| {rows} rows, {fmt}, {pattern}: {label} ({total / 1e6:.1f} MB in sectors) | {us:.2f} "
+                    f"({100 * total / us / 1e3 / bw:.0f} % of the sector bound) |")
+        del cache, sets
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--read-mb", type=float, default=33.62)
     ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--scatter-rows", type=int, default=131072)
+    ap.add_argument("--only-scatter", action="store_true", help="only the scatter yardstick")
     args = ap.parse_args()
 
     def log(s=""):
@@ -137,13 +235,17 @@ def main() -> None:
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     log(f"date {datetime.date.today()}  device {torch.cuda.get_device_name()}  torch {torch.__version__}  "
         f"triton {triton.__version__}  git {rev or '?'} (+ working tree)")
-    log(f"device-to-device copy bandwidth (read + write): {copy_bandwidth():.0f} GB/s")
+    bw = copy_bandwidth()
+    log(f"device-to-device copy bandwidth (read + write): {bw:.0f} GB/s")
     log()
     log("| yardstick | graph µs per call |")
     log("| --- | ---: |")
-    read_floor(int(args.read_mb * 1e6), log)
-    node_floors(log)
-    row_chain(args.rows, log, torch.Generator().manual_seed(0))
+    if not args.only_scatter:
+        read_floor(int(args.read_mb * 1e6), log)
+        node_floors(log)
+        row_chain(args.rows, log, torch.Generator().manual_seed(0))
+        state_chain(args.rows, log, torch.Generator().manual_seed(1))
+    scatter_floor(args.scatter_rows, bw, log, torch.Generator().manual_seed(2))
 
 
 if __name__ == "__main__":
