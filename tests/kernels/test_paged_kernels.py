@@ -134,7 +134,7 @@ def _run_dg(fn, layout, cache, out, a):
 
 @pytest.mark.parametrize("name", list(DECODE_LAYOUTS))
 @pytest.mark.parametrize("table_dtype,strided", [(torch.int32, False), (torch.int64, True)])
-@pytest.mark.parametrize("with_glen,with_base", [(True, True), (False, False)])
+@pytest.mark.parametrize("with_glen,with_base", [(True, True), (False, False), (True, False), (False, True)])
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's inf products
 def test_dequantize_gather_matches_reference(name, table_dtype, strided, with_glen, with_base):
     layout = DECODE_LAYOUTS[name]
