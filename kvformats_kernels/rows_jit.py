@@ -56,28 +56,20 @@ def request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr
     row). Position
     ``q = seq_len - gather_len + i``; page index ``q // PAGE_SIZE - base[req]``."""
     seq = tl.load(seq_ptr + req).to(tl.int64)
+    glen = seq
+    if HAS_GLEN:
+        glen = tl.load(glen_ptr + req).to(tl.int64)
+    live = (i < glen) & (i < width)
+    pos = seq - glen + i
     base = 0
     if HAS_BASE:
         base = tl.load(base_ptr + req).to(tl.int64)
-    if HAS_GLEN:
-        glen = tl.load(glen_ptr + req).to(tl.int64)
-        live = (i < glen) & (i < width)
-        pos = seq - glen + i
-        safe = tl.where(live & (pos >= 0), pos, 0)
-        pidx = safe // PAGE_SIZE - base
-        inside = live & (pos >= 0) & (pidx >= 0) & (pidx < table_cols)
-    else:
-        # The whole sequence: position i, so the table entry's address does not wait for
-        # seq_len. The entry is read for every row whose page index lies inside the table
-        # (in bounds of block_table, whatever the row's liveness), and the row's liveness joins
-        # afterwards: one memory round trip fewer before the records are read.
-        live = (i < seq) & (i < width)
-        safe = i
-        pidx = safe // PAGE_SIZE - base
-        inside = (pidx >= 0) & (pidx < table_cols)
+    safe = tl.where(live & (pos >= 0), pos, 0)
+    pidx = safe // PAGE_SIZE - base
+    inside = live & (pos >= 0) & (pidx >= 0) & (pidx < table_cols)
     pidx = tl.where(inside, pidx, 0)
     entry = tl.load(table_ptr + req * t_stride0 + pidx * t_stride1, mask=inside, other=-1).to(tl.int64)
-    ok = live & inside & (entry >= 0) & (entry < num_pages)
+    ok = inside & (entry >= 0) & (entry < num_pages)
     return live, ok, tl.where(ok, entry, 0), tl.where(ok, safe % PAGE_SIZE, 0)
 
 
@@ -88,24 +80,19 @@ def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr, SCAN: t
 
     SCAN > 0 (a power of two >= R, for few requests): r = the number of entries of cu[1..R]
     at most t (searchsorted's right rule), from one vector load of cu[1..R] and a compare
-    against every row, and cu[r] from the same vector, so the row's record waits on two
-    dependent loads (cu[1..R] with cu[0], the table entry) instead of STEPS + 2. Else a branch-free binary search over cu[1..R] (STEPS = bit
+    against every row, so the row's page address waits on three dependent loads (cu[1..R],
+    cu[r], the table entry) instead of STEPS + 2. Else a branch-free binary search over cu[1..R] (STEPS = bit
     length of R iterations, one dependent load each). Both give the same r for a cu that
     never decreases (which the eager checks ensure)."""
     in_range = t < T_rows
     if SCAN > 0:
         k = tl.arange(0, SCAN) + 1
         ends = tl.load(cu_ptr + k * cu_stride, mask=k <= requests, other=0).to(tl.int64)
-        first = tl.load(cu_ptr).to(tl.int64)
         below = (ends[None, :] <= t[:, None]) & (k <= requests)[None, :]
         lo = tl.sum(below.to(tl.int64), axis=1)
         covered = in_range & (lo < requests)
         req = lo * covered.to(tl.int64)
-        # cu[lo] read off the vector already loaded rather than by another dependent load: the
-        # largest entry of cu[1..R] at most t where lo > 0 (cu never decreases), else cu[0]
-        # (arithmetic rather than tl.where, as below)
-        b = below.to(tl.int64)
-        start = tl.max(first + b * (ends[None, :] - first), axis=1)
+        start = tl.load(cu_ptr + req * cu_stride, mask=covered, other=0).to(tl.int64)
         return covered, req, t - start
     lo = tl.zeros(t.shape, tl.int64)
     hi = tl.zeros(t.shape, tl.int64) + requests
