@@ -1,16 +1,19 @@
-"""Launch configurations of calls of few rows (``kvformats_kernels._common.SMALL``), on the GPU.
+"""Launch configurations of calls of few rows (``kvformats_kernels._common.SMALL`` and ``FEW``),
+on the GPU.
 
     python3 benchmarks/bench_small_gpu.py [--rows 64] [--rounds 2] [--sets 1] [--keys fp8_ds_mla.decode,...]
 
 At ``--rows`` rows (at most SMALL_ROWS; FEW's overrides apply up to FEW_ROWS) a call's time is
 one program's chain of dependent loads and instructions plus the launch, so rows per program
-and warps per program trade parallel programs against each program's share of the arithmetic. For every (family, op) of SMALL, each candidate of CANDIDATES
-(the library's current setting first, marked *) is set in turn and the codec ops that use it are
-timed: per-call µs inside a CUDA graph, prefill-like slots (the rows in one page taken at random)
-and random slots (a random permutation of a 1 GiB cache's slots), as in bench_kernels_gpu.py. The
-rounds go over all candidates before repeating, so drift falls on each alike; the table prints
-every round's figure. ``--sets 8`` cycles each call through 8 slot and input sets instead of one
-(the yardsticks of bench_bounds_gpu.py do), so consecutive calls touch different pages.
+and warps per program trade parallel programs against each program's share of the arithmetic.
+For every (family, op) of SMALL, each candidate of CANDIDATES (the library's current setting
+at ``--rows`` first, marked *) is set in turn and the codec ops that use it are timed: per-call
+µs inside a CUDA graph, prefill-like slots (the rows in one page taken at random) and random
+slots (a random permutation of a 1 GiB cache's slots), as in bench_kernels_gpu.py. The rounds
+go over all candidates before repeating, so drift falls on each alike; the table prints every
+round's figure (the same config can differ by ~0.2 µs between rounds: compare within a round
+and across all of them). ``--sets 8`` cycles each call through 8 slot and input sets instead of
+one (the yardsticks of bench_bounds_gpu.py do), so consecutive calls touch different pages.
 """
 
 from __future__ import annotations

@@ -50,9 +50,11 @@ SMALL: dict[tuple[str, str], dict[str, int]] = {
 }
 # Calls of at most FEW_ROWS rows (and within SMALL_ROWS) take FEW's overrides on top of SMALL's:
 # one row per program, so that every row has a program of its own while the grid still fits
-# on the H200's 132 SMs. At 64 rows that was 0.05-0.1 us faster for these ops, at 512 rows
-# 0.05-0.1 us slower than SMALL's (the MXFP4 encode then takes its layout without a block per
-# lane, indexer.py; docs/performance_gpu.md, fourteenth measurement).
+# on the H200's 132 SMs. At 64 rows that was 0.05-0.1 us faster than SMALL's for the fp8_ds_mla
+# decode, the MXFP4 encode and the FP8 indexer decode (the MXFP4 decode, which shares its
+# config, within noise), at 512 rows 0.05-0.1 us slower, at 128 within noise (the MXFP4 encode
+# then takes its layout without a block per lane, indexer.py; docs/performance_gpu.md,
+# fourteenth measurement).
 FEW_ROWS = 128
 FEW: dict[tuple[str, str], dict[str, int]] = {
     ("fp8_ds_mla", "decode"): {"block_m": 1, "num_warps": 2},

@@ -20,11 +20,12 @@ figures come from ``cuobjdump`` in Triton's wheel. Relies on Triton internals
 
 "loads after a store" counts the global loads (LDG) that follow a global store (STG) in the
 SASS text, within stretches that end at an unpredicated EXIT, RET or BRA (so one branch's loads
-are not counted after another branch's stores). A load cannot move above a store that may alias it, so in straight-line
-code each such load can cost a wait on memory after the store (removing them took 0.15-0.3 µs off
-the byte gathers' 64-row time: docs/performance_gpu.md, thirteenth measurement). In a kernel with a
-loop, the count also includes the loop's later iterations, which is not that pattern. The table
-shows each kernel's worst specialization.
+are not counted after another branch's stores; tools/sass_text.py). A load cannot move above a
+store that may alias it, so in straight-line code each such load can cost a wait on memory after
+the store (removing them took 0.15-0.3 µs off the byte gathers' 64-row time and 0.15-0.2 µs off
+the fp8_ds_mla encode's: docs/performance_gpu.md, thirteenth and fourteenth measurements). In
+a kernel with a loop, the count also includes the loop's later iterations, which is not that
+pattern. The table shows each kernel's worst specialization.
 
 Exit status: 0 every kernel compiled; 1 a compile failure (listed first), or nothing compiled
 (on a host with a GPU the calls do not reach the launchers this way; its GPU tests compile the
