@@ -126,21 +126,27 @@ def node_floors(log) -> None:
         f"{graph_per_call_us([lambda: torch.zeros(64, dtype=torch.int32, device='cuda')], 64):.2f} |")
 
 
+def chain_slots(layout, pages: int, rows: int, pattern: str, g) -> list[torch.Tensor]:
+    """BUFFERS slot sets of ``rows`` rows for the 64-row chains: random slots of the cache, or
+    (prefill) consecutive slots from a random first page, as the op benchmarks' prefill-like
+    slots (64 rows of fp8_ds_mla: one page; of compressor_state, whose pages hold 4 rows: 16)."""
+    if pattern == "random":
+        return [torch.randint(0, pages * layout.page_size, (rows,), generator=g).cuda() for _ in range(BUFFERS)]
+    span = -(-rows // layout.page_size)
+    return [(int(torch.randint(0, pages - span + 1, (1,), generator=g)) * layout.page_size
+             + torch.arange(rows)).cuda() for _ in range(BUFFERS)]
+
+
 def row_chain(rows: int, log, g) -> None:
     layout = kvf.get_format("fp8_ds_mla")
     pages = (1 << 30) // layout.page_bytes
     cache = layout.allocate(pages, device="cuda")
     flat = cache.view(torch.uint8).reshape(-1)
     flat.random_(0, 256)
-    capacity = pages * layout.page_size
     scales = layout.region("scale")
     out = torch.empty(rows, layout.row_bytes, dtype=torch.uint8, device="cuda")
     for pattern in ("prefill", "random"):
-        if pattern == "random":
-            slot_sets = [torch.randint(0, capacity, (rows,), generator=g).cuda() for _ in range(BUFFERS)]
-        else:  # rows in one page taken at random, as the op benchmarks' prefill-like slots
-            slot_sets = [(int(torch.randint(0, pages, (1,), generator=g)) * layout.page_size
-                          + torch.arange(rows) % layout.page_size).cuda() for _ in range(BUFFERS)]
+        slot_sets = chain_slots(layout, pages, rows, pattern, g)
         for label, rec, scale in (("one 584-byte record", layout.row_bytes, 0),
                                   ("576 + 8-byte records (the page's two segments)", 576, 8)):
             fns = [lambda s=s, rec=rec, scale=scale: _row_chain_kernel[(rows,)](
@@ -157,21 +163,15 @@ def state_chain(rows: int, log, g) -> None:
     """The same chain for compressor_state's 8 KB rows (4 warps per row), against the library's
     compressor_state gather and decode of the same slots."""
     layout = kvf.get_format("compressor_state")
-    pages = (1 << 30) // (layout.page_size * layout.row_bytes)
+    pages = (1 << 30) // layout.page_bytes
     cache = layout.allocate(pages, device="cuda")
     cache.normal_()
     flat = cache.view(torch.uint8).reshape(-1)
-    page_bytes = layout.page_size * layout.row_bytes
-    capacity = pages * layout.page_size
     out = torch.empty(rows, layout.row_bytes, dtype=torch.uint8, device="cuda")
     for pattern in ("prefill", "random"):
-        if pattern == "random":
-            slot_sets = [torch.randint(0, capacity, (rows,), generator=g).cuda() for _ in range(BUFFERS)]
-        else:  # consecutive slots from a random first page (a state page holds 4 rows)
-            slot_sets = [(int(torch.randint(0, pages - rows, (1,), generator=g)) * layout.page_size
-                          + torch.arange(rows)).cuda() for _ in range(BUFFERS)]
+        slot_sets = chain_slots(layout, pages, rows, pattern, g)
         fns = [lambda s=s: _row_chain_kernel[(rows,)](
-            flat, s, out, page_bytes, REC=layout.row_bytes, REC_P2=layout.row_bytes, PAGE_SIZE=layout.page_size,
+            flat, s, out, layout.page_bytes, REC=layout.row_bytes, REC_P2=layout.row_bytes, PAGE_SIZE=layout.page_size,
             SCALE_OFF=0, SCALE=0, num_warps=4) for s in slot_sets]
         log(f"| {rows} rows, {pattern}: slot → one 8 KB compressor_state row → store (4 warps per row) | "
             f"{graph_per_call_us(fns, 64):.2f} |")
