@@ -14,23 +14,26 @@ import torch
 # Rows per program and warps per program of each kernel, by (family, op); maxnreg caps the
 # registers per thread (0: the compiler's choice; see launch_opts). Benchmarks may override
 # entries; tests run whatever is here.
+# Shapes from the fifteenth measurement's sweep (bench_kernels_gpu.py --sweep, two interleaved
+# rounds; docs/performance_gpu.md): smaller programs than the earlier sweeps found, which ran
+# before the decode bodies and the byte gathers were rewritten and tried no shape under 4 warps.
 CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on an H200 (benchmarks/)
-    ("fp8_ds_mla", "encode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
-    ("fp8_ds_mla", "decode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
-    ("fp8_ds_mla", "paged"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
+    ("fp8_ds_mla", "encode"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
+    ("fp8_ds_mla", "decode"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1},
+    ("fp8_ds_mla", "paged"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
     # cu_scan_max: gather_paged finds the request of a row by one compare against all of
     # cu_seq_lens up to this many requests, by binary search beyond; evict_first_rows: the slot
     # gather of rows of at most this many bytes marks its loads evict-first in L2 (the indexers'
     # 68 / 132-byte rows gained 4 points on an H200, fp8_ds_mla's 584-byte rows lost 8)
-    ("gather", "bytes"): {"tile_bytes": 8192, "num_warps": 4, "max_unit": 8, "cu_scan_max": 64,
+    ("gather", "bytes"): {"tile_bytes": 4096, "num_warps": 1, "max_unit": 8, "cu_scan_max": 64,
                           "evict_first_rows": 256},
-    ("indexer", "encode"): {"block_m": 32, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
+    ("indexer", "encode"): {"block_m": 8, "num_warps": 1, "hw_cvt": 1, "maxnreg": 0},
     ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1, "lane": 1, "hw_cvt": 1},
-    ("indexer", "decode"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
+    ("indexer", "decode"): {"block_m": 8, "num_warps": 2, "hw_cvt": 1},
     # mxfp4_cs_stores: the MXFP4 dequantize_gather stores its float32 rows with the streaming
     # hint (H200, twelfth measurement: 73-80 % with it, 69-76 % without; the FP8 rows and the
     # slot decodes did not gain)
-    ("indexer", "paged"): {"block_m": 16, "num_warps": 4, "hw_cvt": 1, "mxfp4_cs_stores": 1},
+    ("indexer", "paged"): {"block_m": 8, "num_warps": 2, "hw_cvt": 1, "mxfp4_cs_stores": 1},
     ("state", "copy"): {"block_m": 1, "block_w": 2048, "num_warps": 4},
 }
 
