@@ -142,6 +142,9 @@ SWEEP = {
     ("gather", "bytes"): [dict(tile_bytes=t, num_warps=w)
                           for t, w in ((2048, 1), (4096, 1), (8192, 1), (4096, 2), (8192, 2), (8192, 4),
                                        (16384, 4), (16384, 8))],
+    ("gather", "paged"): [dict(tile_bytes=t, num_warps=w)
+                          for t, w in ((1024, 1), (2048, 1), (4096, 1), (8192, 1), (2048, 2), (4096, 2), (8192, 2),
+                                       (8192, 4), (16384, 4))],
     ("indexer", "encode"): [dict(block_m=b, num_warps=w) for b, w in ROWS_WARPS + ((64, 8),) if b >= 8],
     ("mxfp4", "encode"): [dict(block_m=b, num_warps=w, lane=1)  # a block per lane: block_m * 4 >= 32 * warps
                           for b, w in ((4, 1), (8, 1), (16, 1), (8, 2), (16, 2), (32, 2), (16, 4), (32, 4),
@@ -156,8 +159,8 @@ SWEEP_USES = {  # config key -> (format, op) timed to choose it
     ("fp8_ds_mla", "encode"): [("fp8_ds_mla", "encode")],
     ("fp8_ds_mla", "decode"): [("fp8_ds_mla", "decode")],
     ("fp8_ds_mla", "paged"): [("fp8_ds_mla", "dequantize_gather")],
-    ("gather", "bytes"): [("fp8_ds_mla", "gather"), ("fp8_indexer", "gather"), ("mxfp4_indexer", "gather"),
-                          ("fp8_indexer", "gather_paged"), ("mxfp4_indexer", "gather_paged")],
+    ("gather", "bytes"): [("fp8_ds_mla", "gather"), ("fp8_indexer", "gather"), ("mxfp4_indexer", "gather")],
+    ("gather", "paged"): [("fp8_indexer", "gather_paged"), ("mxfp4_indexer", "gather_paged")],
     ("indexer", "encode"): [("fp8_indexer", "encode")],
     ("mxfp4", "encode"): [("mxfp4_indexer", "encode")],
     ("indexer", "decode"): [("fp8_indexer", "decode"), ("mxfp4_indexer", "decode")],

@@ -21,12 +21,13 @@ CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on 
     ("fp8_ds_mla", "encode"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
     ("fp8_ds_mla", "decode"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1},
     ("fp8_ds_mla", "paged"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
+    # evict_first_rows: the slot gather of rows of at most this many bytes marks its loads
+    # evict-first in L2 (the indexers' 68 / 132-byte rows gained 4 points on an H200,
+    # fp8_ds_mla's 584-byte rows lost 8); max_unit: the widest unit of the byte copies (rows.py)
+    ("gather", "bytes"): {"tile_bytes": 4096, "num_warps": 1, "max_unit": 8, "evict_first_rows": 256},
     # cu_scan_max: gather_paged finds the request of a row by one compare against all of
-    # cu_seq_lens up to this many requests, by binary search beyond; evict_first_rows: the slot
-    # gather of rows of at most this many bytes marks its loads evict-first in L2 (the indexers'
-    # 68 / 132-byte rows gained 4 points on an H200, fp8_ds_mla's 584-byte rows lost 8)
-    ("gather", "bytes"): {"tile_bytes": 4096, "num_warps": 1, "max_unit": 8, "cu_scan_max": 64,
-                          "evict_first_rows": 256},
+    # cu_seq_lens up to this many requests, by binary search beyond
+    ("gather", "paged"): {"tile_bytes": 4096, "num_warps": 1, "cu_scan_max": 64},
     ("indexer", "encode"): {"block_m": 8, "num_warps": 1, "hw_cvt": 1, "maxnreg": 0},
     ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1, "lane": 1, "hw_cvt": 1},
     ("indexer", "decode"): {"block_m": 8, "num_warps": 2, "hw_cvt": 1},

@@ -60,8 +60,9 @@ def _layout_bytes(layout, cache: torch.Tensor) -> list[int]:
     return [u8.data_ptr(), stride, *(layout.segment_offsets[s.name] for s in segs), *(s.record_bytes for s in segs)]
 
 
-def _block_m(unit: torch.dtype, row_bytes: int, rows: int | None = None) -> tuple[int, int]:
-    cfg = cm.config("gather", "bytes", rows)
+def _block_m(unit: torch.dtype, row_bytes: int, rows: int | None = None, op: str = "bytes") -> tuple[int, int]:
+    """(rows per program, warps) of the slot gather (``op`` "bytes") or gather_paged ("paged")."""
+    cfg = cm.config("gather", op, rows)
     return cm.rows_per_tile(cfg["tile_bytes"], cm.next_pow2(row_bytes)), cfg["num_warps"]
 
 
@@ -96,8 +97,8 @@ def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, 
     outs = [v.view(unit) for v in views]
     while len(outs) < 2:
         outs.append(outs[0])
-    block_m, warps = _block_m(unit, layout.row_bytes)
-    scan = cm.next_pow2(requests) if requests <= cm.config("gather", "bytes")["cu_scan_max"] else 0
+    block_m, warps = _block_m(unit, layout.row_bytes, op="paged")
+    scan = cm.next_pow2(requests) if requests <= cm.config("gather", "paged")["cu_scan_max"] else 0
     jit.gather_paged_kernel[(cm.grid_rows(t_rows, block_m),)](
         src, block_table, cu_seq_lens, outs[0], outs[1], t_rows, requests, cu_seq_lens.stride(0),
         block_table.stride(0), block_table.stride(1), block_table.shape[1], cache.shape[0], stride,

@@ -238,7 +238,7 @@ def test_gather_paged_matches_reference(name, table_dtype, strided, shift, scan_
     requests, the default here) and the binary search (many requests)."""
     from kvformats_kernels import _common as cm
 
-    monkeypatch.setitem(cm.CONFIG, ("gather", "bytes"), dict(cm.CONFIG[("gather", "bytes")], cu_scan_max=scan_max))
+    monkeypatch.setitem(cm.CONFIG, ("gather", "paged"), dict(cm.CONFIG[("gather", "paged")], cu_scan_max=scan_max))
     layout = BYTE_LAYOUTS[name]
     cache, views, table, cu = _gp_case(layout, len(name), table_dtype, strided, shift)
     want = [v.clone() for v in views]
