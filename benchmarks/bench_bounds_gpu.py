@@ -1,6 +1,7 @@
 """Yardsticks that bound the issue figures no kernel of ours has reached, on the GPU.
 
-    python3 benchmarks/bench_bounds_gpu.py [--read-mb 33.62] [--rows 64] [--scatter-rows 131072] [--only-scatter]
+    python3 benchmarks/bench_bounds_gpu.py [--read-mb 33.62] [--rows 64] [--scatter-rows 131072]
+        [--only-scatter | --only-paged]
 
 Per-call µs inside a replayed CUDA graph (gpu_timing.graph_per_call_us). The read floor cycles
 through 8 buffers of the size read, so no call finds its data in L2; the 64-row calls cycle
@@ -22,7 +23,11 @@ op benchmarks' 64-row cases:
   prefill-like and random slots of a 1 GiB cache, with no arithmetic: the memory traffic of an
   encode, as a % of what its 32-byte sectors allow at the copy bandwidth, beside the library's
   encode and gather of the same slots. Random slots scatter each row's two segments into two
-  random places of DRAM; this says how far the sector count is from what DRAM gives.
+  random places of DRAM; this says how far the sector count is from what DRAM gives;
+- *paged against slots* (``--scatter-rows`` rows; ``--only-paged`` runs only this): the
+  dequantize_gather of one request and of 8 equal requests, pages in random order, beside the
+  slot decode of the very rows the block table names, in three interleaved rounds, as % of the
+  copy bandwidth: what the table lookup costs over reading the same rows by slot.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import subprocess
 import torch
 import triton
 import triton.language as tl
-from bench_kernels_gpu import make_input, make_slots
+from bench_kernels_gpu import make_input, make_slots, paged_sets
 from gpu_timing import copy_bandwidth, graph_per_call_us
 from traffic import SECTOR, cache_sectors, dense_sectors
 
@@ -221,12 +226,49 @@ def scatter_floor(rows: int, bw: float, log, g) -> None:
         torch.cuda.empty_cache()
 
 
+def paged_floor(rows: int, bw: float, log, g) -> None:
+    """dequantize_gather of ``rows`` rows (1 request, then 8) of each decodable byte format
+    against the slot decode of the same rows, three interleaved rounds, % of the copy
+    bandwidth ``bw`` (GB/s) for the fewest bytes (records read, decoded rows written)."""
+    out_bytes = {"fp8_ds_mla": 2, "fp8_indexer": 4, "mxfp4_indexer": 4}
+    for fmt, requests in itertools.product(out_bytes, (1, 8)):
+        layout = kvf.get_format(fmt)
+        pages = (1 << 30) // layout.page_bytes
+        cache = layout.allocate(pages, device="cuda")
+        cache.random_(0, 256)
+        length, ps = rows // requests, layout.page_size
+        sets = paged_sets(layout, pages, requests, length, g)
+        outs = [torch.empty((requests, length, layout.head_dim), dtype=layout.decode_dtype, device="cuda")
+                for _ in sets]
+        i = torch.arange(length, device="cuda")
+        slots = [(t.long()[:, i // ps] * ps + i % ps).reshape(-1) for t, _, _ in sets]
+        cases = {
+            "slot decode of the same rows": [lambda s=s: layout.decode(cache, s, backend="triton", check=False)
+                                             for s in slots],
+            "dequantize_gather": [lambda t=t, q=q, o=o: layout.dequantize_gather(
+                cache, o, block_table=t, seq_lens=q, backend="triton", check=False) for (t, q, _), o in zip(sets, outs)],
+        }
+        times: dict = {}
+        for _ in range(3):
+            for label, fns in cases.items():
+                times.setdefault(label, []).append(graph_per_call_us(fns, 4))
+        nbytes = rows * (layout.row_bytes + out_bytes[fmt] * layout.head_dim)
+        for label, ts in times.items():
+            pct = " / ".join(f"{100 * nbytes / t / 1e3 / bw:.1f}" for t in ts)
+            log(f"| {rows} rows, {fmt}, {requests} x {length}: {label} | {' / '.join(f'{t:.2f}' for t in ts)} "
+                f"({pct} % of the copy bandwidth) |")
+        del cache, sets, outs, slots, cases
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--read-mb", type=float, default=33.62)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--scatter-rows", type=int, default=131072)
-    ap.add_argument("--only-scatter", action="store_true", help="only the scatter yardstick")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--only-scatter", action="store_true", help="only the scatter yardstick")
+    only.add_argument("--only-paged", action="store_true", help="only the paged against slots yardstick")
     args = ap.parse_args()
 
     def log(s=""):
@@ -240,12 +282,15 @@ def main() -> None:
     log()
     log("| yardstick | graph µs per call |")
     log("| --- | ---: |")
-    if not args.only_scatter:
+    if not (args.only_scatter or args.only_paged):
         read_floor(int(args.read_mb * 1e6), log)
         node_floors(log)
         row_chain(args.rows, log, torch.Generator().manual_seed(0))
         state_chain(args.rows, log, torch.Generator().manual_seed(1))
-    scatter_floor(args.scatter_rows, bw, log, torch.Generator().manual_seed(2))
+    if not args.only_paged:
+        scatter_floor(args.scatter_rows, bw, log, torch.Generator().manual_seed(2))
+    if not args.only_scatter:
+        paged_floor(args.scatter_rows, bw, log, torch.Generator().manual_seed(3))
 
 
 if __name__ == "__main__":
