@@ -131,8 +131,8 @@ def allocate(layout, cache_gib: float):
 
 # Launch shapes a sweep tries (rows per program x warps). The sweeps of the second and third
 # measurements never went under 4 warps or 16 rows at 131,072 rows, and the kernels changed
-# after them; the fifteenth's sweep of these lists moved six configs (fp8_ds_mla decode 83 ->
-# 87 %, its dequantize_gather 77-79 -> 86 %: docs/performance_gpu.md).
+# after them; the fifteenth's sweep of these lists moved seven configs (fp8_ds_mla decode 83 ->
+# 87 %, its dequantize_gather 77-79 -> 83-86 %: docs/performance_gpu.md).
 ROWS_WARPS = ((2, 1), (4, 1), (8, 1), (16, 1), (4, 2), (8, 2), (16, 2), (4, 4), (8, 4), (16, 4), (32, 4),
               (16, 8), (32, 8))
 SWEEP = {
@@ -257,8 +257,9 @@ def run_paged(args, bw, log, g):
 
 def sweep(setups, log, keys=None, rounds: int = 1):
     """Time every candidate of SWEEP (of ``keys`` only, when given) and keep each key's fastest
-    by its median over ``rounds`` rounds; a round goes over every candidate of every key before
-    the next, so drift falls on all alike. Prints each candidate's figures per round."""
+    by its median over ``rounds`` rounds (the upper one of an even count). A round goes over
+    every candidate of every key before the next, so drift falls on all alike. Prints each
+    candidate's figures per round."""
     from kvformats_kernels import _common as cm
 
     keys = [k for k in SWEEP if keys is None or k in keys]
