@@ -60,7 +60,7 @@ def _layout_bytes(layout, cache: torch.Tensor) -> list[int]:
     return [u8.data_ptr(), stride, *(layout.segment_offsets[s.name] for s in segs), *(s.record_bytes for s in segs)]
 
 
-def _block_m(unit: torch.dtype, row_bytes: int, rows: int | None = None, op: str = "bytes") -> tuple[int, int]:
+def _block_m(row_bytes: int, rows: int | None = None, op: str = "bytes") -> tuple[int, int]:
     """(rows per program, warps) of the slot gather (``op`` "bytes") or gather_paged ("paged")."""
     cfg = cm.config("gather", op, rows)
     return cm.rows_per_tile(cfg["tile_bytes"], cm.next_pow2(row_bytes)), cfg["num_warps"]
@@ -74,7 +74,7 @@ def gather(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         return out
     unit = pick_unit([*_layout_bytes(layout, cache), layout.row_bytes]) if cache.shape[0] else torch.uint8
     src, stride = unit_cache(layout, cache, unit)
-    block_m, warps = _block_m(unit, layout.row_bytes, n)
+    block_m, warps = _block_m(layout.row_bytes, n)
     jit.gather_bytes_kernel[(cm.grid_rows(n, block_m),)](
         src, slots, out.view(unit), n, slots.stride(0), cm.capacity(layout, cache), stride,
         PAGE_SIZE=layout.page_size, ROW=layout.row_bytes // unit.itemsize, **_segment_constants(layout, unit),
@@ -97,7 +97,7 @@ def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, 
     outs = [v.view(unit) for v in views]
     while len(outs) < 2:
         outs.append(outs[0])
-    block_m, warps = _block_m(unit, layout.row_bytes, op="paged")
+    block_m, warps = _block_m(layout.row_bytes, op="paged")
     scan = cm.next_pow2(requests) if requests <= cm.config("gather", "paged")["cu_scan_max"] else 0
     jit.gather_paged_kernel[(cm.grid_rows(t_rows, block_m),)](
         src, block_table, cu_seq_lens, outs[0], outs[1], t_rows, requests, cu_seq_lens.stride(0),
