@@ -9,6 +9,7 @@
 Importing kvformats never imports Triton; kernels load on the first CUDA call.
 """
 
+from kvformats.deferred import error_record, pending_error, raise_pending, strict_checks
 from kvformats.errors import (
     BackendUnavailableError,
     InputError,
@@ -27,5 +28,6 @@ SPEC_VERSION = "1"
 __all__ = [
     "BackendUnavailableError", "CompressorState", "Field", "Fp8DsMla", "Fp8DsMlaV32", "Fp8Indexer", "InputError",
     "InputTypeError", "KVFormatError", "Layout", "LayoutError", "Mxfp4Indexer", "PROFILE_NAMES", "Profile",
-    "Region", "Segment", "get_format", "list_formats", "supported_profiles", "SPEC_VERSION", "__version__",
+    "Region", "Segment", "error_record", "get_format", "list_formats", "pending_error", "raise_pending",
+    "strict_checks", "supported_profiles", "SPEC_VERSION", "__version__",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from kvformats import deferred
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -114,18 +115,27 @@ def check_cache(layout, cache) -> None:
 HOST_CHECK_MAX = 2048  # slot lists up to this long are checked on the host (see check_slots)
 
 
-def check_slots(layout, slots, n: int | None, cache: torch.Tensor, *, check_range: bool, unique: bool) -> None:
-    """``slots`` is int32/int64 ``[n]`` (any length for None) on the cache's device; with ``check_range`` (outside
-    CUDA-graph capture) every slot is below the capacity and, with ``unique``, no non-negative
-    slot repeats."""
+def check_slots(layout, slots, n: int | None, cache: torch.Tensor, *, check_range, unique: bool,
+                site: int | None = None, kernel: bool = False) -> None:
+    """``slots`` is int32/int64 ``[n]`` (any length for None) on the cache's device. Its values
+    are checked by the op's check mode ``check_range`` (True, False or "strict":
+    ``kvformats.deferred``): on the host before any write (every slot below the capacity and,
+    with ``unique``, no non-negative slot repeated), or on the device through the error record,
+    which a ``kernel`` implementation writes itself and the reference writes here (``site``)."""
     check_tensor("slots", slots, dtypes=INDEX_DTYPES, shape=(n,), device=cache.device)
-    if not check_range or slots.numel() == 0 or capturing(slots):
-        return
+    if deferred.on_host(check_range, slots):
+        if slots.numel():
+            _host_slot_checks(layout, slots, cache, unique)
+    elif site is not None and not kernel and slots.numel() and deferred.on_device(check_range, slots):
+        capacity = cache.shape[0] * layout.page_size
+        deferred.record_where(slots >= capacity, slots, capacity, deferred.Check.SLOT_RANGE, site)
+
+
+def _host_slot_checks(layout, slots, cache, unique: bool) -> None:
     capacity = cache.shape[0] * layout.page_size
     if slots.numel() <= HOST_CHECK_MAX:
-        # Decode-sized lists: one copy to the host (the one synchronisation an eager GPU call
-        # needs) and plain Python. Each device-side torch op costs the host more than that
-        # copy (the flags below launch ~10 of them: no faster on the H200, docs/performance_gpu.md).
+        # Decode-sized lists: one copy to the host and plain Python, cheaper than the ~10 device
+        # operations the flags below launch.
         values = slots.tolist()
         over = next((i for i, v in enumerate(values) if v >= capacity), None)
         real = [v for v in values if v >= 0]

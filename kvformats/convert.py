@@ -113,8 +113,8 @@ def convert_slots(src, src_cache, src_slots, dst, dst_cache, dst_slots, *, exact
 
     check_cache(src, src_cache)
     check_cache(dst, dst_cache)
-    check_slots(src, src_slots, None, src_cache, check_range=True, unique=False)
-    check_slots(dst, dst_slots, src_slots.shape[0], dst_cache, check_range=True, unique=True)
+    check_slots(src, src_slots, None, src_cache, check_range="strict", unique=False)
+    check_slots(dst, dst_slots, src_slots.shape[0], dst_cache, check_range="strict", unique=True)
     rows = convert_rows(src, read_rows(src, src_cache, src_slots), dst, exact=exact)
     keep = src_slots.to(dst_slots.device) >= 0
     write_rows(dst, dst_cache, torch.where(keep, dst_slots, torch.full_like(dst_slots, -1)), rows)

@@ -270,21 +270,26 @@ class Layout:
 
     # ----- public ops ----------------------------------------------------------------------
     def encode(self, x, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto",
-               check: bool = True, **kwargs) -> None:
+               check: bool | str = True, **kwargs) -> None:
         """Quantize the rows of ``x [N, head_dim]`` (bf16/fp16/fp32) and write them in place at
         ``slots [N]`` (int32/int64; negative = skip). Only the bytes of written rows change.
 
-        ``check=False`` skips the host-side slot checks (range, duplicates); out-of-range slots
-        are then skipped, never written. Raises InputError/LayoutError before any write.
+        Metadata errors raise InputError/LayoutError before any write. Slot values (below the
+        capacity, no repeats) are checked by ``check`` (``kvformats.deferred``): on CPU tensors
+        and with ``check="strict"`` on the host before any write; by default on the GPU without
+        a host read, where a slot beyond the cache is skipped and recorded for
+        ``kvformats.raise_pending``; ``check=False`` checks no values. Rows named twice in one
+        call are refused on the host; on the GPU's default path each byte of such a row comes
+        from one of the rows that name it (spec/checks.md).
         """
         ops.encode(self, x, cache, slots, backend=backend, check=check, **kwargs)
 
-    def decode(self, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto", check: bool = True):
+    def decode(self, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto", check: bool | str = True):
         """Dequantize the rows at ``slots [N]``; zero rows for negative slots."""
         return ops.decode(self, cache, slots, backend=backend, check=check)
 
     def gather(self, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto",
-               check: bool = True) -> torch.Tensor:
+               check: bool | str = True) -> torch.Tensor:
         """The encoded rows at ``slots [N]`` -> uint8 ``[N, row_bytes]`` (segments in page order:
         data bytes, then scale bytes); zero rows for negative slots."""
         return ops.gather(self, cache, slots, backend=backend, check=check)
@@ -297,7 +302,7 @@ class Layout:
     def dequantize_gather(self, cache: torch.Tensor, out: torch.Tensor, *, block_table: torch.Tensor,
                           seq_lens: torch.Tensor, gather_lens: torch.Tensor | None = None,
                           block_table_base_offsets: torch.Tensor | None = None, offset: int = 0,
-                          backend: str = "auto", check: bool = True) -> torch.Tensor:
+                          backend: str = "auto", check: bool | str = True) -> torch.Tensor:
         """Decode, for each request b, positions ``seq_lens[b] - gather_lens[b] + i`` (i < gather_len)
         through ``block_table [R, max_pages]`` (page index ``q // page_size - base[b]``) into
         ``out[b, offset + i]`` (``out [R, W, head_dim]`` of ``decode_dtype``). Missing pages give
@@ -307,17 +312,19 @@ class Layout:
                                        offset=offset, backend=backend, check=check)
 
     def gather_paged(self, cache: torch.Tensor, *, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
-                     out=None, backend: str = "auto", check: bool = True) -> tuple:
+                     out=None, num_rows: int | None = None, backend: str = "auto", check=True) -> tuple:
         """Copy the encoded records of positions ``[cu[r], cu[r+1])`` of each request r (page
         ``block_table[r, j // page_size]``) into one workspace per segment, in cu order: e.g. for
         the indexers ``(values uint8 [T, 64 or 128], scales uint8 [T, 4])``; pass ``out`` to fill
         preallocated workspaces (rows past ``cu[-1]`` untouched; a scales workspace may be int32
-        or float32 ``[T]``, one little-endian word per row). Missing pages give zero rows."""
+        or float32 ``[T]``, one little-endian word per row). Missing pages give zero rows. Without
+        ``out``, pass ``num_rows`` (``cu_seq_lens[-1]``, known to the caller) to allocate them: else
+        that value is read from the device, the one host synchronization of this op."""
         return paged.gather_paged(self, cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=out,
-                                  backend=backend, check=check)
+                                  num_rows=num_rows, backend=backend, check=check)
 
     def decode_topk(self, cache: torch.Tensor, topk_slots: torch.Tensor, *, backend: str = "auto",
-                    check: bool = True):
+                    check: bool | str = True):
         """Decode a ``[T, K]`` matrix of slots (−1 holes give zero rows) -> ``[T, K, head_dim]``."""
         return paged.decode_topk(self, cache, topk_slots, backend=backend, check=check)
 

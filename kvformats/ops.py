@@ -5,33 +5,42 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import registry
+from kvformats import deferred, registry
 from kvformats.checks import check_cache, check_slots
 from kvformats.rowio import read_rows, write_rows
 
 OPS = ("encode", "decode", "gather")
 
 
+_SITES = {op: deferred.site(op, "slots") for op in OPS}
+
+
 def encode(layout, x, cache, slots, *, backend="auto", check=True, **kwargs) -> None:
     """Validate, then quantize rows of ``x`` into ``cache`` at ``slots`` with ``backend``."""
     check_cache(layout, cache)
     n, kwargs = layout.check_encode_input(x, cache.device, **kwargs)
-    check_slots(layout, slots, n, cache, check_range=check, unique=check)
-    registry.resolve_for(layout, "encode", backend, cache.device)(layout, x, cache, slots, **kwargs)
+    fn = registry.resolve_for(layout, "encode", backend, cache.device)
+    check_slots(layout, slots, n, cache, check_range=check, unique=True, site=_SITES["encode"],
+                kernel=registry.is_kernel(fn))
+    fn(layout, x, cache, slots, **kwargs)
 
 
 def decode(layout, cache, slots, *, backend="auto", check=True):
     """Validate, then dequantize the rows at ``slots``."""
     check_cache(layout, cache)
-    check_slots(layout, slots, None, cache, check_range=check, unique=False)
-    return registry.resolve_for(layout, "decode", backend, cache.device)(layout, cache, slots)
+    fn = registry.resolve_for(layout, "decode", backend, cache.device)
+    check_slots(layout, slots, None, cache, check_range=check, unique=False, site=_SITES["decode"],
+                kernel=registry.is_kernel(fn))
+    return fn(layout, cache, slots)
 
 
 def gather(layout, cache, slots, *, backend="auto", check=True) -> torch.Tensor:
     """Validate, then copy the encoded rows at ``slots`` -> uint8 ``[N, row_bytes]``."""
     check_cache(layout, cache)
-    check_slots(layout, slots, None, cache, check_range=check, unique=False)
-    return registry.resolve_for(layout, "gather", backend, cache.device)(layout, cache, slots)
+    fn = registry.resolve_for(layout, "gather", backend, cache.device)
+    check_slots(layout, slots, None, cache, check_range=check, unique=False, site=_SITES["gather"],
+                kernel=registry.is_kernel(fn))
+    return fn(layout, cache, slots)
 
 
 def encode_reference(layout, x, cache, slots, **kwargs) -> None:

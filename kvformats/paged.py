@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import registry
+from kvformats import deferred, registry
 from kvformats.blocktable import table_slots
 from kvformats.checks import INDEX_DTYPES, capturing, check_cache, check_slots, check_tensor
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.rowio import read_rows
 
 PAGED_OPS = ("dequantize_gather", "gather_paged", "decode_topk")
+_SITES = {"gather_lens": deferred.site("dequantize_gather", "gather_lens"),
+          "out": deferred.site("dequantize_gather", "out"),
+          "cu_seq_lens": deferred.site("gather_paged", "cu_seq_lens"),
+          "topk_slots": deferred.site("decode_topk", "topk_slots")}
 
 
 def _check_table(layout, cache, block_table, requests: int | None = None) -> None:
@@ -51,17 +55,27 @@ def dequantize_gather(layout, cache, out, *, block_table, seq_lens, gather_lens=
                  device=cache.device)
     if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset <= out.shape[1]:
         raise InputError(f"offset must be an int in [0, {out.shape[1]}] (the workspace width), got {offset!r}")
-    if check and not capturing(seq_lens) and requests:
-        glen = seq_lens if gather_lens is None else gather_lens
-        if bool(((glen < 0) | (glen > seq_lens)).any()):
-            raise InputError("gather_lens must satisfy 0 <= gather_lens <= seq_lens for every request")
-        widest = int(glen.max())
-        if offset + widest > out.shape[1]:
-            raise InputError(f"out has {out.shape[1]} rows per request, but offset {offset} + the longest "
-                             f"gather_len {widest} = {offset + widest}; widen the workspace")
     fn = registry.resolve(layout.name, "dequantize_gather", backend, cache.device)
+    if requests and deferred.on_host(check, seq_lens):
+        _host_gather_len_checks(seq_lens, gather_lens, offset, out.shape[1])
+    elif requests and not registry.is_kernel(fn) and deferred.on_device(check, seq_lens):
+        glen = seq_lens if gather_lens is None else gather_lens
+        deferred.record_where((glen < 0) | (glen > seq_lens), glen, seq_lens, deferred.Check.GATHER_LEN,
+                              _SITES["gather_lens"])
+        deferred.record_where(offset + glen > out.shape[1], offset + glen, out.shape[1],
+                              deferred.Check.WORKSPACE_WIDTH, _SITES["out"])
     fn(layout, cache, out, block_table, seq_lens, gather_lens, block_table_base_offsets, offset)
     return out
+
+
+def _host_gather_len_checks(seq_lens, gather_lens, offset: int, width: int) -> None:
+    glen = seq_lens if gather_lens is None else gather_lens
+    if bool(((glen < 0) | (glen > seq_lens)).any()):
+        raise InputError("gather_lens must satisfy 0 <= gather_lens <= seq_lens for every request")
+    widest = int(glen.max())
+    if offset + widest > width:
+        raise InputError(f"out has {width} rows per request, but offset {offset} + the longest "
+                         f"gather_len {widest} = {offset + widest}; widen the workspace")
 
 
 def dequantize_gather_reference(layout, cache, out, block_table, seq_lens, gather_lens, base, offset):
@@ -69,6 +83,7 @@ def dequantize_gather_reference(layout, cache, out, block_table, seq_lens, gathe
     if requests == 0 or width <= 0:
         return
     glen = (seq_lens if gather_lens is None else gather_lens).long()
+    glen = torch.where((glen < 0) | (glen > seq_lens), 0, glen)  # a request with an invalid length: no rows
     i = torch.arange(width, device=cache.device)
     live = i[None, :] < glen[:, None]  # rows at or beyond gather_len stay untouched
     req, col = live.nonzero(as_tuple=True)
@@ -100,25 +115,52 @@ def _workspaces(layout, cache, out, total: int | None):
     return views
 
 
-def gather_paged(layout, cache, *, block_table, cu_seq_lens, out=None, backend="auto", check=True):
+def gather_paged(layout, cache, *, block_table, cu_seq_lens, out=None, num_rows=None, backend="auto", check=True):
     """Validate, then copy the records of every request's positions, in cu order -> workspaces."""
     check_cache(layout, cache)
     check_tensor("cu_seq_lens", cu_seq_lens, dtypes=INDEX_DTYPES, shape=(None,), device=cache.device)
     if cu_seq_lens.shape[0] < 1:
         raise InputError("cu_seq_lens must have requests + 1 entries (at least [0]), got an empty tensor")
     _check_table(layout, cache, block_table, cu_seq_lens.shape[0] - 1)
-    sync_ok = not capturing(cu_seq_lens)
-    total = int(cu_seq_lens[-1]) if out is None and sync_ok else None
-    if out is None and total is None:
-        raise InputError("inside CUDA-graph capture pass preallocated workspaces: out=(values, scales)")
-    views = _workspaces(layout, cache, out, total)
-    if check and sync_ok and cu_seq_lens.shape[0] > 1:
-        steps = cu_seq_lens[1:] - cu_seq_lens[:-1]
-        if bool((cu_seq_lens[0] != 0) | (steps < 0).any()):
-            raise InputError("cu_seq_lens must start at 0 and never decrease")
+    if num_rows is not None and (not isinstance(num_rows, int) or isinstance(num_rows, bool) or num_rows < 0):
+        raise InputError(f"num_rows must be a non-negative int (the rows to copy, cu_seq_lens[-1]), got {num_rows!r}")
+    if out is not None and num_rows is not None:
+        raise InputError("pass out= (preallocated workspaces) or num_rows= (to allocate them), not both")
+    views = None if out is None else _workspaces(layout, cache, out, None)
     fn = registry.resolve(layout.name, "gather_paged", backend, cache.device)
+    host = deferred.on_host(check, cu_seq_lens)
+    if host:
+        _host_cu_checks(cu_seq_lens, None if views is None else views[0].shape[0])
+    elif not registry.is_kernel(fn) and deferred.on_device(check, cu_seq_lens):
+        _record_cu_checks(cu_seq_lens, None if views is None else views[0].shape[0])
+    if views is None:
+        if num_rows is None:
+            if capturing(cu_seq_lens):
+                raise InputError("inside CUDA-graph capture pass preallocated workspaces: out=(values, scales)")
+            # the output's size is a value on the device: the one read this call cannot avoid
+            # (pass out= or num_rows= to keep the host free)
+            num_rows = max(int(cu_seq_lens[-1]), 0)
+        views = _workspaces(layout, cache, None, num_rows)
     fn(layout, cache, views, block_table, cu_seq_lens)
     return tuple(out) if out is not None else tuple(views)
+
+
+def _host_cu_checks(cu_seq_lens, rows: int | None) -> None:
+    values = cu_seq_lens.tolist()
+    if values[0] != 0 or any(b < a for a, b in zip(values, values[1:])):
+        raise InputError(f"cu_seq_lens must start at 0 and never decrease, got {values[:16]}"
+                         f"{' ...' if len(values) > 16 else ''}")
+    if rows is not None and values[-1] > rows:
+        raise InputError(f"cu_seq_lens[-1] = {values[-1]} rows requested, but the workspaces hold {rows}; "
+                         f"pass larger workspaces")
+
+
+def _record_cu_checks(cu_seq_lens, rows: int | None) -> None:
+    prev = torch.cat([cu_seq_lens.new_zeros(1), cu_seq_lens[:-1]])
+    where = _SITES["cu_seq_lens"]
+    deferred.record_where(cu_seq_lens < prev, cu_seq_lens, prev, deferred.Check.CU_ORDER, where)
+    if rows is not None:
+        deferred.record_where(cu_seq_lens[-1:] > rows, cu_seq_lens[-1:], rows, deferred.Check.WORKSPACE_ROWS, where)
 
 
 def gather_paged_reference(layout, cache, views, block_table, cu_seq_lens):
@@ -143,8 +185,9 @@ def decode_topk(layout, cache, topk_slots, *, backend="auto", check=True):
     """Validate, then decode a ``[T, K]`` matrix of slots (−1 holes give zero rows) -> ``[T, K, ...]``."""
     check_cache(layout, cache)
     check_tensor("topk_slots", topk_slots, dtypes=INDEX_DTYPES, shape=(None, None), device=cache.device)
-    check_slots(layout, topk_slots.reshape(-1), None, cache, check_range=check, unique=False)
     fn = registry.resolve(layout.name, "decode_topk", backend, cache.device)
+    check_slots(layout, topk_slots.reshape(-1), None, cache, check_range=check, unique=False,
+                site=_SITES["topk_slots"], kernel=registry.is_kernel(fn))
     return fn(layout, cache, topk_slots)
 
 

@@ -21,6 +21,13 @@ _kernels_loaded = False
 # call does not redo the choice (its checks are a noticeable part of a small call's host time).
 # Emptied whenever an implementation or a kernel profile is registered.
 _RESOLVED: dict[tuple, Callable] = {}
+_KERNEL_FNS: set[Callable] = set()  # implementations registered as "triton"
+
+
+def is_kernel(fn: Callable) -> bool:
+    """Whether ``fn`` is a kernel backend's implementation (it records value errors itself,
+    ``kvformats.deferred``), rather than the reference."""
+    return fn in _KERNEL_FNS
 
 
 def register_format(cls):
@@ -52,6 +59,8 @@ def register_op(fmt: str, op: str, backend: str):
 
     def deco(fn):
         _OPS.setdefault((fmt, op), {})[backend] = fn
+        if backend == "triton":
+            _KERNEL_FNS.add(fn)
         _RESOLVED.clear()
         return fn
 

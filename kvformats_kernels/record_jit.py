@@ -1,0 +1,32 @@
+"""The device side of ``kvformats.deferred``: record a value-check violation without the host.
+
+A kernel that skips rows failing a value check (a slot beyond the cache, a position beyond the
+cos/sin table, ...) calls ``record_violation`` with the mask of those rows. Only programs that
+met a violation do any work here: one reduction decides, so a valid call pays a compare and a
+branch. The first program to claim the record (one atomic compare-and-swap on its state word)
+writes what it saw; later violations leave it as it is until the host reads it."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def record_violation(err_ptr, bad, index, value, bound, CHECK: tl.constexpr, SITE: tl.constexpr):
+    """``bad``: a block of booleans; ``index`` / ``value`` / ``bound``: blocks of its shape (or
+    scalars) giving the element index in its argument, its value, and the limit it broke. The
+    lowest bad index of this program is the one recorded."""
+    if tl.max(bad.to(tl.int32), axis=None) > 0:
+        big: tl.constexpr = 0x7FFFFFFFFFFFFFFF
+        idx = tl.where(bad, index.to(tl.int64), big)
+        first = tl.min(idx, axis=None)
+        pick = bad & (idx == first)
+        val = tl.max(tl.where(pick, value.to(tl.int64), -big), axis=None)
+        lim = tl.max(tl.where(pick, bound.to(tl.int64), -big), axis=None)
+        if tl.atomic_cas(err_ptr, 0, 1) == 0:
+            tl.store(err_ptr + 1, CHECK)
+            tl.store(err_ptr + 2, SITE)
+            tl.store(err_ptr + 3, first)
+            tl.store(err_ptr + 4, val)
+            tl.store(err_ptr + 5, lim)
