@@ -126,7 +126,7 @@ def check_slots(layout, slots, n: int | None, cache: torch.Tensor, *, check_rang
     if deferred.on_host(check_range, slots):
         if slots.numel():
             _host_slot_checks(layout, slots, cache, unique)
-    elif site is not None and not kernel and slots.numel() and deferred.on_device(check_range, slots):
+    elif site is not None and not kernel and slots.numel():
         capacity = cache.shape[0] * layout.page_size
         deferred.record_where(slots >= capacity, slots, capacity, deferred.Check.SLOT_RANGE, site)
 

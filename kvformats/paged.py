@@ -58,7 +58,7 @@ def dequantize_gather(layout, cache, out, *, block_table, seq_lens, gather_lens=
     fn = registry.resolve(layout.name, "dequantize_gather", backend, cache.device)
     if requests and deferred.on_host(check, seq_lens):
         _host_gather_len_checks(seq_lens, gather_lens, offset, out.shape[1])
-    elif requests and not registry.is_kernel(fn) and deferred.on_device(check, seq_lens):
+    elif requests and not registry.is_kernel(fn):
         glen = seq_lens if gather_lens is None else gather_lens
         deferred.record_where((glen < 0) | (glen > seq_lens), glen, seq_lens, deferred.Check.GATHER_LEN,
                               _SITES["gather_lens"])
@@ -131,7 +131,7 @@ def gather_paged(layout, cache, *, block_table, cu_seq_lens, out=None, num_rows=
     host = deferred.on_host(check, cu_seq_lens)
     if host:
         _host_cu_checks(cu_seq_lens, None if views is None else views[0].shape[0])
-    elif not registry.is_kernel(fn) and deferred.on_device(check, cu_seq_lens):
+    elif not registry.is_kernel(fn):
         _record_cu_checks(cu_seq_lens, None if views is None else views[0].shape[0])
     if views is None:
         if num_rows is None:

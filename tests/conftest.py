@@ -8,11 +8,14 @@ tests run compiled.
 
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from kvformats import deferred  # noqa: E402  (after the interpreter choice)
 
 
 settings.register_profile("default", max_examples=40, deadline=None,
@@ -22,3 +25,19 @@ settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True
 settings.register_profile("thorough", max_examples=1000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(autouse=True)
+def _clear_error_records():
+    """Every test starts with clear error records (kvformats.deferred): a test that records a
+    violation must not leave it for the next one to find."""
+    for rec in deferred._RECORDS.values():
+        rec.zero_()
+    yield
+
+
+@pytest.fixture
+def device_mode(monkeypatch):
+    """Run CPU tensors through the GPU's default check path: no host value checks, violations
+    recorded in the device record (read it with kvformats.pending_error('cpu'))."""
+    monkeypatch.setattr(deferred, "HOST_CHECKED", set())
