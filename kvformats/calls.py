@@ -1,0 +1,249 @@
+"""One valid call of every public operation, on prepared inputs: for smoke tests, host-cost
+benchmarks and the guard that the default checks never synchronize.
+
+    for name, call in kvformats.calls.public_calls("cuda", rows=64).items():
+        call()        # the same inputs every time, so a call can be captured in a CUDA graph
+
+``rows`` is the tokens of one engine step: up to ``DECODE_MAX`` a decode step (one token per
+request), beyond it a prefill of four requests. Shapes are DeepSeek V4's (kv head 512 with
+RoPE 64, indexer head 128, 64 query heads); caches hold every slot the calls name. Calls that
+return rows write into preallocated outputs where the op takes ``out``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from kvformats import deepseek_v4 as dsv4
+from kvformats.formats import CompressorState
+from kvformats.registry import get_format, list_formats
+from kvformats.rope import cos_sin_cache
+
+DECODE_MAX = 4096
+HEAD, ROPE, INDEX_HEAD, HEADS, PAGE = 512, 64, 128, 64, 64
+WINDOW = 128
+_LAYOUT_ARGS = {"fp8_ds_mla": {"head_dim": HEAD, "rope_dim": ROPE}, "fp8_ds_mla_v32": {},
+                "fp8_indexer": {"head_dim": INDEX_HEAD}, "mxfp4_indexer": {"head_dim": INDEX_HEAD},
+                "compressor_state": {"head_dim": HEAD, "ratio": 4}}
+
+
+def _step(rows: int, g: torch.Generator) -> dict:
+    """Requests, query lengths, positions (host tensors) of one step of ``rows`` tokens."""
+    if rows <= DECODE_MAX:
+        qlen = torch.ones(rows, dtype=torch.int64)
+        seq = torch.randint(2 * WINDOW, 1 << 16, (rows,), generator=g) + 1
+    else:
+        qlen = torch.full((4,), rows // 4, dtype=torch.int64)
+        qlen[-1] += rows - int(qlen.sum())
+        seq = qlen.clone()
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)])
+    req = torch.repeat_interleave(torch.arange(qlen.shape[0]), qlen)
+    pos = seq[req] - qlen[req] + torch.arange(rows) - qsl[req]
+    return {"qlen": qlen, "seq": seq, "qsl": qsl, "req": req, "pos": pos}
+
+
+def _table(requests: int, cols: int, g) -> torch.Tensor:
+    return torch.randperm(requests * cols, generator=g).reshape(requests, cols).to(torch.int32)
+
+
+def _codec_ops(lay, custom: bool):
+    """The layout's methods, or the ``torch.library`` custom ops with the same signatures."""
+    if not custom:
+        return lay
+    import functools
+
+    import kvformats.torch_ops as kops
+
+    class Ops:
+        pass
+
+    ops = Ops()
+    for name in ("encode", "decode", "gather", "decode_topk", "dequantize_gather", "gather_paged"):
+        setattr(ops, name, functools.partial(getattr(kops, name), lay))
+    return ops
+
+
+def _dsv4(custom: bool):
+    if not custom:
+        return dsv4
+    import kvformats.deepseek_v4.torch_ops as dops
+
+    return dops
+
+
+def codec_calls(fmt: str, rows: int, device, g: torch.Generator, check=True,
+                custom: bool = False) -> dict[str, Callable[[], object]]:
+    """encode, decode, gather, decode_topk and (byte formats) the paged reads of ``fmt`` (through
+    the ``torch.library`` ops when ``custom``)."""
+    lay = get_format(fmt, page_size=4 if fmt == "compressor_state" else PAGE, **_LAYOUT_ARGS[fmt])
+    pages = -(-rows // lay.page_size) + 1
+    cache = lay.allocate(pages, device=device)
+    slots = torch.randperm(pages * lay.page_size, generator=g)[:rows].to(device)
+    if isinstance(lay, CompressorState):
+        w = lay.width
+        x = (torch.randn(rows, w, generator=g).to(device), torch.randn(rows, w, generator=g).to(device))
+        kw = {"positions": torch.arange(rows).to(device), "ape": torch.randn(4, w, generator=g).to(device)}
+    else:
+        x, kw = torch.randn(rows, lay.head_dim, generator=g).to(device, torch.bfloat16), {}
+    name, ops = lay.name, _codec_ops(lay, custom)
+    calls = {f"{name}.encode": lambda: ops.encode(x, cache, slots, check=check, **kw),
+             f"{name}.decode": lambda: ops.decode(cache, slots, check=check),
+             f"{name}.decode_topk": lambda: ops.decode_topk(cache, slots.reshape(1, rows), check=check)}
+    if isinstance(lay, CompressorState):
+        return calls
+    calls[f"{name}.gather"] = lambda: ops.gather(cache, slots, check=check)
+    requests = 1 if rows <= DECODE_MAX else 4
+    per = -(-rows // requests)
+    cols = -(-per // lay.page_size)
+    table = _table(requests, cols, g).remainder(pages).to(device)
+    seq = torch.full((requests,), per, dtype=torch.int32).to(device)
+    out = torch.empty((requests, per, lay.head_dim), dtype=lay.decode_dtype, device=device)
+    cu = torch.arange(requests + 1, dtype=torch.int32).mul(per).to(device)
+    ws = tuple(torch.empty((requests * per, s.record_bytes), dtype=torch.uint8, device=device) for s in lay.segments)
+    calls[f"{name}.dequantize_gather"] = lambda: ops.dequantize_gather(cache, out, block_table=table, seq_lens=seq,
+                                                                      check=check)
+    calls[f"{name}.gather_paged"] = lambda: ops.gather_paged(cache, block_table=table, cu_seq_lens=cu, out=ws,
+                                                            check=check)
+    return calls
+
+
+def compress_calls(rows: int, device, g: torch.Generator, check=True,
+                   custom: bool = False) -> dict[str, Callable[[], object]]:
+    """save_compressor_state and the CSA / HCA / indexer compress-inserts of one step."""
+    m = _dsv4(custom)
+    s = _step(rows, g)
+    req, pos = s["req"], s["pos"]
+    requests = s["qlen"].shape[0]
+    cs = cos_sin_cache(ROPE, int(s["seq"].max()) + 1).to(device)
+    calls = {}
+    for label, ratio, h, rows_pp, fmt in (("csa", 4, HEAD, 4, "fp8_ds_mla"), ("hca", 128, HEAD, 8, "fp8_ds_mla"),
+                                          ("indexer_mxfp4", 4, INDEX_HEAD, 4, "mxfp4_indexer"),
+                                          ("indexer_fp8", 4, INDEX_HEAD, 4, "fp8_indexer")):
+        state_lay = CompressorState(head_dim=h, ratio=ratio, page_size=rows_pp)
+        window = 8 if ratio == 4 else ratio
+        base = ((s["seq"] - s["qlen"] - window + 1).clamp_min(0) // rows_pp).to(torch.int64)
+        cols = int(((s["seq"] - 1) // rows_pp - base).max()) + 1
+        table = _table(requests, cols, g)
+        state_slots = (table[req, pos // rows_pp - base[req]].long() * rows_pp + pos % rows_pp)
+        state = torch.randn(requests * cols, rows_pp, 2 * state_lay.width, generator=g)
+        tps = 2 if ratio == 128 else PAGE
+        comp = pos // ratio
+        tcols = int(comp.max()) // tps + 1
+        target = _table(requests, tcols, g)
+        target_slots = target[req, comp // tps].long() * tps + comp % tps
+        lay = get_format(fmt, page_size=tps, **({"head_dim": h, "rope_dim": ROPE} if fmt == "fp8_ds_mla"
+                                                else {"head_dim": h}))
+        cache = lay.allocate(requests * tcols, device=device)
+        t = {k: v.to(device) for k, v in dict(pos=pos, req=req, state_slots=state_slots, table=table, base=base,
+                                              target=target_slots, state=state).items()}
+        weight = (torch.rand(h, generator=g) + 0.5).to(device)
+        common = dict(positions=t["pos"], req_indices=t["req"], state_slots=t["state_slots"], block_table=t["table"],
+                      rms_weight=weight, rms_eps=1e-6, cos_sin_cache=cs, block_table_base_offsets=t["base"],
+                      check=check)
+        if fmt == "fp8_ds_mla":
+            calls[f"dsv4.{label}_compress_kv_insert"] = (
+                lambda t=t, cache=cache, ratio=ratio, common=common, tps=tps: m.compress_kv_insert(
+                    t["state"], cache, ratio=ratio, kv_slots=t["target"], kv_page_size=tps, **common))
+        else:
+            calls[f"dsv4.{label}_compress_insert"] = (
+                lambda t=t, cache=cache, fmt=fmt, common=common: m.indexer_compress_insert(
+                    t["state"], cache, index_format=fmt, index_slots=t["target"], index_page_size=PAGE, **common))
+        if label == "csa":
+            w = state_lay.width
+            kv, score = (torch.randn(rows, w, generator=g).to(device) for _ in range(2))
+            ape = torch.randn(4, w, generator=g).to(device)
+            calls["dsv4.save_compressor_state"] = lambda t=t, kv=kv, score=score, ape=ape: m.save_compressor_state(
+                kv, score, ape, t["state"], ratio=4, positions=t["pos"], slots=t["state_slots"], check=check)
+    return calls
+
+
+def query_calls(rows: int, device, g: torch.Generator, check=True,
+                custom: bool = False) -> dict[str, Callable[[], object]]:
+    """SWA insert, the indexer query preparations, inverse-RoPE FP8 quant, Hadamard."""
+    m = _dsv4(custom)
+    s = _step(rows, g)
+    pos = s["pos"].to(device)
+    cs = cos_sin_cache(ROPE, int(s["seq"].max()) + 1).to(device)
+    lay = get_format("fp8_ds_mla", head_dim=HEAD, rope_dim=ROPE, page_size=PAGE)
+    pages = -(-rows // PAGE) + 1
+    cache = lay.allocate(pages, device=device)
+    slots = torch.randperm(pages * PAGE, generator=g)[:rows].to(device)
+    swa_heads = HEADS if rows <= DECODE_MAX else 1  # prefill: the insert without a query-sized copy
+    q = torch.randn(rows, swa_heads, HEAD, generator=g).to(device, torch.bfloat16)
+    kv = torch.randn(rows, HEAD, generator=g).to(device, torch.bfloat16)
+    iq = torch.randn(rows, HEADS, INDEX_HEAD, generator=g).to(device, torch.bfloat16)
+    w = torch.randn(rows, HEADS, generator=g).to(device)
+    o_tokens = rows if rows <= DECODE_MAX else rows // 8
+    o = torch.randn(o_tokens, HEADS, HEAD, generator=g).to(device, torch.bfloat16)
+    x = torch.randn(rows, INDEX_HEAD, generator=g).to(device, torch.bfloat16)
+    sm, hs = INDEX_HEAD ** -0.5, HEADS ** -0.5
+    return {
+        "dsv4.swa_insert": lambda: m.swa_insert(q, kv, cache, slots, pos, cs, 1e-6, page_size=PAGE, check=check),
+        "dsv4.prepare_indexer_q_mxfp4": lambda: m.prepare_indexer_q_mxfp4(iq, pos, cs, w, sm, hs, check=check),
+        "dsv4.prepare_indexer_q_fp8": lambda: m.prepare_indexer_q_fp8(iq, pos, cs, w, sm, hs, check=check),
+        "dsv4.inv_rope_fp8_quant": lambda: m.inv_rope_fp8_quant(o, pos[:o_tokens], cs, n_groups=8,
+                                                                   heads_per_group=HEADS // 8, check=check),
+        "dsv4.hadamard_transform": lambda: m.hadamard_transform(x),
+    }
+
+
+def index_calls(rows: int, device, g: torch.Generator, topk: int = 512,
+                custom: bool = False) -> dict[str, Callable[[], object]]:
+    """The index helpers of one step (SWA table of 64-row pages, compressed table of ratio 4)."""
+    m = _dsv4(custom)
+    s = _step(rows, g)
+    requests = s["qlen"].shape[0]
+    base = ((s["seq"] - s["qlen"] - WINDOW + 1).clamp_min(0) // PAGE)
+    swa_cols = int(((s["seq"] - 1) // PAGE - base).max()) + 1
+    comp_cols = int(s["seq"].max()) // 4 // PAGE + 1
+    swa, comp = _table(requests, swa_cols, g), _table(requests, comp_cols, g)
+    comp_len = (s["pos"] + 1) // 4
+    top = (torch.rand(rows, topk, generator=g) * comp_len[:, None]).long()
+    top[torch.arange(topk)[None, :] >= comp_len[:, None]] = -1
+    glen = torch.minimum(s["seq"], s["qlen"] + WINDOW)
+    d = {k: v.to(device) for k, v in dict(s, base=base, swa=swa, comp=comp, top=top.int(), glen=glen,
+                                           clens=s["seq"] // 128).items()}
+    cb = int(s["seq"].max()) // 4 + 1
+    out_slots = torch.empty(rows, dtype=torch.int64, device=device)
+    out_i = torch.empty((rows, WINDOW), dtype=torch.int32, device=device)
+    out_l = torch.empty(rows, dtype=torch.int32, device=device)
+    return {
+        "dsv4.table_slot_mapping": lambda: m.table_slot_mapping(
+            positions=d["pos"], req_indices=d["req"], block_table=d["swa"], page_size=PAGE,
+            block_table_base_offsets=d["base"]),
+        "dsv4.compressed_slot_mapping": lambda: m.compressed_slot_mapping(
+            num_tokens=rows, query_start_loc=d["qsl"], seq_lens=d["seq"], block_table=d["comp"], page_size=PAGE,
+            ratio=4, out=out_slots),
+        "dsv4.global_topk_indices_and_lens": lambda: m.global_topk_indices_and_lens(
+            topk_indices=d["top"], req_indices=d["req"], block_table=d["comp"], page_size=PAGE),
+        "dsv4.combine_topk_swa_indices": lambda: m.combine_topk_swa_indices(
+            topk_indices=d["top"], query_start_loc=d["qsl"], seq_lens=d["seq"], gather_lens=d["glen"],
+            window_size=WINDOW, ratio=4, topk=topk, workspace_width=cb + rows + WINDOW, compressed_base=cb),
+        "dsv4.combine_dense_swa_indices": lambda: m.combine_dense_swa_indices(
+            positions=d["pos"], req_indices=d["req"], seq_lens=d["seq"], compressed_lens=d["clens"],
+            gather_lens=d["glen"], window_size=WINDOW, ratio=128, workspace_width=cb + rows + WINDOW,
+            compressed_base=cb),
+        "dsv4.decode_swa_indices_and_lens": lambda: m.decode_swa_indices_and_lens(
+            query_start_loc=d["qsl"], seq_lens=d["seq"], req_indices=d["req"], block_table=d["swa"],
+            window_size=WINDOW, page_size=PAGE, block_table_base_offsets=d["base"], out_indices=out_i,
+            out_lens=out_l),
+        "dsv4.dense_prefill_local_compressed_indices": lambda: m.dense_prefill_local_compressed_indices(
+            positions=d["pos"], ratio=128, width=512),
+    }
+
+
+def public_calls(device, rows: int = 64, *, check=True, custom: bool = False,
+                 seed: int = 0) -> dict[str, Callable[[], object]]:
+    """Name -> one prepared call of every public op (codec ops of every format, deepseek_v4 ops,
+    index helpers) at ``rows`` tokens on ``device``; through the ``torch.library`` custom ops
+    (``kvformats.torch_ops``, ``kvformats.deepseek_v4.torch_ops``) when ``custom``."""
+    g = torch.Generator().manual_seed(seed)
+    calls: dict[str, Callable[[], object]] = {}
+    for fmt in list_formats():
+        calls.update(codec_calls(fmt, rows, device, g, check, custom))
+    calls.update(compress_calls(rows, device, g, check, custom))
+    calls.update(query_calls(rows, device, g, check, custom))
+    calls.update(index_calls(rows, device, g, custom=custom))
+    return calls
