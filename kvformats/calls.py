@@ -29,6 +29,17 @@ _LAYOUT_ARGS = {"fp8_ds_mla": {"head_dim": HEAD, "rope_dim": ROPE}, "fp8_ds_mla_
                 "compressor_state": {"head_dim": HEAD, "ratio": 4}}
 
 
+_NORMAL: dict[str, torch.Generator] = {}
+
+
+def _randn(device, *shape, dtype=torch.float32) -> torch.Tensor:
+    """Normal values made on ``device`` (a prefill's inputs are GBs: not through the host)."""
+    key = str(torch.device(device))
+    if key not in _NORMAL:
+        _NORMAL[key] = torch.Generator(device=device).manual_seed(0)
+    return torch.randn(shape, generator=_NORMAL[key], device=device).to(dtype)
+
+
 def _step(rows: int, g: torch.Generator) -> dict:
     """Requests, query lengths, positions (host tensors) of one step of ``rows`` tokens."""
     if rows <= DECODE_MAX:
@@ -83,10 +94,10 @@ def codec_calls(fmt: str, rows: int, device, g: torch.Generator, check=True,
     slots = torch.randperm(pages * lay.page_size, generator=g)[:rows].to(device)
     if isinstance(lay, CompressorState):
         w = lay.width
-        x = (torch.randn(rows, w, generator=g).to(device), torch.randn(rows, w, generator=g).to(device))
-        kw = {"positions": torch.arange(rows).to(device), "ape": torch.randn(4, w, generator=g).to(device)}
+        x = (_randn(device, rows, w), _randn(device, rows, w))
+        kw = {"positions": torch.arange(rows).to(device), "ape": _randn(device, 4, w)}
     else:
-        x, kw = torch.randn(rows, lay.head_dim, generator=g).to(device, torch.bfloat16), {}
+        x, kw = _randn(device, rows, lay.head_dim, dtype=torch.bfloat16), {}
     name, ops = lay.name, _codec_ops(lay, custom)
     calls = {f"{name}.encode": lambda: ops.encode(x, cache, slots, check=check, **kw),
              f"{name}.decode": lambda: ops.decode(cache, slots, check=check),
@@ -127,7 +138,7 @@ def compress_calls(rows: int, device, g: torch.Generator, check=True,
         cols = int(((s["seq"] - 1) // rows_pp - base).max()) + 1
         table = _table(requests, cols, g)
         state_slots = (table[req, pos // rows_pp - base[req]].long() * rows_pp + pos % rows_pp)
-        state = torch.randn(requests * cols, rows_pp, 2 * state_lay.width, generator=g)
+        state = _randn(device, requests * cols, rows_pp, 2 * state_lay.width)
         tps = 2 if ratio == 128 else PAGE
         comp = pos // ratio
         tcols = int(comp.max()) // tps + 1
@@ -137,7 +148,8 @@ def compress_calls(rows: int, device, g: torch.Generator, check=True,
                                                 else {"head_dim": h}))
         cache = lay.allocate(requests * tcols, device=device)
         t = {k: v.to(device) for k, v in dict(pos=pos, req=req, state_slots=state_slots, table=table, base=base,
-                                              target=target_slots, state=state).items()}
+                                              target=target_slots).items()}
+        t["state"] = state
         weight = (torch.rand(h, generator=g) + 0.5).to(device)
         common = dict(positions=t["pos"], req_indices=t["req"], state_slots=t["state_slots"], block_table=t["table"],
                       rms_weight=weight, rms_eps=1e-6, cos_sin_cache=cs, block_table_base_offsets=t["base"],
@@ -152,8 +164,8 @@ def compress_calls(rows: int, device, g: torch.Generator, check=True,
                     t["state"], cache, index_format=fmt, index_slots=t["target"], index_page_size=PAGE, **common))
         if label == "csa":
             w = state_lay.width
-            kv, score = (torch.randn(rows, w, generator=g).to(device) for _ in range(2))
-            ape = torch.randn(4, w, generator=g).to(device)
+            kv, score = _randn(device, rows, w), _randn(device, rows, w)
+            ape = _randn(device, 4, w)
             calls["dsv4.save_compressor_state"] = lambda t=t, kv=kv, score=score, ape=ape: m.save_compressor_state(
                 kv, score, ape, t["state"], ratio=4, positions=t["pos"], slots=t["state_slots"], check=check)
     return calls
@@ -171,13 +183,13 @@ def query_calls(rows: int, device, g: torch.Generator, check=True,
     cache = lay.allocate(pages, device=device)
     slots = torch.randperm(pages * PAGE, generator=g)[:rows].to(device)
     swa_heads = HEADS if rows <= DECODE_MAX else 1  # prefill: the insert without a query-sized copy
-    q = torch.randn(rows, swa_heads, HEAD, generator=g).to(device, torch.bfloat16)
-    kv = torch.randn(rows, HEAD, generator=g).to(device, torch.bfloat16)
-    iq = torch.randn(rows, HEADS, INDEX_HEAD, generator=g).to(device, torch.bfloat16)
-    w = torch.randn(rows, HEADS, generator=g).to(device)
+    q = _randn(device, rows, swa_heads, HEAD, dtype=torch.bfloat16)
+    kv = _randn(device, rows, HEAD, dtype=torch.bfloat16)
+    iq = _randn(device, rows, HEADS, INDEX_HEAD, dtype=torch.bfloat16)
+    w = _randn(device, rows, HEADS)
     o_tokens = rows if rows <= DECODE_MAX else rows // 8
-    o = torch.randn(o_tokens, HEADS, HEAD, generator=g).to(device, torch.bfloat16)
-    x = torch.randn(rows, INDEX_HEAD, generator=g).to(device, torch.bfloat16)
+    o = _randn(device, o_tokens, HEADS, HEAD, dtype=torch.bfloat16)
+    x = _randn(device, rows, INDEX_HEAD, dtype=torch.bfloat16)
     sm, hs = INDEX_HEAD ** -0.5, HEADS ** -0.5
     return {
         "dsv4.swa_insert": lambda: m.swa_insert(q, kv, cache, slots, pos, cs, 1e-6, page_size=PAGE, check=check),
@@ -240,6 +252,7 @@ def public_calls(device, rows: int = 64, *, check=True, custom: bool = False,
     index helpers) at ``rows`` tokens on ``device``; through the ``torch.library`` custom ops
     (``kvformats.torch_ops``, ``kvformats.deepseek_v4.torch_ops``) when ``custom``."""
     g = torch.Generator().manual_seed(seed)
+    _NORMAL.pop(str(torch.device(device)), None)
     calls: dict[str, Callable[[], object]] = {}
     for fmt in list_formats():
         calls.update(codec_calls(fmt, rows, device, g, check, custom))
