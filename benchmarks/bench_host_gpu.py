@@ -1,0 +1,130 @@
+"""Host time per eager call of every public op: what an engine's CPU pays per call.
+
+    python3 benchmarks/bench_host_gpu.py [--rows 64,131072] [--calls 50] [--rounds 5] [--json out.json]
+
+For each prepared call of ``kvformats.calls.public_calls`` (through the API and through the
+``torch.library`` custom ops), the wall-clock µs per call of ``--calls`` back-to-back calls with
+no synchronization between them (the GPU work overlaps unless the launch queue fills; the
+queue is drained before each round), median of ``--rounds`` rounds; in the default check mode
+and with ``check=False``. Beside them, the floors of the same run: an empty Triton kernel
+launch (one argument and twenty), a 1-element torch ``add_``, and the GPU time of each call
+(median of CUDA events over a replayed graph of 20 calls) so that host time can be read against
+the work it launches. Prints a table; ``--json`` writes every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kvformats as kvf  # noqa: E402
+from kvformats.calls import public_calls  # noqa: E402
+
+
+def host_us(fn, calls: int, rounds: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def graph_us(fn, calls: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(7):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def floors(calls: int, rounds: int) -> dict:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def empty1(x):
+        pass
+
+    @triton.jit
+    def empty20(a, b, c, d, e, f, g, h, i, j, k, m, n, o, p, q, r, s, t, u):
+        pass
+
+    x = torch.zeros(1, device="cuda")
+    ints = list(range(3, 22))
+    return {"empty Triton launch, 1 arg": host_us(lambda: empty1[(1,)](x), calls, rounds),
+            "empty Triton launch, 20 args": host_us(lambda: empty20[(1,)](x, *ints), calls, rounds),
+            "torch add_ (1 element)": host_us(lambda: x.add_(1), calls, rounds)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="64,131072")
+    ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", default="", help="comma-separated substrings of op names to keep")
+    ap.add_argument("--no-graph", action="store_true", help="skip the GPU time column")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args(argv)
+    keep = [s for s in args.only.split(",") if s]
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "floors": {}, "ops": []}
+    result["floors"] = floors(args.calls, args.rounds)
+    for label, us in result["floors"].items():
+        print(f"{label:<60} {us:8.1f} us")
+    print(f"\n{'op':<48} {'rows':>7} {'default':>8} {'nocheck':>8} {'op':>8} {'GPU us':>8}")
+    for rows in (int(r) for r in args.rows.split(",")):
+        default, nocheck = public_calls("cuda", rows), public_calls("cuda", rows, check=False)
+        custom = public_calls("cuda", rows, custom=True)
+        for name, call in default.items():
+            if keep and not any(k in name for k in keep):
+                continue
+            row = {"op": name, "rows": rows}
+            for key, fn in (("default_us", call), ("nocheck_us", nocheck[name]), ("custom_op_us", custom[name]),
+                            ("gpu_us", None if args.no_graph else call)):
+                try:
+                    row[key] = None if fn is None else (graph_us(fn) if key == "gpu_us"
+                                                        else host_us(fn, args.calls, args.rounds))
+                except Exception as err:  # a failing path is reported in its cell, the run goes on
+                    row[key], row[key + "_error"] = None, f"{type(err).__name__}: {str(err)[:200]}"
+            result["ops"].append(row)
+            cells = [("-" if row[k] is None else f"{row[k]:.1f}") for k in
+                     ("default_us", "nocheck_us", "custom_op_us")]
+            gpu = "-" if row["gpu_us"] is None else f"{row['gpu_us']:.2f}"
+            print(f"{name:<48} {rows:>7} {cells[0]:>8} {cells[1]:>8} {cells[2]:>8} {gpu:>8}", flush=True)
+        del default, nocheck, custom
+        torch.cuda.empty_cache()
+    if kvf.pending_error("cuda") is not None:
+        print("error record set: a call recorded a violation", file=sys.stderr)
+        return 1
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
