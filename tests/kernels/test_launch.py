@@ -1,0 +1,64 @@
+"""kvformats_kernels.launch: the direct launch path keys compiled kernels by every fact that
+changes the compiled code, and gives the bytes Triton's own launch gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+import triton.language as tl  # noqa: E402
+
+from kvformats_kernels import launch  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+
+
+@triton.jit
+def axpy_kernel(x, y, out, n, shift, BLOCK: tl.constexpr, K: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(out + i, tl.load(x + i, mask=m) * K + tl.load(y + i, mask=m) + shift, mask=m)
+
+
+def test_keys_tell_apart_every_specialization():
+    base = torch.zeros(64, dtype=torch.float32)
+    assert launch._arg_key(base) != launch._arg_key(base[1:]), "16-byte alignment"
+    assert launch._arg_key(base) != launch._arg_key(base.to(torch.float16)), "dtype"
+    keys = {launch._arg_key(v) for v in (1, 16, 17, 2 ** 31, -(2 ** 31) - 1, 0)}
+    assert len(keys) == 5  # 0 and 16 share (int32, not 1, multiple of 16)
+    assert launch._arg_key(1.5) != launch._arg_key(1) and launch._arg_key(None) == type(None)
+
+
+def test_fast_is_one_wrapper_per_kernel_and_launches_like_triton():
+    fk = launch.fast(axpy_kernel)
+    assert launch.fast(axpy_kernel) is fk
+    x, y = torch.randn(300, device=DEV), torch.randn(300, device=DEV)
+    for off, n in ((0, 300), (1, 299), (5, 200)):
+        want, got = torch.full_like(x, 7.0), torch.full_like(x, 7.0)
+        axpy_kernel[(3,)](x[off:], y[off:], want[off:], n - off if off else n, 2, BLOCK=128, K=3)
+        for _ in range(2):  # the second launch of a specialization takes the direct path
+            fk[(3,)](x[off:], y[off:], got[off:], n - off if off else n, 2, BLOCK=128, K=3)
+        assert torch.equal(want, got)
+    assert fk.direct == (CUDA and launch.os.environ.get("TRITON_INTERPRET", "0") != "1")
+    if fk.direct:
+        assert len(fk.compiled) == 3
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.gpu
+def test_direct_launches_capture_in_a_graph():
+    fk = launch.fast(axpy_kernel)
+    x, y, out = (torch.randn(1000, device="cuda") for _ in range(3))
+    fk[(8,)](x, y, out, 1000, 1, BLOCK=128, K=2)
+    fk[(8,)](x, y, out, 1000, 1, BLOCK=128, K=2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fk[(8,)](x, y, out, 1000, 1, BLOCK=128, K=2)
+    out.zero_()
+    x.add_(1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, x * 2 + y + 1)
