@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from kvformats.inspect import element_values, elements_per_byte, label, region_bytes, scaled_values
+from kvformats.inspect import element_values, elements_per_byte, label, page_width, region_bytes, scaled_values
 from kvformats.layout import Layout
 
 LINE = 16
@@ -46,7 +46,7 @@ def page_lines(layout: Layout, cache: torch.Tensor, page: int, rows: range | Non
 def hexdump_page(layout: Layout, cache: torch.Tensor, page: int, rows: range | None = None) -> str:
     """Annotated hexdump of one page (offsets relative to the page start)."""
     lines = [f"{layout.name} page {page} (page stride {layout.byte_pages(cache)[1]} B, "
-             f"{layout.page_bytes} B per page)"]
+             f"{page_width(layout, cache)} B per page)"]
     for line in page_lines(layout, cache, page, rows):
         lines.append(f"{line['offset']:08x}  {line['hex']:<47}  | {line['label']}")
     return "\n".join(lines)

@@ -238,3 +238,59 @@ def test_library_errors_are_importable_from_errors_and_their_old_homes():
     assert kvformats.io.CacheFileError is CacheFileError
     assert kvformats.convert.ConversionError.__module__ == "kvformats.errors"
     assert issubclass(CacheFileError, KVFormatError) and issubclass(CacheFileError, ValueError)
+
+
+# ----- item 4: narrow pages and gaps between pages ---------------------------------------------
+def narrow_cache(width, stride=None, gap_byte=0xAB, seed=0):
+    """fp8_ds_mla page_size=2 (min page 1168 B, allocate gives 1728 B) with pages ``width``
+    bytes wide, ``stride`` apart in an arena whose gap bytes are ``gap_byte``."""
+    layout = kvf.Fp8DsMla(page_size=2)
+    stride = stride or width
+    arena = torch.full((2 * stride + width,), gap_byte, dtype=torch.uint8)
+    cache = arena.as_strided((3, width), (stride, 1))
+    cache.zero_()
+    layout.encode(torch.randn(4, 512, generator=torch.Generator().manual_seed(seed)), cache, torch.arange(4))
+    return layout, cache
+
+
+@pytest.mark.parametrize("width,stride,pad", [(1168, None, 0), (1168, 1728, 0), (1400, None, 232),
+                                              (1400, 2000, 232), (1728, 2500, 560)])
+def test_views_cover_only_the_pad_inside_the_page(width, stride, pad):
+    from kvformats.diff import diff_caches
+    from kvformats.fsck import check
+    from kvformats.render import page_lines
+
+    layout, cache = narrow_cache(width, stride)
+    views = layout.views(cache)
+    assert views["page_pad"].shape == (3, pad)
+    assert views["nope"].shape == (3, 2, 448) and views["scale"].shape == (3, 2, 7)
+    assert (views["page_pad"] == 0).all()  # the gap's 0xAB bytes are never part of a view
+    report = check(layout, cache)
+    assert report["ok"], report
+    other = narrow_cache(width, stride, gap_byte=0x11)[1]  # same pages, other gap bytes
+    assert diff_caches(layout, cache, other)["equal"]
+    lines = page_lines(layout, cache, 2)
+    covered = sorted(o for ln in lines for o in range(ln["offset"], ln["offset"] + len(ln["hex"].split())))
+    assert covered == list(range(min(width, layout.page_bytes)))
+
+
+def test_narrow_page_files_work_in_every_command(tmp_path, capsys):
+    layout, cache = narrow_cache(1168)
+    save_cache(tmp_path / "n.safetensors", layout, cache)
+    entry = load_cache(tmp_path / "n.safetensors")
+    assert entry.cache.shape == (3, 1168)
+    code, out, err = run(capsys, "check", tmp_path / "n.safetensors")
+    assert code == 0 and err == "" and ": ok" in out
+    code, out, err = run(capsys, "dump", tmp_path / "n.safetensors", "--page", 1)
+    assert code == 0 and err == "" and "1168 B per page" in out and "page_pad" not in out
+    code, out, err = run(capsys, "diff", tmp_path / "n.safetensors", tmp_path / "n.safetensors")
+    assert code == 0 and out.startswith("equal")
+
+
+def test_a_dirty_pad_inside_a_narrow_page_is_still_found():
+    from kvformats.fsck import check
+
+    layout, cache = narrow_cache(1400, 2000)
+    cache[1, 1399] = 1  # the last pad byte inside the page
+    report = check(layout, cache)
+    assert report["rules"]["pad_zero"]["first_pages"] == [1]
