@@ -84,17 +84,14 @@ def cmd_diff(args, out) -> int:
     if a.layout != b.layout:
         raise _usage(f"{args.a} holds {a.layout.name}{a.layout.params} but {args.b} holds "
                      f"{b.layout.name}{b.layout.params}: only caches of one layout compare")
-    ca, cb = a.cache, b.cache
+    ca, cb, page = a.cache, b.cache, 0
     if args.page is not None:
         page = _index("page", args.page, min(ca.shape[0], cb.shape[0]))
         ca, cb = ca[page:page + 1], cb[page:page + 1]
     try:
-        report = diff_caches(a.layout, ca, cb, max_items=args.max_items)
+        report = diff_caches(a.layout, ca, cb, max_items=args.max_items, first_page=page)
     except ValueError as err:
         raise _usage(str(err)) from None
-    if args.page is not None:
-        for item in report["first"]:
-            item["page"] += args.page
     if args.json:
         _print_json(out, report)
     else:
@@ -110,7 +107,8 @@ def _print_diff(report: dict, out) -> None:
     out(f"{'region':<12} {'bytes':>9} {'rows':>7} {'max |decoded diff|':>20}  at")
     for name, r in report["regions"].items():
         if r["bytes_differ"]:
-            at = r["max_at"] and "page {page} row {row} element {element}".format(**r["max_at"])
+            at = r["max_at"] and (f"page {r['max_at']['page']}" + ("" if r["max_at"]["row"] is None else
+                                  f" row {r['max_at']['row']}") + f" element {r['max_at']['element']}")
             out(f"{name:<12} {r['bytes_differ']:>9} {r['rows_differ']:>7} {r['max_abs_diff']:>20}  {at}")
     out("first differences:")
     for d in report["first"]:

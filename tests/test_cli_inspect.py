@@ -114,3 +114,32 @@ def test_diff_of_different_formats_is_a_usage_error(files, capsys):
     save_caches(files / "p8.safetensors", {"x": (b, b.allocate(1))})
     code, _, err = run(capsys, "diff", files / "p4.safetensors", files / "p8.safetensors")
     assert code == 2 and "only caches of one layout compare" in err
+
+
+def test_diff_of_one_page_names_that_page_everywhere(files, capsys):
+    # issue #25 item 9: the largest difference was reported "at page 0" under --page 1
+    argv = ["diff", files / "one.safetensors", files / "two.safetensors", "--tensor", "swa", "--page", 1]
+    code, out, _ = run(capsys, *argv, "--json")
+    report = json.loads(out)
+    assert code == 1 and report["regions"]["nope"]["max_at"] == {"page": 1, "row": 0, "element": 3}
+    assert [item["page"] for item in report["first"]] == [1]
+    code, out, _ = run(capsys, *argv)
+    assert code == 1 and "at" in out
+    table = next(line for line in out.splitlines() if line.startswith("nope "))
+    assert table.endswith("page 1 row 0 element 3")
+
+
+def test_diff_pad_differences_have_no_row_and_bad_max_items_is_a_usage_error(files, capsys, tmp_path):
+    from kvformats.io import load_cache
+
+    entry = load_cache(files / "one.safetensors", "swa")
+    dirty = entry.cache.clone()
+    dirty[2, -1] = 5  # the last page-pad byte of page 2
+    save_caches(tmp_path / "pad.safetensors", {"swa": (entry.layout, dirty)})
+    code, out, _ = run(capsys, "diff", files / "one.safetensors", tmp_path / "pad.safetensors", "--tensor", "swa",
+                       "--json")
+    pad = json.loads(out)["regions"]["page_pad"]
+    assert code == 1 and pad["max_at"]["page"] == 2 and pad["max_at"]["row"] is None
+    code, out, err = run(capsys, "diff", files / "one.safetensors", files / "two.safetensors", "--tensor", "swa",
+                         "--max-items", -1)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "max_items" in err

@@ -294,3 +294,16 @@ def test_a_dirty_pad_inside_a_narrow_page_is_still_found():
     cache[1, 1399] = 1  # the last pad byte inside the page
     report = check(layout, cache)
     assert report["rules"]["pad_zero"]["first_pages"] == [1]
+
+
+def test_diff_of_caches_with_different_page_widths_is_refused(tmp_path, capsys):
+    from kvformats.diff import diff_caches
+
+    layout, narrow = narrow_cache(1168)
+    wide = layout.allocate(3)
+    wide[:, :1168] = narrow
+    with pytest.raises(InputError, match="page width"):
+        diff_caches(layout, narrow, wide)
+    save_cache(tmp_path / "n.safetensors", layout, narrow)
+    save_cache(tmp_path / "w.safetensors", layout, wide)
+    assert one_line_usage_error(*run(capsys, "diff", tmp_path / "n.safetensors", tmp_path / "w.safetensors"))
