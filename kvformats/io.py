@@ -22,12 +22,13 @@ from typing import Mapping
 import attrs
 import torch
 
-from kvformats.errors import CacheFileError, CacheWriteError, InputError, InputTypeError, KVFormatError, describe
+from kvformats.errors import (CacheFileError, CacheWriteError, InputError, InputTypeError, KVFormatError, OutputError,
+                              describe)
 from kvformats.layout import Layout
 from kvformats.registry import get_format, list_formats
 
 __all__ = ["CacheEntry", "CacheFileError", "CacheWriteError", "MAX_ARENA_FACTOR", "RESERVED_NAMES", "io_available",
-           "load_cache", "load_caches", "read_metadata", "save_cache", "save_caches", "writable_file"]
+           "load_cache", "load_caches", "read_metadata", "save_cache", "save_caches", "writable_file", "write_text"]
 
 META_KEY = "kvformats"
 IO_HINT = "pip install 'kvformats[io]'"
@@ -71,21 +72,33 @@ def io_available() -> bool:
 
 # ----- writing ---------------------------------------------------------------------------------
 def writable_file(path: str | os.PathLike, what: str = "file") -> str:
-    """``path`` as a str if a file can be written there; OutputError (CacheWriteError) naming the
-    reason otherwise: a directory in its place, a missing parent directory, a parent that is not
-    a directory, or no write permission. Nothing is created."""
+    """``path`` as a str if a file can be written there; OutputError naming the reason otherwise:
+    a directory in its place, a missing parent directory, a parent that is not a directory, or
+    no write permission. Nothing is created (so callers check before doing the work)."""
     path = os.fspath(path)
     if not isinstance(path, str) or not path:
-        raise CacheWriteError(f"cannot write the {what}: empty or non-text path {path!r}")
+        raise OutputError(f"cannot write the {what}: empty or non-text path {path!r}")
     if os.path.isdir(path):
-        raise CacheWriteError(f"cannot write the {what} {path}: it is a directory")
+        raise OutputError(f"cannot write the {what} {path}: it is a directory")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.exists(parent):
-        raise CacheWriteError(f"cannot write the {what} {path}: directory {parent} does not exist")
+        raise OutputError(f"cannot write the {what} {path}: directory {parent} does not exist")
     if not os.path.isdir(parent):
-        raise CacheWriteError(f"cannot write the {what} {path}: {parent} is not a directory")
+        raise OutputError(f"cannot write the {what} {path}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise CacheWriteError(f"cannot write the {what} {path}: permission denied")
+        raise OutputError(f"cannot write the {what} {path}: permission denied")
+    return path
+
+
+def write_text(path: str | os.PathLike, text: str, what: str = "file") -> str:
+    """Write ``text`` to ``path`` (UTF-8); OutputError (naming the path and the reason) if it
+    cannot be written. Returns the path as a str."""
+    path = writable_file(path, what)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as err:
+        raise OutputError(f"cannot write the {what} {path}: {err.strerror or err}") from None
     return path
 
 
@@ -132,7 +145,10 @@ def save_caches(path: str | os.PathLike, caches: Mapping[str, tuple[Layout, torc
                          "page_stride": stride, "shape": list(cache.shape)}
     meta = {"library_version": __version__, "spec_version": SPEC_VERSION, "tensors": entries}
     st = _safetensors()
-    path = writable_file(path, "cache file")
+    try:
+        path = writable_file(path, "cache file")
+    except OutputError as err:
+        raise CacheWriteError(str(err)) from None
     try:
         st.torch.save_file(tensors, path, metadata={META_KEY: json.dumps(meta, sort_keys=True)})
     except Exception as err:  # safetensors' SafetensorError (I/O), or an OSError

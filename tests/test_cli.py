@@ -66,7 +66,6 @@ def test_show_takes_integer_params(capsys):
     ("show", "fp8_indexer", "--param", "head_dim=big"),   # not an int
     ("show", "fp8_indexer", "--param", "head_dim"),       # no '='
     ("frobnicate",),
-    (),
 ])
 def test_usage_errors_exit_2_with_one_line(capsys, argv):
     code, out, err = run(capsys, *argv)
@@ -105,3 +104,90 @@ def test_spec_write_then_check_then_drift(capsys, tmp_path):
 
 def test_spec_needs_a_mode(capsys):
     assert run(capsys, "spec")[0] == 2
+
+
+def test_no_command_prints_the_help_and_exits_2(capsys):
+    code, out, err = run(capsys)
+    assert code == 2 and err == ""
+    assert out.startswith("usage: kvformats") and "COMMAND" in out and "With no command: this help" in out
+
+
+@pytest.mark.parametrize("command", ["show", "diagram"])
+def test_params_are_parsed_by_their_declared_type(capsys, command):
+    # issue #25 item 15: profile is a string parameter, page_size an int one
+    code, out, err = run(capsys, command, "fp8_ds_mla", "--param", "profile=vllm", "--param", "page_size=2")
+    assert code == 0 and err == "", err
+    assert "profile=vllm" in out and "page_size=2" in out
+    code, out, err = run(capsys, command, "fp8_ds_mla", "--param", "profile=nope")
+    assert code == 2 and out == "" and "unknown profile 'nope'" in err and err.count("\n") == 1
+    code, out, err = run(capsys, command, "fp8_ds_mla", "--param", "page_size=two")
+    assert code == 2 and "page_size must be an integer" in err
+    code, out, err = run(capsys, command, "fp8_ds_mla", "--param", "bogus=1")
+    assert code == 2 and "has no parameter 'bogus'" in err and "profile" in err
+
+
+def test_list_json_matches_the_table(capsys):
+    import json
+
+    code, out, err = run(capsys, "list", "--json")
+    formats = json.loads(out)["formats"]
+    assert code == 0 and err == ""
+    assert [f["name"] for f in formats] == kvf.list_formats()
+    for f in formats:
+        layout = kvf.get_format(f["name"])
+        assert (f["row_bytes"], f["page_bytes"], f["min_page_bytes"], f["params"]) == \
+               (layout.row_bytes, layout.page_bytes, layout.min_page_bytes, layout.params)
+
+
+def test_docs_check_says_ok_and_writes_refuse_unwritable_places(capsys, tmp_path):
+    code, out, err = run(capsys, "docs", "--check", "--root", str(ROOT))
+    assert code == 0 and err == "" and out.strip().endswith("every generated page is up to date")
+    (tmp_path / "afile").write_text("x")
+    for argv in (["spec", "--write", "--dir", str(tmp_path / "afile")],
+                 ["spec", "--write", "--dir", str(tmp_path / "afile" / "sub")],
+                 ["docs", "--write", "--root", str(tmp_path / "afile")]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "" and err.startswith("kvformats: error: cannot write") and err.count("\n") == 1
+
+
+def test_spec_and_docs_writers_raise_output_errors(tmp_path):
+    from kvformats import docgen, spec
+    from kvformats.errors import OutputError
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OutputError, match="not a directory"):
+        spec.write_specs(tmp_path / "afile")
+    with pytest.raises(OutputError, match="cannot write"):
+        docgen.write_docs(tmp_path / "afile")
+
+
+class _ClosedPipe:
+    """A stdout whose reader has gone away."""
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("argv", [["list"], ["list", "--json"], ["show", "fp8_ds_mla", "--json"]])
+def test_a_closed_stdout_ends_quietly(monkeypatch, capsys, argv):
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    assert main(argv) == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_a_closed_pipe_ends_quietly_in_a_real_process(tmp_path):
+    # issue #25 item 12: `kvformats show --json | head` ended in a BrokenPipeError traceback
+    lib = Path(kvf.__file__).resolve().parents[1]  # the kvformats under test
+    env = dict(os.environ, PYTHONPATH=str(lib) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kvformats", "show", "fp8_ds_mla", "--json"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, cwd=lib, env=env, timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141
+    assert proc.stderr == ""
