@@ -7,9 +7,10 @@
     kvformats docs --write | --check [--root R] write or check the generated docs pages
     kvformats dump | diff | check | diagram     look inside cache files (kvformats.cli_inspect)
 
-Exit status: 0 success, 1 spec/docs drift found (or a demo bound violated), 2 usage error
-(unknown format, bad parameter, unreadable input, unwritable output); a usage error prints one
-line on stderr and writes nothing. ``kvformats`` with no command prints the help and exits 2.
+Exit status: 0 success, 1 spec/docs drift found (or a demo bound violated, or its file round
+trip changed a cache), 2 usage error (unknown format, bad parameter, unreadable input,
+unwritable output); a usage error prints one line on stderr and writes nothing. ``kvformats``
+with no command prints the help and exits 2.
 When standard output is closed early (``kvformats dump FILE | head``) the command stops quietly
 with status 141 (128 + SIGPIPE, what a shell reports for a process killed by a broken pipe).
 """
@@ -168,7 +169,7 @@ def cmd_demo(args, out) -> int:
         except KVFormatError as err:
             raise UsageError(f"--save: {str(err).splitlines()[0]}") from None
     results = run_demo(rows=args.rows, device=device, out=out, save_to=args.save or None)
-    return 0 if all(r["ratio"] <= 1 for r in results) else 1
+    return 0 if all(r["ratio"] <= 1 and r["file_ok"] is not False for r in results) else 1
 
 
 def cmd_docs(args, out) -> int:

@@ -79,7 +79,7 @@ def dump_slot(layout: Layout, cache: torch.Tensor, slot: int, per_line: int = 8)
     for reg in rec["regions"]:
         raw = bytes.fromhex(reg["hex"])
         per_byte = len(reg["values"]) / max(len(raw), 1)
-        scale = f", scale {reg['scale']} per {reg['block']}" if reg["scale"] else ""
+        scale = f"; blocks of {reg['block']} scaled by region {reg['scale']}" if reg["scale"] else ""
         out.append(f"  {reg['name']} ({reg['dtype']}, {reg['role']}{scale}) at byte {reg['offset']}:")
         step = min(LINE, max(1, int(round(per_line / per_byte)))) if per_byte else per_line
         for at in range(0, len(raw), step):

@@ -74,19 +74,95 @@ def test_usage_errors_exit_2_with_one_line(capsys, argv):
     assert len(err.strip().splitlines()) == 1 and err.startswith("kvformats: error:")
 
 
-def test_demo_holds_every_bound(capsys, tmp_path):
-    saved = tmp_path / "demo.safetensors"
-    code, out, err = run(capsys, "demo", "--rows", "256", "--device", "cpu", "--save", str(saved))
-    assert code == 0, out + err
-    from kvformats.io import load_caches
-    assert sorted(load_caches(saved)) == kvf.list_formats()  # the demo ends with a cache file...
-    assert "fp8_ds_mla slot" in out and "scale (float8_e8m0fnu" in out  # ...and a dump of one slot
+def check_demo_output(out: str) -> None:
     ratios = re.findall(r"max err / bound ([0-9.]+|inf) \((ok|BOUND VIOLATED)\)", out)
     assert len(ratios) == len(kvf.list_formats())
     assert all(float(r) <= 1.0 and tag == "ok" for r, tag in ratios)
     for name in kvf.list_formats():
         assert f"{name}(" in out
     assert "rows/s" in out
+    lines = out.splitlines()
+    too_wide = [line for line in lines if len(line) > 100]
+    assert not too_wide, too_wide  # every line fits a 100-column terminal
+    assert lines[-1] == f"verdict: all {len(kvf.list_formats())} formats round-trip within their bounds"
+    assert "k uniform in -8..7" in out  # the input range is said
+    assert len(re.findall(r"relative: max \|err\| / its row's max \|x\| [0-9.]+%", out)) == len(kvf.list_formats())
+    assert len(lines) < 80  # a few lines of one slot's bytes, not a page of them
+    assert "scale scale" not in out
+
+
+def test_demo_holds_every_bound_and_writes_nothing_by_default(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "demo", "--rows", "256", "--device", "cpu")
+    assert code == 0 and err == "", out + err
+    check_demo_output(out)
+    assert "read back byte-identical" in out and "slot" in out
+    assert list(tmp_path.iterdir()) == []  # the file round trip ran in a removed temporary directory
+
+
+def test_demo_save_keeps_the_file(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "demo", "--rows", "64", "--device", "cpu", "--save", "demo.safetensors")
+    assert code == 0, out + err
+    check_demo_output(out)
+    from kvformats.io import load_caches
+    assert sorted(load_caches(tmp_path / "demo.safetensors")) == kvf.list_formats()
+    assert "next: kvformats check demo.safetensors" in out
+
+
+@pytest.mark.parametrize("target", ["{d}", "{d}/missing/demo.safetensors", "{d}/afile/demo.safetensors"])
+def test_demo_refuses_an_unwritable_save_path_before_running(capsys, tmp_path, target):
+    (tmp_path / "afile").write_text("x")
+    code, out, err = run(capsys, "demo", "--rows", "64", "--device", "cpu", "--save", target.format(d=tmp_path))
+    assert code == 2 and out == ""  # nothing ran
+    assert err.startswith("kvformats: error: --save: cannot write") and err.count("\n") == 1
+
+
+def test_demo_runs_without_the_io_extra(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    code, out, err = run(capsys, "demo", "--rows", "64", "--device", "cpu")
+    assert code == 0 and err == "", out + err
+    assert "file: skipped (cache files need the io extra: pip install 'kvformats[io]')" in out
+    assert out.splitlines()[-1].startswith("verdict: all")
+    code, out, err = run(capsys, "demo", "--rows", "64", "--device", "cpu", "--save", "x.safetensors")
+    assert code == 2 and out == "" and "pip install 'kvformats[io]'" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("layout", [kvf.Fp8DsMla(head_dim=256, rope_dim=64, page_size=4), kvf.Fp8DsMlaV32(page_size=4),
+                                    kvf.Fp8Indexer(head_dim=256, page_size=4), kvf.Mxfp4Indexer(head_dim=64, page_size=4)],
+                         ids=lambda layout: layout.name)
+def test_demo_bounds_come_from_the_regions(layout):
+    import torch
+
+    from kvformats.demo import _ratio, element_bound
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(32, layout.head_dim, generator=g) * torch.exp2(torch.randint(-8, 8, (32, 1), generator=g))
+         ).to(torch.bfloat16).float()
+    cache = layout.allocate(8)
+    slots = torch.arange(32)
+    layout.encode(x, cache, slots)
+    bound = element_bound(layout, x)
+    err = (layout.decode(cache, slots).float() - x).abs()
+    assert _ratio(err, bound) <= 1
+    at = 0
+    for region in (r for r in layout.regions if r.role == "data"):
+        n = region.shape[0] * (2 if region.dtype == "float4_e2m1fn_x2" else 1)
+        assert bool((bound[:, at:at + n] > 0).all()) == bool(region.scale), region.name
+        at += n
+    assert at == layout.head_dim
+
+
+def test_demo_says_when_a_bound_is_violated(capsys, tmp_path, monkeypatch):
+    import kvformats.demo
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(kvformats.demo, "_ratio", lambda err, bound: 2.0)
+    code, out, _ = run(capsys, "demo", "--rows", "16", "--device", "cpu")
+    assert code == 1
+    assert out.splitlines()[-1].startswith("verdict: FAILED: BOUND VIOLATED by compressor_state, fp8_ds_mla")
 
 
 def test_spec_write_then_check_then_drift(capsys, tmp_path):

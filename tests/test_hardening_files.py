@@ -307,3 +307,17 @@ def test_diff_of_caches_with_different_page_widths_is_refused(tmp_path, capsys):
     save_cache(tmp_path / "n.safetensors", layout, narrow)
     save_cache(tmp_path / "w.safetensors", layout, wide)
     assert one_line_usage_error(*run(capsys, "diff", tmp_path / "n.safetensors", tmp_path / "w.safetensors"))
+
+
+# ----- items 17 and 21: the docs name every format and the io extra ---------------------------
+def test_docs_index_links_every_format_and_the_tutorial_installs_the_io_extra():
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    index = (docs / "index.md").read_text()
+    for name in kvf.list_formats():
+        assert f"](reference/formats/{name}.md)" in index, name
+    tutorial = (docs / "tutorial.md").read_text()
+    install = next(line for line in tutorial.splitlines() if "pip install" in line and "-e" in line)
+    assert "'.[io]'" in install  # the tutorial saves cache files, which need the io extra
+    assert "Every command takes `--json`" not in tutorial  # spec, demo, docs and diagram do not
