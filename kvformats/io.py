@@ -291,8 +291,8 @@ def _check_geometry(path: str, name: str, entry: dict, shape: list[int], itemsiz
     if stride < page:
         raise CacheFileError(f"{path}: tensor {name!r}: page_stride {stride} is smaller than a page "
                              f"({page} elements): pages would overlap")
-    if pages <= 1:
-        return  # no arena: a single page is restored as stored
+    if pages <= 1 or stride == page:
+        return  # no arena: a single page, or pages back to back, are restored as stored
     arena = ((pages - 1) * stride + page) * itemsize
     limit = MAX_ARENA_FACTOR * pages * page * itemsize if max_arena_bytes is None else max_arena_bytes
     if arena > limit:

@@ -83,6 +83,13 @@ def test_a_huge_page_stride_allocates_nothing_and_max_arena_bytes_lets_it_throug
     # a padded stride within the default limit keeps loading as before
     ok = rewrite_metadata(good, tmp_path / "padded.safetensors", set_entry("page_stride", 3000))
     assert load_cache(ok).cache.stride(0) == 3000
+    # pages back to back need no arena, whatever the limit; the limit itself is checked
+    assert load_cache(good, max_arena_bytes=0).cache.shape == (2, 1728)
+    with pytest.raises(CacheFileError, match="limit 0"):
+        load_cache(ok, max_arena_bytes=0)
+    for bad_limit in (-1, 1.5, True, "1"):
+        with pytest.raises(InputError, match="max_arena_bytes"):
+            load_caches(good, max_arena_bytes=bad_limit)
 
 
 @pytest.mark.parametrize("key,value,match", [
