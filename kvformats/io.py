@@ -272,7 +272,8 @@ def _layout_of(path: str, name: str, entry: dict) -> Layout:
                              f"({str(err).splitlines()[0]})") from None
     if entry["fingerprint"] != fingerprint(layout):
         raise CacheFileError(f"{path}: tensor {name!r} was written with a different definition of {layout.name} "
-                             f"(fingerprint {entry['fingerprint'][:64]!r}, this kvformats has {fingerprint(layout)!r}); "
+                             f"(fingerprint {entry['fingerprint'][:64]!r}, this kvformats has "
+                             f"{fingerprint(layout)!r}); "
                              f"read it with the kvformats version that wrote it")
     return layout
 

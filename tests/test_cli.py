@@ -130,9 +130,9 @@ def test_demo_runs_without_the_io_extra(capsys, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("layout", [kvf.Fp8DsMla(head_dim=256, rope_dim=64, page_size=4), kvf.Fp8DsMlaV32(page_size=4),
-                                    kvf.Fp8Indexer(head_dim=256, page_size=4), kvf.Mxfp4Indexer(head_dim=64, page_size=4)],
-                         ids=lambda layout: layout.name)
+@pytest.mark.parametrize("layout", [kvf.Fp8DsMla(head_dim=256, rope_dim=64, page_size=4),
+                                    kvf.Fp8DsMlaV32(page_size=4), kvf.Fp8Indexer(head_dim=256, page_size=4),
+                                    kvf.Mxfp4Indexer(head_dim=64, page_size=4)], ids=lambda layout: layout.name)
 def test_demo_bounds_come_from_the_regions(layout):
     import torch
 
