@@ -1,51 +1,104 @@
 """The ``kvformats`` command line (also ``python -m kvformats``).
 
-    kvformats list                              registered formats with row and page bytes
+    kvformats list [--json]                     registered formats with row and page bytes
     kvformats show FORMAT [--param k=v ...]     the region table of one layout
     kvformats spec --write | --check [--dir D]  write or check spec/formats/*.json
     kvformats demo [--rows N] [--device D]      round-trip every format, check its error bound
     kvformats docs --write | --check [--root R] write or check the generated docs pages
     kvformats dump | diff | check | diagram     look inside cache files (kvformats.cli_inspect)
 
-Exit status: 0 success, 1 spec/docs drift found (or a demo bound violated), 2 usage error
-(unknown format, bad parameter); a usage error prints one line on stderr and writes nothing.
+Exit status: 0 success, 1 spec/docs drift found (or a demo bound violated, or its file round
+trip changed a cache), 2 usage error (unknown format, bad parameter, unreadable input,
+unwritable output); a usage error prints one line on stderr and writes nothing. ``kvformats``
+with no command prints the help and exits 2.
+When standard output is closed early (``kvformats dump FILE | head``) the command stops quietly
+with status 141 (128 + SIGPIPE, what a shell reports for a process killed by a broken pipe).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import kvformats as kvf
 from kvformats.errors import KVFormatError
 
+EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
+
 
 class UsageError(Exception):
     """A bad command line: one line on stderr, exit status 2."""
 
 
-def _parse_params(items: list[str] | None) -> dict[str, int]:
-    params: dict[str, int] = {}
+def _param_types(name: str) -> dict[str, type]:
+    """Parameter name -> its declared type (int or str) for format ``name``."""
+    import attrs
+
+    try:
+        cls = type(kvf.get_format(name))
+    except KVFormatError as err:
+        raise UsageError(str(err).splitlines()[0]) from None
+    return {a.name: int if a.type in (int, "int") else str for a in attrs.fields(cls)}
+
+
+def _parse_params(name: str, items: list[str] | None) -> dict[str, int | str]:
+    """``KEY=VALUE`` items -> keyword arguments of format ``name``, each value parsed by its
+    parameter's declared type (``page_size=2`` an int, ``profile=vllm`` a string)."""
+    types = _param_types(name)
+    params: dict[str, int | str] = {}
     for item in items or ():
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"--param takes KEY=VALUE, got {item!r}")
-        try:
-            params[key] = int(value)
-        except ValueError:
-            raise UsageError(f"--param {key} must be an integer, got {value!r}") from None
+        if key not in types:
+            raise UsageError(f"{name} has no parameter {key!r}; its parameters: {', '.join(types)}")
+        if types[key] is int:
+            try:
+                params[key] = int(value)
+            except ValueError:
+                raise UsageError(f"--param {key} must be an integer, got {value!r}") from None
+        else:
+            params[key] = value
     return params
 
 
-def _layout(name: str, params: dict[str, int]):
+def _layout(name: str, items: list[str] | None):
+    """The layout ``name`` with the ``--param`` items applied (UsageError if it cannot be built)."""
+    params = _parse_params(name, items)
     try:
         return kvf.get_format(name, **params)
     except (KVFormatError, TypeError, ValueError) as err:
         raise UsageError(str(err).splitlines()[0]) from None
 
 
+def write_output(path: str, text: str, what: str) -> str:
+    """Write ``text`` to the output file ``path``; UsageError (one line) if it cannot be written."""
+    from kvformats.io import write_text
+
+    try:
+        return write_text(path, text, what)
+    except KVFormatError as err:
+        raise UsageError(str(err).splitlines()[0]) from None
+
+
+def _print_json(out, obj) -> None:
+    import json
+
+    out(json.dumps(obj, indent=2, sort_keys=True))
+
+
 def cmd_list(args, out) -> int:
+    if args.json:
+        formats = []
+        for name in kvf.list_formats():
+            layout = kvf.get_format(name)
+            formats.append({"name": name, "row_bytes": layout.row_bytes, "page_bytes": layout.page_bytes,
+                            "min_page_bytes": layout.min_page_bytes, "params": layout.params})
+        _print_json(out, {"formats": formats})
+        return 0
     out(f"{'format':<18} {'row B':>6} {'page B':>7}  parameters")
     for name in kvf.list_formats():
         layout = kvf.get_format(name)
@@ -55,7 +108,7 @@ def cmd_list(args, out) -> int:
 
 
 def cmd_show(args, out) -> int:
-    layout = _layout(args.format, _parse_params(args.param))
+    layout = _layout(args.format, args.param)
     if args.json:
         from kvformats.spec import spec_text
 
@@ -79,7 +132,10 @@ def cmd_spec(args, out) -> int:
 
     root = Path(args.dir)
     if args.write:
-        written = spec.write_specs(root)
+        try:
+            written = spec.write_specs(root)
+        except KVFormatError as err:
+            raise UsageError(str(err).splitlines()[0]) from None
         for path in written or ():
             out(f"wrote {path}")
         return 0
@@ -103,8 +159,17 @@ def cmd_demo(args, out) -> int:
     device = args.device or best_device()
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here")
+    if args.save:  # checked before the demo runs, not after
+        from kvformats.io import IO_HINT, io_available, writable_file
+
+        if not io_available():
+            raise UsageError(f"--save needs the io extra (safetensors, numpy): {IO_HINT}")
+        try:
+            writable_file(args.save, "cache file")
+        except KVFormatError as err:
+            raise UsageError(f"--save: {str(err).splitlines()[0]}") from None
     results = run_demo(rows=args.rows, device=device, out=out, save_to=args.save or None)
-    return 0 if all(r["ratio"] <= 1 for r in results) else 1
+    return 0 if all(r["ratio"] <= 1 and r["file_ok"] is not False for r in results) else 1
 
 
 def cmd_docs(args, out) -> int:
@@ -112,13 +177,23 @@ def cmd_docs(args, out) -> int:
 
     root = Path(args.root)
     if args.write:
-        for path in docgen.write_docs(root):
+        try:
+            written = docgen.write_docs(root)
+        except KVFormatError as err:
+            raise UsageError(str(err).splitlines()[0]) from None
+        for path in written:
             out(f"wrote {path}")
         return 0
     problems = docgen.check_docs(root)
     for p in problems:
         out(f"drift: {p}")
-    return 1 if problems else 0
+    if problems:
+        return 1
+    out(f"{root / 'docs'}: every generated page is up to date")
+    return 0
+
+
+PARAM_HELP = "layout parameter, typed as the format declares it (page_size=2, profile=vllm); repeatable"
 
 
 def _formatter(prog: str) -> argparse.HelpFormatter:
@@ -145,24 +220,30 @@ def _write_or_check(sub, name: str, help_text: str, fn) -> argparse.ArgumentPars
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="kvformats", description="Byte-exact quantized KV-cache formats of DeepSeek V4 serving.")
+    p = _Parser(prog="kvformats", description="Byte-exact quantized KV-cache formats of DeepSeek V4 serving.",
+                epilog="Exit status: 0 success; 1 differences, violations or drift found; 2 usage error (one "
+                       "line on stderr); 141 standard output closed early (| head). With no command: this "
+                       "help, exit status 2.")
     p.add_argument("--version", action="version", version=f"kvformats {kvf.__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    sub.add_parser("list", help="registered formats").set_defaults(fn=cmd_list)
+    lst = sub.add_parser("list", help="registered formats")
+    lst.add_argument("--json", action="store_true", help="machine-readable output (docs/reference/json.md)")
+    lst.set_defaults(fn=cmd_list)
     show = sub.add_parser("show", help="region table of one format")
     show.add_argument("format")
-    show.add_argument("--param", action="append", metavar="KEY=VALUE", help="layout parameter (int); repeatable")
+    show.add_argument("--param", action="append", metavar="KEY=VALUE", help=PARAM_HELP)
     show.add_argument("--json", action="store_true", help="the layout's spec JSON (as in spec/formats)")
     show.set_defaults(fn=cmd_show)
     spec = _write_or_check(sub, "spec", "write or check the generated format specs", cmd_spec)
     spec.add_argument("--dir", default="spec/formats", help="spec directory (default spec/formats)")
     demo = sub.add_parser("demo", help="round-trip random rows through every format")
-    demo.add_argument("--rows", type=int, default=4096)
+    demo.add_argument("--rows", type=int, default=4096, help="random rows per format (default 4096)")
     demo.add_argument("--device", choices=("cpu", "cuda"), default=None,
                       help="default: cuda if available, else cpu")
-    demo.add_argument("--save", default="kvformats-demo.safetensors", metavar="FILE",
-                      help="cache file written at the end (default kvformats-demo.safetensors; '' to skip)")
+    demo.add_argument("--save", default=None, metavar="FILE",
+                      help="keep the demo's caches in this cache file (default: the file round trip "
+                           "runs in a temporary directory that is removed)")
     demo.set_defaults(fn=cmd_demo)
     docs = _write_or_check(sub, "docs", "write or check the generated pages under docs/", cmd_docs)
     docs.add_argument("--root", default=".", help="repository root (default .)")
@@ -172,17 +253,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _silence_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so that the interpreter's last flush at
+    exit cannot raise again (the pattern of the Python docs, 'Note on SIGPIPE')."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a real file (tests, embedding)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     def out(line: str = "") -> None:
         print(line, flush=True)
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
-        return args.fn(args, out)
-    except UsageError as err:
-        print(f"kvformats: error: {err}", file=sys.stderr)
-        return 2
+        parser = build_parser()
+        if not argv:
+            out(parser.format_help().rstrip("\n"))
+            return EXIT_USAGE
+        try:
+            args = parser.parse_args(argv)
+            return args.fn(args, out)
+        except UsageError as err:
+            print(f"kvformats: error: {str(err).splitlines()[0] if str(err) else 'usage error'}", file=sys.stderr)
+            return EXIT_USAGE
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,8 +6,9 @@
     kvformats diagram FORMAT [--param k=v ...] [-o FILE.svg]
 
 ``--json`` output is documented in docs/reference/json.md. Every usage problem (missing file,
-unknown tensor, page or slot out of range, files of different formats) is one line on stderr
-and exit status 2; nothing is written.
+a path that is not a cache file, unknown tensor, page or slot out of range, files of different
+formats, an output that cannot be written) is one line on stderr and exit status 2; nothing is
+written.
 """
 
 from __future__ import annotations
@@ -84,17 +85,14 @@ def cmd_diff(args, out) -> int:
     if a.layout != b.layout:
         raise _usage(f"{args.a} holds {a.layout.name}{a.layout.params} but {args.b} holds "
                      f"{b.layout.name}{b.layout.params}: only caches of one layout compare")
-    ca, cb = a.cache, b.cache
+    ca, cb, page = a.cache, b.cache, 0
     if args.page is not None:
         page = _index("page", args.page, min(ca.shape[0], cb.shape[0]))
         ca, cb = ca[page:page + 1], cb[page:page + 1]
     try:
-        report = diff_caches(a.layout, ca, cb, max_items=args.max_items)
+        report = diff_caches(a.layout, ca, cb, max_items=args.max_items, first_page=page)
     except ValueError as err:
         raise _usage(str(err)) from None
-    if args.page is not None:
-        for item in report["first"]:
-            item["page"] += args.page
     if args.json:
         _print_json(out, report)
     else:
@@ -110,7 +108,8 @@ def _print_diff(report: dict, out) -> None:
     out(f"{'region':<12} {'bytes':>9} {'rows':>7} {'max |decoded diff|':>20}  at")
     for name, r in report["regions"].items():
         if r["bytes_differ"]:
-            at = r["max_at"] and "page {page} row {row} element {element}".format(**r["max_at"])
+            at = r["max_at"] and (f"page {r['max_at']['page']}" + ("" if r["max_at"]["row"] is None else
+                                  f" row {r['max_at']['row']}") + f" element {r['max_at']['element']}")
             out(f"{name:<12} {r['bytes_differ']:>9} {r['rows_differ']:>7} {r['max_abs_diff']:>20}  {at}")
     out("first differences:")
     for d in report["first"]:
@@ -135,6 +134,8 @@ def cmd_check(args, out) -> int:
     result = {"file": args.file, "ok": all(r["ok"] for r in reports), "tensors": reports}
     if args.json:
         _print_json(out, result)
+    elif not reports:
+        out(f"{args.file}: the file holds no caches; nothing to check")
     else:
         for report in reports:
             _print_check(report, out)
@@ -152,13 +153,20 @@ def _print_check(report: dict, out) -> None:
 
 
 def cmd_diagram(args, out) -> int:
-    from kvformats.cli import _layout, _parse_params
+    from kvformats.cli import _layout, write_output
     from kvformats.diagram import layout_svg
 
-    svg = layout_svg(_layout(args.format, _parse_params(args.param)))
+    layout = _layout(args.format, args.param)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(svg)
+        from kvformats.io import writable_file
+
+        try:  # before drawing, so that a bad path costs nothing
+            writable_file(args.output, "SVG file")
+        except KVFormatError as err:
+            raise _usage(str(err).splitlines()[0]) from None
+    svg = layout_svg(layout)
+    if args.output:
+        write_output(args.output, svg, "SVG file")
         out(f"wrote {args.output}")
     else:
         out(svg.rstrip("\n"))
@@ -167,6 +175,8 @@ def cmd_diagram(args, out) -> int:
 
 def add_parsers(sub) -> None:
     """Register dump, diff, check and diagram on the CLI's subparsers."""
+    from kvformats.cli import PARAM_HELP
+
     dump = sub.add_parser("dump", help="annotated hexdump of a page, or one slot with decoded values")
     dump.add_argument("file")
     dump.add_argument("--tensor", help="which cache of a file holding several")
@@ -191,6 +201,6 @@ def add_parsers(sub) -> None:
     check.set_defaults(fn=cmd_check)
     diagram = sub.add_parser("diagram", help="SVG byte map of a format's page and row")
     diagram.add_argument("format")
-    diagram.add_argument("--param", action="append", metavar="KEY=VALUE", help="layout parameter (int); repeatable")
+    diagram.add_argument("--param", action="append", metavar="KEY=VALUE", help=PARAM_HELP)
     diagram.add_argument("-o", "--output", help="write the SVG here (default: standard output)")
     diagram.set_defaults(fn=cmd_diagram)

@@ -37,14 +37,10 @@ from __future__ import annotations
 import torch
 
 from kvformats.checks import check_cache
-from kvformats.errors import InputError, KVFormatError
+from kvformats.errors import ConversionError, InputError  # noqa: F401 - ConversionError re-exported
 from kvformats.rowio import read_rows, write_rows
 
 V4_NOPE, V32_NOPE, ROPE = 448, 512, 64
-
-
-class ConversionError(KVFormatError, ValueError):
-    """A conversion cannot be done (or cannot be exact) as asked. Nothing was written."""
 
 
 def _pair(src, dst) -> str:

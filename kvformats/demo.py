@@ -1,30 +1,41 @@
 """``kvformats demo``: every registered format, random rows through encode/decode on one device,
-checked against the format's documented per-element error bound.
+checked against the format's documented per-element error bound, then a cache-file round trip.
 
-Bounds (x = what the format quantizes; e = the block's scale exponent, scale = 2^e):
+Bounds come from the layout's regions (x = what the format quantizes; e = the exponent of the
+element's block scale, scale = 2^e); each scaled data region is bounded by its element type:
 
-* fp8_ds_mla NoPE dims, x = bf16(input): e4m3 keeps 3 mantissa bits with round-to-nearest-even,
-  so a normal code is off by at most half an ulp, 2^-4 of its binade, i.e. ``|x|/16``; a
-  subnormal code (|x / 2^e| < 2^-6) is off by at most half the step 2^-9, i.e. 2^(e-10). The
-  clamp never bites (|x| <= 448 2^e by construction), and the bf16 result of decode is exact
-  (4 significant bits). Bound: ``max(|x|/16, 2^(e-10))``. RoPE tail: exact (bound 0).
-* fp8_indexer, x = float32 input: the same e4m3 analysis with the row's float32 power-of-two
-  multiplier: ``|x - x^| <= max(|x|/16, 2^(e-10))``.
-* mxfp4_indexer: the e2m1 grid {0, .5, 1, 1.5, 2, 3, 4, 6} 2^e has gaps of at most 2 2^e and
-  |x / 2^e| <= 6, so the threshold rule is off by at most half a gap: ``2^e`` per block.
-* compressor_state: kv and score + ape are stored as float32: exact (bound 0).
+* e4m3 (``float8_e4m3fn``): 3 mantissa bits with round-to-nearest-even, so a normal code is off
+  by at most half an ulp, 2^-4 of its binade, i.e. ``|x|/16``; a subnormal code (|x / 2^e| <
+  2^-6) is off by at most half the step 2^-9, i.e. 2^(e-10). The clamp never bites (|x| <= 448
+  2^e by construction). Bound: ``max(|x|/16, 2^(e-10))``. For fp8_ds_mla x is the bf16-rounded
+  input (its decode is exact in bf16: 4 significant bits).
+* e2m1 (``float4_e2m1fn_x2``): the grid {0, .5, 1, 1.5, 2, 3, 4, 6} 2^e has gaps of at most
+  2 2^e and |x / 2^e| <= 6, so the threshold rule is off by at most half a gap: ``2^e``.
+* unscaled data regions (the bf16 RoPE tail, the float32 compressor state): exact (bound 0).
 
 The reported ratio is max(err / bound) over elements with a positive bound (and 0 where an
-exact field is exact; inf if an exact field is not). A ratio <= 1 means the bound holds.
+exact field is exact; inf if an exact field is not). A ratio <= 1 means the bound holds. The
+relative error is each element's error over the largest |x| of its row (rows span 2^-8..2^7).
+
+The file step saves every cache with ``kvformats.io`` and reads it back (into a temporary
+directory that is removed, unless ``save_to`` names the file to keep); without the ``io`` extra
+it is skipped with a one-line note.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 
 import torch
 
 import kvformats as kvf
+from kvformats.inspect import elements_per_byte
+
+WIDTH = 100  # every line the demo prints fits a terminal this wide
+SCALE_EXPONENTS = (-8, 7)  # each random row is N(0, 1) times 2^k, k uniform in this range
+DUMP_BYTES, DUMP_VALUES = 8, 4  # of each region of the slot shown at the end
 
 
 def best_device() -> str:
@@ -50,11 +61,37 @@ def _block_bound(layout, x32: torch.Tensor, block: int, kind: str) -> torch.Tens
     return torch.maximum(blocks.abs() / 16, torch.exp2(e - 10)).reshape(n, d)
 
 
+ELEMENT_KINDS = {"float8_e4m3fn": "e4m3", "float4_e2m1fn_x2": "e2m1"}  # element type -> bound of _block_bound
+
+
+def element_bound(layout, x32: torch.Tensor) -> torch.Tensor:
+    """Per-element bound of ``x32 [N, D]`` (the decoded row order: the data regions in page
+    order), read from the layout's regions: each scaled region by its element type and block,
+    every unscaled data region exact (0)."""
+    bound = torch.zeros_like(x32)
+    at = 0
+    for region in layout.regions:
+        if region.role != "data":
+            continue
+        count = int(region.nbytes * elements_per_byte(region))
+        if region.scale:
+            if region.dtype not in ELEMENT_KINDS:
+                raise NotImplementedError(f"the demo has no error bound for {region.dtype} "
+                                          f"({layout.name}.{region.name})")
+            bound[:, at:at + count] = _block_bound(layout, x32[:, at:at + count], region.block,
+                                                   ELEMENT_KINDS[region.dtype])
+        at += count
+    if at != x32.shape[1]:
+        raise NotImplementedError(f"{layout.name}: data regions hold {at} elements per row, "
+                                  f"decode gives {x32.shape[1]}")
+    return bound
+
+
 def _case(layout, n: int, device: str, gen: torch.Generator):
     """(encode thunk, decode thunk, reference float32 [N, D], bound [N, D], cache, slots)."""
     cache = layout.allocate(-(-n // layout.page_size) + 1, device=device)
     slots = torch.randperm(cache.shape[0] * layout.page_size, generator=gen)[:n].to(device)
-    if layout.name == "compressor_state":
+    if layout.name == "compressor_state":  # the one format that encodes (kv, score) with positions
         w = layout.width
         kv = torch.randn(n, w, generator=gen).to(device)
         score = torch.randn(n, w, generator=gen).to(device)
@@ -63,21 +100,14 @@ def _case(layout, n: int, device: str, gen: torch.Generator):
         ref = torch.cat([kv, score + ape[pos % layout.ratio]], dim=1)
         enc = lambda: layout.encode((kv, score), cache, slots, positions=pos, ape=ape)  # noqa: E731
         dec = lambda: torch.cat(layout.decode(cache, slots), dim=1)  # noqa: E731
-        return enc, dec, ref, torch.zeros_like(ref), cache, slots
+        return enc, dec, ref, element_bound(layout, ref), cache, slots
+    lo, hi = SCALE_EXPONENTS
     x = (torch.randn(n, layout.head_dim, generator=gen) *
-         torch.exp2(torch.randint(-8, 8, (n, 1), generator=gen).float())).to(torch.bfloat16).to(device)
+         torch.exp2(torch.randint(lo, hi + 1, (n, 1), generator=gen).float())).to(torch.bfloat16).to(device)
     enc = lambda: layout.encode(x, cache, slots)  # noqa: E731
     dec = lambda: layout.decode(cache, slots).float()  # noqa: E731
     x32 = x.float()
-    if layout.name in ("fp8_ds_mla", "fp8_ds_mla_v32"):
-        nope = layout.nope_dim
-        bound = torch.zeros_like(x32)
-        bound[:, :nope] = _block_bound(layout, x32[:, :nope], 64 if layout.name == "fp8_ds_mla" else 128, "e4m3")
-    elif layout.name == "mxfp4_indexer":
-        bound = _block_bound(layout, x32, 32, "e2m1")
-    else:
-        bound = _block_bound(layout, x32, 128, "e4m3")
-    return enc, dec, x32, bound, cache, slots
+    return enc, dec, x32, element_bound(layout, x32), cache, slots
 
 
 def _timed(fn, device: str, repeats: int = 3) -> tuple[float, object]:
@@ -94,13 +124,30 @@ def _timed(fn, device: str, repeats: int = 3) -> tuple[float, object]:
     return best, out
 
 
+def _header(layout) -> list[str]:
+    params = ", ".join(f"{k}={v}" for k, v in layout.params.items())
+    table = layout.describe().splitlines()[1:]  # the region table, without its (long) head line
+    return [f"{layout.name}({params})",
+            f"  row {layout.row_bytes} B, page {layout.page_bytes} B (min {layout.min_page_bytes} B)",
+            *("  " + line for line in table)]
+
+
 def run_demo(rows: int = 4096, device: str | None = None, out=print, save_to: str | None = None) -> list[dict]:
-    """Run every registered format; print a report through ``out``; return one dict per format.
-    With ``save_to``, end by writing every cache to that file and dumping one fp8_ds_mla slot."""
+    """Run every registered format; print a report through ``out`` (lines of at most ``WIDTH``
+    columns); return one dict per format (``ratio`` <= 1: the bound holds; ``file_ok``: the
+    cache read back from its file equals it, None when the file step was skipped).
+
+    The file step writes ``save_to`` when given (and keeps it), else a file in a temporary
+    directory that is removed; it is skipped, with a note, without the io extra."""
+    from kvformats.io import IO_HINT, io_available
+
     device = device or best_device()
     gen = torch.Generator().manual_seed(0)
-    out(f"kvformats {kvf.__version__} demo: {rows} random rows per format on {device} "
-        f"(torch {torch.__version__})")
+    lo, hi = SCALE_EXPONENTS
+    out(f"kvformats {kvf.__version__} demo: {rows} random rows per format on {device} (torch {torch.__version__})")
+    out(f"inputs: N(0,1) values times 2^k per row, k uniform in {lo}..{hi}; compressor_state: N(0,1)")
+    out("bounds per element: e4m3 max(|x|/16, 2^(e-10)), e2m1 2^e (e: the block's scale exponent);")
+    out("  unscaled fields (bf16 RoPE tail, float32 compressor state) exact")
     results, caches = [], {}
     for name in kvf.list_formats():
         layout = kvf.get_format(name)
@@ -109,36 +156,87 @@ def run_demo(rows: int = 4096, device: str | None = None, out=print, save_to: st
         t_enc, _ = _timed(enc, device)
         t_dec, got = _timed(dec, device)
         err = (got.float() - ref).abs()
+        row_max = ref.abs().amax(dim=1, keepdim=True)
+        rel = torch.where(row_max > 0, err / row_max, err)
         res = {"format": name, "max_err": err.max().item(), "mean_err": err.mean().item(),
+               "max_rel_err": rel.max().item(), "max_abs_input": ref.abs().max().item(),
                "ratio": _ratio(err, bound), "encode_rows_per_s": rows / t_enc,
-               "decode_rows_per_s": rows / t_dec}
+               "decode_rows_per_s": rows / t_dec, "file_ok": None}
         results.append(res)
         out("")
-        out(layout.describe())
-        out(f"  round trip: max |err| {res['max_err']:.3g}, mean |err| {res['mean_err']:.3g}, "
+        for line in _header(layout):
+            out(line)
+        out(f"  error: max |err| {res['max_err']:.3g}, mean |err| {res['mean_err']:.3g}, "
+            f"for inputs up to |x| {res['max_abs_input']:.3g}")
+        out(f"  relative: max |err| / its row's max |x| {100 * res['max_rel_err']:.2f}%; "
             f"max err / bound {res['ratio']:.3f} ({'ok' if res['ratio'] <= 1 else 'BOUND VIOLATED'})")
-        out(f"  speed: encode {res['encode_rows_per_s']:,.0f} rows/s, "
-            f"decode {res['decode_rows_per_s']:,.0f} rows/s")
+        out(f"  speed: encode {res['encode_rows_per_s']:,.0f} rows/s, decode {res['decode_rows_per_s']:,.0f} rows/s")
     out("")
-    out("bounds: fp8 codes max(|x|/16, 2^(e-10)); mxfp4 2^e per block; rope tail and compressor "
-        "state exact (x = bf16-rounded input for fp8_ds_mla, e = block scale exponent)")
-    if save_to:
-        _save_and_dump(caches, save_to, out)
+    if io_available():
+        file_ok = _file_round_trip(caches, save_to, out)
+        for res in results:
+            res["file_ok"] = file_ok[res["format"]]
+    else:
+        out(f"file: skipped (cache files need the io extra: {IO_HINT})")
+    out(verdict(results))
     return results
 
 
-def _save_and_dump(caches: dict, path: str, out) -> None:
-    """Write every demo cache to one file, then show one slot the way ``kvformats dump`` does."""
-    from kvformats.io import save_caches
-    from kvformats.render import dump_slot
+def verdict(results: list[dict]) -> str:
+    """The demo's last line: whether every format held its bound (and its file round trip)."""
+    bad = [r["format"] for r in results if not r["ratio"] <= 1]
+    lost = [r["format"] for r in results if r["file_ok"] is False]
+    if not bad and not lost:
+        return f"verdict: all {len(results)} formats round-trip within their bounds"
+    parts = []
+    if bad:
+        parts.append(f"BOUND VIOLATED by {', '.join(bad)}")
+    if lost:
+        parts.append(f"file round trip changed {', '.join(lost)}")
+    return f"verdict: FAILED: {'; '.join(parts)} ({len(results)} formats)"
 
-    save_caches(path, {name: (layout, cache) for name, (layout, cache, _) in caches.items()})
-    layout, cache, slot = caches["fp8_ds_mla"]
-    out("")
-    out(f"wrote every demo cache to {path}; `kvformats dump {path} --tensor fp8_ds_mla --slot {slot}` shows:")
-    out(dump_slot(layout, cache.cpu(), slot))
-    out("")
-    out(f"next: kvformats check {path}    kvformats dump {path} --tensor fp8_ds_mla --page {slot // layout.page_size}")
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.cpu(), b.cpu()
+    return a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
 
 
-__all__ = ["run_demo", "best_device"]
+def _file_round_trip(caches: dict, save_to: str | None, out) -> dict[str, bool]:
+    """Save every demo cache to one file and read it back; show a few bytes of one slot the way
+    ``kvformats dump`` shows them. Returns format -> whether the cache came back unchanged."""
+    from kvformats.io import load_caches, save_caches
+
+    with tempfile.TemporaryDirectory(prefix="kvformats-demo-") as tmp:
+        path = save_to or os.path.join(tmp, "kvformats-demo.safetensors")
+        save_caches(path, {name: (layout, cache) for name, (layout, cache, _) in caches.items()})
+        back = load_caches(path)
+        same = {name: _same_bytes(back[name].cache, cache) for name, (_, cache, _) in caches.items()}
+        size = os.path.getsize(path)
+        out(f"file: wrote {path}" if save_to else "file: wrote a temporary cache file (removed; --save FILE keeps it)")
+        ok = "read back byte-identical" if all(same.values()) else "READ BACK CHANGED"
+        out(f"  {size / 2**20:.1f} MiB, {len(caches)} caches, every cache {ok}")
+        layout, _, slot = caches["fp8_ds_mla"]
+        out(f"  first bytes of one fp8_ds_mla slot, as `kvformats dump FILE --tensor fp8_ds_mla --slot {slot}`:")
+        for line in slot_lines(layout, back["fp8_ds_mla"].cache, slot):
+            out(line)
+        if save_to:
+            out(f"next: kvformats check {path}")
+    return same
+
+
+def slot_lines(layout, cache: torch.Tensor, slot: int) -> list[str]:
+    """A few lines: each region of one slot with its first bytes and first decoded values."""
+    from kvformats.render import slot_record
+
+    rec = slot_record(layout, cache, slot)
+    lines = [f"    slot {slot} = page {rec['page']} row {rec['row']}"]
+    for reg in rec["regions"]:
+        raw = bytes.fromhex(reg["hex"])
+        more = " ..." if len(raw) > DUMP_BYTES else ""
+        values = " ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in reg["values"][:DUMP_VALUES])
+        vmore = " ..." if len(reg["values"]) > DUMP_VALUES else ""
+        lines.append(f"    {reg['name']:<10} @{reg['offset']:<9} {raw[:DUMP_BYTES].hex(' ')}{more}  = {values}{vmore}")
+    return [line[:WIDTH] for line in lines]
+
+
+__all__ = ["run_demo", "best_device", "element_bound", "verdict", "WIDTH"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvformats.diagram import layout_svg
+from kvformats.errors import OutputError
 from kvformats.registry import get_format, list_formats
 from kvformats.spec import format_spec
 
@@ -72,11 +73,16 @@ def expected_docs(repo: Path) -> dict[str, str]:
 
 
 def write_docs(repo: Path) -> list[Path]:
+    """Regenerate every generated page under ``repo/docs``; OutputError (naming the path) if one
+    cannot be written."""
     written = []
     for rel, text in expected_docs(repo).items():
         path = repo / "docs" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        except OSError as err:
+            raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
         written.append(path)
     return written
 

@@ -23,6 +23,24 @@ class BackendUnavailableError(KVFormatError, RuntimeError):
     """The requested backend cannot run these inputs here; the message names the fix."""
 
 
+class ConversionError(KVFormatError, ValueError):
+    """A conversion cannot be done (or cannot be exact) as asked. Nothing was written."""
+
+
+class CacheFileError(KVFormatError, ValueError):
+    """A cache file is missing, not a regular file, truncated, corrupt, foreign, disagrees with
+    its format, or cannot be written."""
+
+
+class OutputError(KVFormatError, OSError):
+    """An output file cannot be written: its directory is missing, a directory stands in its
+    place, or the file system refuses. The message names the path."""
+
+
+class CacheWriteError(CacheFileError, OutputError):
+    """A cache file cannot be written (both a CacheFileError and an OutputError)."""
+
+
 def describe(t: object) -> str:
     """Short description of an argument for error messages: dtype, shape and device of a tensor."""
     import torch

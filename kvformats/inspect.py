@@ -12,11 +12,30 @@ from kvformats import numerics as nx
 from kvformats.layout import Layout, Region
 
 
+def page_width(layout: Layout, cache: torch.Tensor) -> int:
+    """Bytes of one page of ``cache``: at least ``layout.min_page_bytes``, and not always
+    ``layout.page_bytes`` (a cache's pages may be narrower or wider than ``allocate`` makes them)."""
+    u8, _ = layout.byte_pages(cache)
+    width = 1
+    for d in u8.shape[1:]:
+        width *= d
+    return width
+
+
+def region_nbytes(layout: Layout, cache: torch.Tensor, region: Region) -> int:
+    """Bytes per row (per page for the page pad) of ``region`` that exist in ``cache``: the page
+    pad is cut at the cache's page width, so nothing between pages is ever read."""
+    if not region.per_page:
+        return region.nbytes
+    return max(0, min(region.nbytes, page_width(layout, cache) - region.offset))
+
+
 def region_bytes(layout: Layout, cache: torch.Tensor, region: Region, pages: slice = slice(None)) -> torch.Tensor:
-    """uint8 ``[pages, rows, nbytes]`` (page pad: ``[pages, 1, nbytes]``) raw view of one region."""
+    """uint8 ``[pages, rows, nbytes]`` (page pad: ``[pages, 1, pad bytes inside the page]``) raw
+    view of one region."""
     u8, stride = layout.byte_pages(cache)
     rows, row_stride = (1, 0) if region.per_page else (layout.page_size, region.row_stride)
-    view = u8.as_strided((cache.shape[0], rows, region.nbytes), (stride, row_stride, 1),
+    view = u8.as_strided((cache.shape[0], rows, region_nbytes(layout, cache, region)), (stride, row_stride, 1),
                          u8.storage_offset() + region.offset)
     return view[pages]
 

@@ -251,13 +251,16 @@ class Layout:
 
     def views(self, cache: torch.Tensor) -> dict[str, torch.Tensor]:
         """Region name -> zero-copy typed view ``[pages, page_size, *shape]`` (the page pad:
-        uint8 ``[pages, pad]``)."""
+        uint8 ``[pages, pad]``, only the pad bytes inside the cache's page width: a page of
+        exactly ``page_size * row_bytes`` has an empty pad; no view reaches between pages)."""
         check_cache(self, cache)
         u8, stride = self.byte_pages(cache)
+        width = functools.reduce(int.__mul__, u8.shape[1:], 1)  # bytes of one page of this cache
         out = {}
         for r in self.regions:
             if r.per_page:
-                out[r.name] = u8.as_strided((cache.shape[0], r.nbytes), (stride, 1), u8.storage_offset() + r.offset)
+                pad = max(0, min(r.nbytes, width - r.offset))
+                out[r.name] = u8.as_strided((cache.shape[0], pad), (stride, 1), u8.storage_offset() + r.offset)
                 continue
             raw = u8.as_strided((cache.shape[0], self.page_size, r.nbytes), (stride, r.row_stride, 1),
                                 u8.storage_offset() + r.offset)

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from kvformats.inspect import element_values, elements_per_byte, label, region_bytes, scaled_values
+from kvformats.inspect import element_values, elements_per_byte, label, page_width, region_bytes, scaled_values
 from kvformats.layout import Layout
 
 LINE = 16
@@ -46,7 +46,7 @@ def page_lines(layout: Layout, cache: torch.Tensor, page: int, rows: range | Non
 def hexdump_page(layout: Layout, cache: torch.Tensor, page: int, rows: range | None = None) -> str:
     """Annotated hexdump of one page (offsets relative to the page start)."""
     lines = [f"{layout.name} page {page} (page stride {layout.byte_pages(cache)[1]} B, "
-             f"{layout.page_bytes} B per page)"]
+             f"{page_width(layout, cache)} B per page)"]
     for line in page_lines(layout, cache, page, rows):
         lines.append(f"{line['offset']:08x}  {line['hex']:<47}  | {line['label']}")
     return "\n".join(lines)
@@ -79,7 +79,7 @@ def dump_slot(layout: Layout, cache: torch.Tensor, slot: int, per_line: int = 8)
     for reg in rec["regions"]:
         raw = bytes.fromhex(reg["hex"])
         per_byte = len(reg["values"]) / max(len(raw), 1)
-        scale = f", scale {reg['scale']} per {reg['block']}" if reg["scale"] else ""
+        scale = f"; blocks of {reg['block']} scaled by region {reg['scale']}" if reg["scale"] else ""
         out.append(f"  {reg['name']} ({reg['dtype']}, {reg['role']}{scale}) at byte {reg['offset']}:")
         step = min(LINE, max(1, int(round(per_line / per_byte)))) if per_byte else per_line
         for at in range(0, len(raw), step):

@@ -19,6 +19,7 @@ from pathlib import Path
 import attrs
 
 import kvformats
+from kvformats.errors import OutputError
 from kvformats.registry import get_format, list_formats
 
 ADDRESSING = ("page = slot // page_size; row = slot % page_size; byte of a region's row = "
@@ -180,14 +181,22 @@ def write_specs(root: Path = Path("spec/formats")) -> list[Path]:
     """Write ``<root>/<name>.json`` for the default layout of every registered format.
 
     Returns the paths written. Files of formats no longer registered are left alone
-    (``check_specs`` reports them)."""
+    (``check_specs`` reports them). OutputError (naming the path) if the directory cannot be
+    made or a file cannot be written."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    texts = _expected_texts()
     written = []
-    for name, text in _expected_texts().items():
-        path = root / f"{name}.json"
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
+    if root.exists() and not root.is_dir():
+        raise OutputError(f"cannot write the spec files: {root} is not a directory")
+    path = root
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            path = root / f"{name}.json"
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    except OSError as err:
+        raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
     return written
 
 

@@ -66,7 +66,6 @@ def test_show_takes_integer_params(capsys):
     ("show", "fp8_indexer", "--param", "head_dim=big"),   # not an int
     ("show", "fp8_indexer", "--param", "head_dim"),       # no '='
     ("frobnicate",),
-    (),
 ])
 def test_usage_errors_exit_2_with_one_line(capsys, argv):
     code, out, err = run(capsys, *argv)
@@ -75,19 +74,95 @@ def test_usage_errors_exit_2_with_one_line(capsys, argv):
     assert len(err.strip().splitlines()) == 1 and err.startswith("kvformats: error:")
 
 
-def test_demo_holds_every_bound(capsys, tmp_path):
-    saved = tmp_path / "demo.safetensors"
-    code, out, err = run(capsys, "demo", "--rows", "256", "--device", "cpu", "--save", str(saved))
-    assert code == 0, out + err
-    from kvformats.io import load_caches
-    assert sorted(load_caches(saved)) == kvf.list_formats()  # the demo ends with a cache file...
-    assert "fp8_ds_mla slot" in out and "scale (float8_e8m0fnu" in out  # ...and a dump of one slot
+def check_demo_output(out: str) -> None:
     ratios = re.findall(r"max err / bound ([0-9.]+|inf) \((ok|BOUND VIOLATED)\)", out)
     assert len(ratios) == len(kvf.list_formats())
     assert all(float(r) <= 1.0 and tag == "ok" for r, tag in ratios)
     for name in kvf.list_formats():
         assert f"{name}(" in out
     assert "rows/s" in out
+    lines = out.splitlines()
+    too_wide = [line for line in lines if len(line) > 100]
+    assert not too_wide, too_wide  # every line fits a 100-column terminal
+    assert lines[-1] == f"verdict: all {len(kvf.list_formats())} formats round-trip within their bounds"
+    assert "k uniform in -8..7" in out  # the input range is said
+    assert len(re.findall(r"relative: max \|err\| / its row's max \|x\| [0-9.]+%", out)) == len(kvf.list_formats())
+    assert len(lines) < 80  # a few lines of one slot's bytes, not a page of them
+    assert "scale scale" not in out
+
+
+def test_demo_holds_every_bound_and_writes_nothing_by_default(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "demo", "--rows", "256", "--device", "cpu")
+    assert code == 0 and err == "", out + err
+    check_demo_output(out)
+    assert "read back byte-identical" in out and "slot" in out
+    assert list(tmp_path.iterdir()) == []  # the file round trip ran in a removed temporary directory
+
+
+def test_demo_save_keeps_the_file(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "demo", "--rows", "64", "--device", "cpu", "--save", "demo.safetensors")
+    assert code == 0, out + err
+    check_demo_output(out)
+    from kvformats.io import load_caches
+    assert sorted(load_caches(tmp_path / "demo.safetensors")) == kvf.list_formats()
+    assert "next: kvformats check demo.safetensors" in out
+
+
+@pytest.mark.parametrize("target", ["{d}", "{d}/missing/demo.safetensors", "{d}/afile/demo.safetensors"])
+def test_demo_refuses_an_unwritable_save_path_before_running(capsys, tmp_path, target):
+    (tmp_path / "afile").write_text("x")
+    code, out, err = run(capsys, "demo", "--rows", "64", "--device", "cpu", "--save", target.format(d=tmp_path))
+    assert code == 2 and out == ""  # nothing ran
+    assert err.startswith("kvformats: error: --save: cannot write") and err.count("\n") == 1
+
+
+def test_demo_runs_without_the_io_extra(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    code, out, err = run(capsys, "demo", "--rows", "64", "--device", "cpu")
+    assert code == 0 and err == "", out + err
+    assert "file: skipped (cache files need the io extra: pip install 'kvformats[io]')" in out
+    assert out.splitlines()[-1].startswith("verdict: all")
+    code, out, err = run(capsys, "demo", "--rows", "64", "--device", "cpu", "--save", "x.safetensors")
+    assert code == 2 and out == "" and "pip install 'kvformats[io]'" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("layout", [kvf.Fp8DsMla(head_dim=256, rope_dim=64, page_size=4),
+                                    kvf.Fp8DsMlaV32(page_size=4), kvf.Fp8Indexer(head_dim=256, page_size=4),
+                                    kvf.Mxfp4Indexer(head_dim=64, page_size=4)], ids=lambda layout: layout.name)
+def test_demo_bounds_come_from_the_regions(layout):
+    import torch
+
+    from kvformats.demo import _ratio, element_bound
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(32, layout.head_dim, generator=g) * torch.exp2(torch.randint(-8, 8, (32, 1), generator=g))
+         ).to(torch.bfloat16).float()
+    cache = layout.allocate(8)
+    slots = torch.arange(32)
+    layout.encode(x, cache, slots)
+    bound = element_bound(layout, x)
+    err = (layout.decode(cache, slots).float() - x).abs()
+    assert _ratio(err, bound) <= 1
+    at = 0
+    for region in (r for r in layout.regions if r.role == "data"):
+        n = region.shape[0] * (2 if region.dtype == "float4_e2m1fn_x2" else 1)
+        assert bool((bound[:, at:at + n] > 0).all()) == bool(region.scale), region.name
+        at += n
+    assert at == layout.head_dim
+
+
+def test_demo_says_when_a_bound_is_violated(capsys, tmp_path, monkeypatch):
+    import kvformats.demo
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(kvformats.demo, "_ratio", lambda err, bound: 2.0)
+    code, out, _ = run(capsys, "demo", "--rows", "16", "--device", "cpu")
+    assert code == 1
+    assert out.splitlines()[-1].startswith("verdict: FAILED: BOUND VIOLATED by compressor_state, fp8_ds_mla")
 
 
 def test_spec_write_then_check_then_drift(capsys, tmp_path):
@@ -105,3 +180,90 @@ def test_spec_write_then_check_then_drift(capsys, tmp_path):
 
 def test_spec_needs_a_mode(capsys):
     assert run(capsys, "spec")[0] == 2
+
+
+def test_no_command_prints_the_help_and_exits_2(capsys):
+    code, out, err = run(capsys)
+    assert code == 2 and err == ""
+    assert out.startswith("usage: kvformats") and "COMMAND" in out and "With no command: this help" in out
+
+
+@pytest.mark.parametrize("command", ["show", "diagram"])
+def test_params_are_parsed_by_their_declared_type(capsys, command):
+    # issue #25 item 15: profile is a string parameter, page_size an int one
+    code, out, err = run(capsys, command, "fp8_ds_mla", "--param", "profile=vllm", "--param", "page_size=2")
+    assert code == 0 and err == "", err
+    assert "profile=vllm" in out and "page_size=2" in out
+    code, out, err = run(capsys, command, "fp8_ds_mla", "--param", "profile=nope")
+    assert code == 2 and out == "" and "unknown profile 'nope'" in err and err.count("\n") == 1
+    code, out, err = run(capsys, command, "fp8_ds_mla", "--param", "page_size=two")
+    assert code == 2 and "page_size must be an integer" in err
+    code, out, err = run(capsys, command, "fp8_ds_mla", "--param", "bogus=1")
+    assert code == 2 and "has no parameter 'bogus'" in err and "profile" in err
+
+
+def test_list_json_matches_the_table(capsys):
+    import json
+
+    code, out, err = run(capsys, "list", "--json")
+    formats = json.loads(out)["formats"]
+    assert code == 0 and err == ""
+    assert [f["name"] for f in formats] == kvf.list_formats()
+    for f in formats:
+        layout = kvf.get_format(f["name"])
+        assert (f["row_bytes"], f["page_bytes"], f["min_page_bytes"], f["params"]) == \
+               (layout.row_bytes, layout.page_bytes, layout.min_page_bytes, layout.params)
+
+
+def test_docs_check_says_ok_and_writes_refuse_unwritable_places(capsys, tmp_path):
+    code, out, err = run(capsys, "docs", "--check", "--root", str(ROOT))
+    assert code == 0 and err == "" and out.strip().endswith("every generated page is up to date")
+    (tmp_path / "afile").write_text("x")
+    for argv in (["spec", "--write", "--dir", str(tmp_path / "afile")],
+                 ["spec", "--write", "--dir", str(tmp_path / "afile" / "sub")],
+                 ["docs", "--write", "--root", str(tmp_path / "afile")]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "" and err.startswith("kvformats: error: cannot write") and err.count("\n") == 1
+
+
+def test_spec_and_docs_writers_raise_output_errors(tmp_path):
+    from kvformats import docgen, spec
+    from kvformats.errors import OutputError
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OutputError, match="not a directory"):
+        spec.write_specs(tmp_path / "afile")
+    with pytest.raises(OutputError, match="cannot write"):
+        docgen.write_docs(tmp_path / "afile")
+
+
+class _ClosedPipe:
+    """A stdout whose reader has gone away."""
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("argv", [["list"], ["list", "--json"], ["show", "fp8_ds_mla", "--json"]])
+def test_a_closed_stdout_ends_quietly(monkeypatch, capsys, argv):
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    assert main(argv) == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_a_closed_pipe_ends_quietly_in_a_real_process(tmp_path):
+    # issue #25 item 12: `kvformats show --json | head` ended in a BrokenPipeError traceback
+    lib = Path(kvf.__file__).resolve().parents[1]  # the kvformats under test
+    env = dict(os.environ, PYTHONPATH=str(lib) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kvformats", "show", "fp8_ds_mla", "--json"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, cwd=lib, env=env, timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141
+    assert proc.stderr == ""

@@ -97,6 +97,11 @@ def test_diagram_and_show_json(tmp_path, capsys):
     ["check", "{d}/foreign.safetensors"],
     ["diagram", "no_such_format"],
     ["diagram", "fp8_ds_mla", "--param", "head_dim=100"],
+    ["diagram", "fp8_ds_mla", "-o", "{d}/no_such_dir/x.svg"],
+    ["diagram", "fp8_ds_mla", "-o", "{d}"],
+    ["diagram", "fp8_ds_mla", "-o", "{d}/one.safetensors/x.svg"],
+    ["check", "{d}"],
+    ["dump", "/dev/null"],
 ])
 def test_usage_errors_exit_2_with_one_line(files, capsys, argv):
     from safetensors.torch import save_file
@@ -114,3 +119,62 @@ def test_diff_of_different_formats_is_a_usage_error(files, capsys):
     save_caches(files / "p8.safetensors", {"x": (b, b.allocate(1))})
     code, _, err = run(capsys, "diff", files / "p4.safetensors", files / "p8.safetensors")
     assert code == 2 and "only caches of one layout compare" in err
+
+
+def test_diff_of_one_page_names_that_page_everywhere(files, capsys):
+    # issue #25 item 9: the largest difference was reported "at page 0" under --page 1
+    argv = ["diff", files / "one.safetensors", files / "two.safetensors", "--tensor", "swa", "--page", 1]
+    code, out, _ = run(capsys, *argv, "--json")
+    report = json.loads(out)
+    assert code == 1 and report["regions"]["nope"]["max_at"] == {"page": 1, "row": 0, "element": 3}
+    assert [item["page"] for item in report["first"]] == [1]
+    code, out, _ = run(capsys, *argv)
+    assert code == 1 and "at" in out
+    table = next(line for line in out.splitlines() if line.startswith("nope "))
+    assert table.endswith("page 1 row 0 element 3")
+
+
+def test_diff_pad_differences_have_no_row_and_bad_max_items_is_a_usage_error(files, capsys, tmp_path):
+    from kvformats.io import load_cache
+
+    entry = load_cache(files / "one.safetensors", "swa")
+    dirty = entry.cache.clone()
+    dirty[2, -1] = 5  # the last page-pad byte of page 2
+    save_caches(tmp_path / "pad.safetensors", {"swa": (entry.layout, dirty)})
+    code, out, _ = run(capsys, "diff", files / "one.safetensors", tmp_path / "pad.safetensors", "--tensor", "swa",
+                       "--json")
+    pad = json.loads(out)["regions"]["page_pad"]
+    assert code == 1 and pad["max_at"]["page"] == 2 and pad["max_at"]["row"] is None
+    code, out, err = run(capsys, "diff", files / "one.safetensors", files / "two.safetensors", "--tensor", "swa",
+                         "--max-items", -1)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "max_items" in err
+
+
+def test_check_of_a_file_without_caches_says_so(tmp_path, capsys):
+    save_caches(tmp_path / "empty.safetensors", {})
+    code, out, err = run(capsys, "check", tmp_path / "empty.safetensors")
+    assert code == 0 and err == ""
+    assert out == f"{tmp_path / 'empty.safetensors'}: the file holds no caches; nothing to check\n"
+    code, out, _ = run(capsys, "check", tmp_path / "empty.safetensors", "--json")
+    assert code == 0 and json.loads(out)["tensors"] == []
+    code, out, err = run(capsys, "dump", tmp_path / "empty.safetensors")
+    assert code == 2 and "holds no caches" in err
+
+
+def test_dump_into_a_closed_pipe_ends_quietly(files):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    lib = Path(kvf.__file__).resolve().parents[1]  # the kvformats under test
+    env = dict(os.environ, PYTHONPATH=str(lib) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kvformats", "dump", str(files / "one.safetensors"), "--tensor",
+                               "swa", "--page", "1"], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              env=env, timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == ""
