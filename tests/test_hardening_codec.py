@@ -1,4 +1,5 @@
-"""Issue #25, codec side: layout parameters are exact ints with bounded pages."""
+"""Issue #25, codec side: layout parameters are exact ints with bounded pages, get_format names
+the valid parameters, shape errors say the expected rank, rope_tail's positions are checked."""
 
 import json
 
@@ -6,6 +7,8 @@ import pytest
 import torch
 
 import kvformats as kvf
+from kvformats import deepseek_v4 as dsv4
+from kvformats import rope
 from kvformats import torch_ops as kops
 
 INT_PARAMS = [(name, field) for name in kvf.list_formats()
@@ -56,3 +59,57 @@ def test_allocate_bounds_the_arena_and_takes_exact_ints():
     with pytest.raises(kvf.LayoutError, match="page_stride"):
         kvf.Fp8Indexer().allocate(2, page_stride=True)
     assert kvf.Fp8Indexer(page_size=2).allocate(0).shape == (0, 264)
+
+
+# ----- item 16: messages -------------------------------------------------------------------------------
+def test_get_format_lists_the_valid_parameters():
+    with pytest.raises(kvf.LayoutError) as info:
+        kvf.get_format("fp8_ds_mla", pagesize=2)
+    msg = str(info.value)
+    assert "unexpected keyword" not in msg
+    assert "'pagesize'" in msg and "did you mean 'page_size'" in msg
+    assert "head_dim, rope_dim, page_size, profile" in msg
+    with pytest.raises(kvf.LayoutError, match="compressor_state has no parameter 'bogus'; its parameters are "
+                                              "head_dim, ratio, page_size"):
+        kvf.get_format("compressor_state", bogus=1)
+
+
+def test_shape_errors_name_the_rank_expected_and_what_came():
+    lay = kvf.Fp8DsMla(page_size=4)
+    cache = lay.allocate(1)
+    with pytest.raises(kvf.InputError, match=r"slots must be a 1-D tensor \[N\] \(N any size\), got a 2-D "):
+        lay.decode(cache, torch.zeros(2, 2, dtype=torch.long))
+    with pytest.raises(kvf.InputError, match=r"x must be a 2-D tensor \[N, 512\] \(N any size\), got a 3-D .*"
+                                             r"\(2, 2, 512\)"):
+        lay.encode(torch.zeros(2, 2, 512), cache, torch.zeros(2, dtype=torch.long))
+    with pytest.raises(kvf.InputError, match=r"x must be a 2-D tensor \[N, 512\] \(N any size\), got torch.float32 "
+                                             r"tensor of shape \(2, 500\)"):
+        lay.encode(torch.zeros(2, 500), cache, torch.zeros(2, dtype=torch.long))
+    with pytest.raises(kvf.InputError, match=r"slots must be a 1-D tensor \[2\], got torch.int64 tensor of shape "
+                                             r"\(3,\)"):
+        lay.encode(torch.zeros(2, 512), cache, torch.zeros(3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("positions", [[3, 9], [-1, 2]], ids=["beyond", "negative"])
+def test_rope_tail_positions_outside_the_table_are_input_errors(positions, monkeypatch):
+    cs = dsv4.cos_sin_cache(64, 8)
+    computed = []
+    monkeypatch.setattr(torch.Tensor, "clone", lambda self, *a, **k: computed.append(1) or self)
+    with pytest.raises(kvf.InputError, match=r"positions must lie in \[0, 8\)"):
+        dsv4.rope_tail(torch.zeros(2, 128), torch.tensor(positions), cs)
+    assert not computed  # nothing computed before the check
+    monkeypatch.undo()
+    assert dsv4.rope_tail(torch.zeros(2, 128), torch.tensor([0, 7]), cs).shape == (2, 128)
+
+
+@pytest.mark.parametrize("call, err, words", [
+    (lambda cs: rope.rope_tail(torch.zeros(2, 128), torch.tensor([0.0, 1.0]), cs), kvf.InputTypeError, "integer"),
+    (lambda cs: rope.rope_tail(torch.zeros(2, 128), torch.tensor([0, 1, 2]), cs), kvf.InputError, "N = x.shape[0]"),
+    (lambda cs: rope.rope_tail(torch.zeros(2, 32), torch.tensor([0, 1]), cs), kvf.InputError, "at most"),
+    (lambda cs: rope.rope_tail([0.0], torch.tensor([0]), cs), kvf.InputTypeError, "floating-point"),
+    (lambda cs: rope.cos_sin_cache(63, 8), kvf.InputError, "even"),
+    (lambda cs: rope.cos_sin_cache(64, 8.0), kvf.InputTypeError, "max_positions"),
+], ids=["float-positions", "count", "narrow-x", "not-tensor", "odd-rope", "float-length"])
+def test_rope_argument_errors_are_typed(call, err, words):
+    with pytest.raises(err, match=words.replace("[", r"\[").replace("]", r"\]")):
+        call(dsv4.cos_sin_cache(64, 8))
