@@ -1,5 +1,6 @@
 """Issue #25, codec side: layout parameters are exact ints with bounded pages, get_format names
-the valid parameters, shape errors say the expected rank, rope_tail's positions are checked."""
+the valid parameters, shape errors say the expected rank, rope_tail's positions are checked,
+every format and profile takes empty batches."""
 
 import json
 
@@ -10,6 +11,9 @@ import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 from kvformats import rope
 from kvformats import torch_ops as kops
+from kvformats.convert import convert_rows, convert_slots
+from kvformats.profiles import supported_profiles
+from kvformats.strategies import storage_bytes
 
 INT_PARAMS = [(name, field) for name in kvf.list_formats()
               for field, value in kvf.get_format(name).params.items() if isinstance(value, int)]
@@ -113,3 +117,59 @@ def test_rope_tail_positions_outside_the_table_are_input_errors(positions, monke
 def test_rope_argument_errors_are_typed(call, err, words):
     with pytest.raises(err, match=words.replace("[", r"\[").replace("]", r"\]")):
         call(dsv4.cos_sin_cache(64, 8))
+
+
+# ----- item 5: empty batches, every format x profile ---------------------------------------------
+# one-block geometries too: a reduction over an empty batch there leaves a [0, 1] tensor with a
+# zero stride, which a byte view refuses (fp8_indexer deepgemm-ref, fp8_ds_mla_v32 head 192)
+ONE_BLOCK = {"compressor_state": dict(head_dim=1), "fp8_ds_mla": dict(head_dim=128, rope_dim=64),
+             "fp8_ds_mla_v32": dict(head_dim=192, rope_dim=64), "fp8_indexer": dict(head_dim=128),
+             "mxfp4_indexer": dict(head_dim=32)}
+EMPTY_CASES = [pytest.param(name, profile, geometry, id=f"{name}-{profile}-{geometry}")
+               for name in kvf.list_formats()
+               for profile in (supported_profiles().get(name) or (None,))
+               for geometry in ("default", "one-block")]
+
+
+def _layout(name, profile, geometry):
+    params = dict(ONE_BLOCK[name] if geometry == "one-block" else {}, page_size=4)
+    return kvf.get_format(name, **params, **({} if profile is None else {"profile": profile}))
+
+
+def _rows(lay, n):
+    """encode's (x, keyword arguments) for n rows."""
+    if lay.decode_dtype is None:
+        w = lay.width
+        return (torch.randn(n, w), torch.randn(n, w)), dict(positions=torch.arange(n), ape=torch.randn(lay.ratio, w))
+    return torch.randn(n, lay.head_dim), {}
+
+
+@pytest.mark.parametrize("name, profile, geometry", EMPTY_CASES)
+def test_empty_batches_encode_decode_gather_and_convert(name, profile, geometry):
+    lay = _layout(name, profile, geometry)
+    cache = lay.allocate(2)
+    storage_bytes(cache).fill_(0xA5)
+    before = storage_bytes(cache).clone()
+    none = torch.zeros(0, dtype=torch.int64)
+    x, kw = _rows(lay, 0)
+    lay.encode(x, cache, none, **kw)
+    assert torch.equal(storage_bytes(cache), before)
+    width = lay.width if lay.decode_dtype is None else lay.head_dim
+    decoded = lay.decode(cache, none)
+    for t in decoded if isinstance(decoded, tuple) else (decoded,):
+        assert t.shape == (0, width)
+    assert lay.gather(cache, none).shape == (0, lay.row_bytes)
+    for topk_shape in ((0, 3), (2, 0)):
+        got = lay.decode_topk(cache, torch.zeros(topk_shape, dtype=torch.int64))
+        for t in got if isinstance(got, tuple) else (got,):
+            assert t.shape == (*topk_shape, width)
+    assert convert_rows(lay, torch.zeros(0, lay.row_bytes, dtype=torch.uint8), lay).shape == (0, lay.row_bytes)
+    dst = lay.allocate(1)
+    convert_slots(lay, cache, none, lay, dst, none)
+    assert int(storage_bytes(dst).count_nonzero()) == 0
+    assert torch.equal(storage_bytes(cache), before)
+    if geometry == "default":
+        key, ops = kops.layout_key(lay), torch.ops.kvformats
+        inputs = [*x, kw["positions"], kw["ape"]] if isinstance(x, tuple) else [x]
+        torch.library.opcheck(ops.encode.default, (*key, inputs, cache, none, "reference"))
+        torch.library.opcheck(ops.gather.default, (*key, cache, none, "reference"))

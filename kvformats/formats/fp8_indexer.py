@@ -11,6 +11,7 @@ import torch
 
 from kvformats import numerics as nx
 from kvformats.errors import LayoutError
+from kvformats.formats._bytes import float_bytes
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.ops import register_reference_ops
 from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
@@ -84,7 +85,7 @@ class Fp8Indexer(ProfiledLayout, Layout):
         else:
             scale = rule.scales_of_amax(nx.absmax(blocks))
             out[:, :d] = nx.e4m3_quantize_by_scale(blocks, scale).reshape(n, d)
-        out[:, d:] = scale.contiguous().view(torch.uint8).reshape(n, 4 * nb)
+        out[:, d:] = float_bytes(scale, n)
         return out
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
