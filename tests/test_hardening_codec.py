@@ -2,6 +2,7 @@
 the valid parameters, shape errors say the expected rank, rope_tail's positions are checked,
 every format and profile takes empty batches."""
 
+import functools
 import json
 
 import pytest
@@ -173,3 +174,37 @@ def test_empty_batches_encode_decode_gather_and_convert(name, profile, geometry)
         inputs = [*x, kw["positions"], kw["ape"]] if isinstance(x, tuple) else [x]
         torch.library.opcheck(ops.encode.default, (*key, inputs, cache, none, "reference"))
         torch.library.opcheck(ops.gather.default, (*key, cache, none, "reference"))
+
+
+# ----- item 7: inputs that require grad --------------------------------------------------------------
+@pytest.mark.parametrize("path", ["layout", "custom_op"])
+def test_compressor_state_encode_takes_inputs_that_require_grad(path):
+    lay = kvf.CompressorState(head_dim=64, page_size=4)
+    w, slots, positions = lay.width, torch.tensor([0, 5, -1]), torch.tensor([3, 6, 9])
+    g = torch.Generator().manual_seed(7)
+    kv, score, ape = torch.randn(3, w, generator=g), torch.randn(3, w, generator=g), torch.randn(4, w, generator=g)
+    want = lay.allocate(2)
+    lay.encode((kv, score), want, slots, positions=positions, ape=ape)
+    got = lay.allocate(2)
+    leaves = [t.clone().requires_grad_() for t in (kv, score, ape)]
+    encode = lay.encode if path == "layout" else functools.partial(kops.encode, lay)
+    encode((leaves[0], leaves[1]), got, slots, positions=positions, ape=leaves[2])
+    assert torch.equal(got, want) and not got.requires_grad
+    assert all(t.grad is None for t in leaves)
+
+
+@pytest.mark.parametrize("path", ["function", "custom_op"])
+def test_save_compressor_state_takes_inputs_that_require_grad(path):
+    from kvformats.deepseek_v4 import torch_ops as dops
+
+    state = kvf.CompressorState(head_dim=64, ratio=128, page_size=2)
+    g = torch.Generator().manual_seed(8)
+    kv, score, ape = (torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g),
+                      torch.randn(128, 64, generator=g).to(torch.bfloat16))
+    kw = dict(ratio=128, positions=torch.tensor([0, 130, 7]), slots=torch.tensor([1, -1, 2]))
+    want = state.allocate(2)
+    dsv4.save_compressor_state(kv, score, ape, want, **kw)
+    got = state.allocate(2)
+    save = dsv4.save_compressor_state if path == "function" else dops.save_compressor_state
+    save(kv.requires_grad_(), score.requires_grad_(), ape.requires_grad_(), got, **kw)
+    assert torch.equal(got, want) and int(got.count_nonzero()) > 0 and not got.requires_grad
