@@ -208,3 +208,55 @@ def test_save_compressor_state_takes_inputs_that_require_grad(path):
     save = dsv4.save_compressor_state if path == "function" else dops.save_compressor_state
     save(kv.requires_grad_(), score.requires_grad_(), ape.requires_grad_(), got, **kw)
     assert torch.equal(got, want) and int(got.count_nonzero()) > 0 and not got.requires_grad
+
+
+# ----- item 11: backend="triton" never falls back silently --------------------------------------------
+@pytest.fixture
+def cuda_dispatch(monkeypatch):
+    """Dispatch as on a CUDA device (the kernels run under the Triton interpreter on CPU)."""
+    from kvformats import registry
+
+    real = registry._resolve
+    monkeypatch.setattr(registry, "_RESOLVED", {})
+    monkeypatch.setattr(registry, "_resolve", lambda fmt, op, backend, device: real(fmt, op, backend,
+                                                                                     torch.device("cuda")))
+
+
+def _inv_rope_args(group, d):
+    g = torch.Generator().manual_seed(11)
+    return (torch.randn(3, 2, d, generator=g), torch.tensor([0, 4, 9]), dsv4.cos_sin_cache(64, 10)), \
+        dict(n_groups=1, heads_per_group=2, quant_group_size=group, tma_aligned_scales=False)
+
+
+@pytest.mark.parametrize("op, args, words", [
+    ("inv_rope_fp8_quant", _inv_rope_args(96, 192), "quant_group_size 96 with rope_dim 64"),
+    ("inv_rope_fp8_quant", _inv_rope_args(256, 512), "quant_group_size 256"),
+    ("inv_rope_fp8_quant", _inv_rope_args(32, 128), "quant_group_size 32 with rope_dim 64"),
+    ("hadamard_transform", ((torch.randn(2, 2048),), {}), "rows of 2048 elements"),
+], ids=["group-96", "group-256", "tail-wider-than-group", "hadamard-2048"])
+def test_triton_backend_refuses_shapes_its_kernel_does_not_run(cuda_dispatch, op, args, words):
+    from kvformats.deepseek_v4 import _dispatch as D
+
+    fn = getattr(dsv4, op)
+    assert D.resolve(op, "auto", torch.device("cpu")) is not D.resolve(op, "reference", torch.device("cpu"))
+    with pytest.raises(kvf.BackendUnavailableError, match="backend='reference'") as info:
+        fn(*args[0], **args[1], backend="triton")
+    assert words in str(info.value) and f"deepseek_v4.{op}" in str(info.value)
+    want = fn(*args[0], **args[1], backend="reference")
+    got = fn(*args[0], **args[1], backend="auto")  # auto: the reference, documented
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def test_triton_backend_runs_the_kernel_for_shapes_it_supports(cuda_dispatch, monkeypatch):
+    from kvformats_kernels.dsv4 import query as kq
+
+    launched = []
+    real = kq.jit.inv_rope_kernel
+    monkeypatch.setattr(kq.jit, "inv_rope_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: launched.append(grid) or real[grid]})())
+    args, kw = _inv_rope_args(64, 128)
+    got = dsv4.inv_rope_fp8_quant(*args, **kw, backend="triton")
+    want = dsv4.inv_rope_fp8_quant(*args, **kw, backend="reference")
+    assert launched and all(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+                            for a, b in zip(got, want))
