@@ -12,7 +12,7 @@ import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 from kvformats import rope
 from kvformats import torch_ops as kops
-from kvformats.convert import convert_rows, convert_slots
+from kvformats.convert import convert_rows, convert_slots, pack_ue8m0, unpack_ue8m0
 from kvformats.profiles import supported_profiles
 from kvformats.strategies import storage_bytes
 
@@ -260,3 +260,19 @@ def test_triton_backend_runs_the_kernel_for_shapes_it_supports(cuda_dispatch, mo
     want = dsv4.inv_rope_fp8_quant(*args, **kw, backend="reference")
     assert launched and all(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
                             for a, b in zip(got, want))
+
+
+# ----- item 16, the same class in kvformats.convert: messages say what came, k is an exact int -------------
+@pytest.mark.parametrize("call, err, words", [
+    (lambda: convert_rows(kvf.Mxfp4Indexer(), torch.zeros(2, 3), kvf.Mxfp4Indexer()), kvf.InputError,
+     ["uint8 tensor [N, 68]", "torch.float32 tensor of shape (2, 3)"]),
+    (lambda: pack_ue8m0(torch.zeros(4, dtype=torch.uint8)), kvf.InputError, ["[N, k]", "shape (4,)"]),
+    (lambda: unpack_ue8m0(torch.zeros(2, 1), 4), kvf.InputError, ["int32 tensor [N, w]", "torch.float32"]),
+    (lambda: unpack_ue8m0(torch.zeros(2, 1, dtype=torch.int32), True), kvf.InputTypeError, ["k must be an int", "bool"]),
+    (lambda: unpack_ue8m0(torch.zeros(2, 1, dtype=torch.int32), 5), kvf.InputError, ["[1, 4]", "5"]),
+], ids=["rows", "pack", "unpack", "k-bool", "k-range"])
+def test_convert_errors_say_what_came(call, err, words):
+    with pytest.raises(err) as info:
+        call()
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
