@@ -52,8 +52,16 @@ def check_tensor(name: str, t, *, dtypes, shape: tuple, device: torch.device | N
     if t.dtype not in dtypes:
         raise InputTypeError(f"{name} must have dtype {_names(dtypes)}, got {describe(t)}")
     if not _shape_fits(t.shape, shape):
-        want = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
-        raise InputError(f"{name} must have shape {want}, got {describe(t)}")
+        # Any-size dims get letters (N, M, K, L): "slots must be a 1-D tensor [N]".
+        letters = iter("NMKLPQ")
+        dims = [next(letters, "*") if d is None else str(d) for d in shape]
+        want = f"{len(shape)}-D tensor [{', '.join(dims)}]"
+        free = [d for d, s in zip(dims, shape) if s is None]
+        if free:
+            want += f" ({', '.join(free)} any size)"
+        if t.dim() != len(shape):
+            raise InputError(f"{name} must be a {want}, got a {t.dim()}-D {describe(t)}")
+        raise InputError(f"{name} must be a {want}, got {describe(t)}")
     raise InputError(f"{name} must be on the cache's device {device}, got {describe(t)}; "
                      f"move it with .to({str(device)!r})")
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from kvformats.checks import check_cache
-from kvformats.errors import ConversionError, InputError  # noqa: F401 - ConversionError re-exported
+from kvformats.errors import ConversionError, InputError, InputTypeError, describe  # noqa: F401 - ConversionError re-exported
 from kvformats.rowio import read_rows, write_rows
 
 V4_NOPE, V32_NOPE, ROPE = 448, 512, 64
@@ -73,7 +73,8 @@ def convert_rows(src, rows: torch.Tensor, dst, *, exact: bool = False) -> torch.
     kind = _pair(src, dst)
     if not isinstance(rows, torch.Tensor) or rows.dtype != torch.uint8 or rows.dim() != 2 \
             or rows.shape[1] != src.row_bytes:
-        raise InputError(f"rows must be uint8 [N, {src.row_bytes}] ({src.name} gathered rows)")
+        raise InputError(f"rows must be a uint8 tensor [N, {src.row_bytes}] ({src.name} gathered rows), "
+                         f"got {describe(rows)}")
     if src.decode_dtype is None:
         if not exact or src == dst:
             return rows.clone()
@@ -120,7 +121,7 @@ def convert_slots(src, src_cache, src_slots, dst, dst_cache, dst_slots, *, exact
 def pack_ue8m0(scales: torch.Tensor) -> torch.Tensor:
     """ue8m0 bytes ``[N, k]`` (uint8) -> int32 ``[N, ceil(k/4)]``, padded with 127 (scale 1.0)."""
     if not isinstance(scales, torch.Tensor) or scales.dtype != torch.uint8 or scales.dim() != 2:
-        raise InputError("scales must be a uint8 tensor [N, k] of ue8m0 bytes")
+        raise InputError(f"scales must be a uint8 tensor [N, k] of ue8m0 bytes, got {describe(scales)}")
     n, k = scales.shape
     words = -(-k // 4)
     padded = torch.full((n, 4 * words), 127, dtype=torch.uint8, device=scales.device)
@@ -131,8 +132,10 @@ def pack_ue8m0(scales: torch.Tensor) -> torch.Tensor:
 def unpack_ue8m0(words: torch.Tensor, k: int, *, strict: bool = True) -> torch.Tensor:
     """int32 ``[N, w]`` -> ue8m0 bytes ``[N, k]`` (``k <= 4w``); ``strict``: padding bytes must be 127."""
     if not isinstance(words, torch.Tensor) or words.dtype != torch.int32 or words.dim() != 2:
-        raise InputError("words must be an int32 tensor [N, w] of packed ue8m0 scales")
-    if not isinstance(k, int) or not 0 < k <= 4 * words.shape[1]:
+        raise InputError(f"words must be an int32 tensor [N, w] of packed ue8m0 scales, got {describe(words)}")
+    if not isinstance(k, int) or isinstance(k, bool):
+        raise InputTypeError(f"k must be an int in [1, {4 * words.shape[1]}], got {describe(k)}")
+    if not 0 < k <= 4 * words.shape[1]:
         raise InputError(f"k must be an int in [1, {4 * words.shape[1]}], got {k!r}")
     raw = words.contiguous().view(torch.uint8)
     if strict and bool((raw[:, k:] != 127).any()):

@@ -31,20 +31,43 @@ ELEMENT_TYPES = {
 TORCH_DTYPES = {name: getattr(torch, name) for name in ELEMENT_TYPES}
 
 
+INT64_MAX = 2**63 - 1  # the largest tensor dimension (and byte count) torch can hold
+
+
+def _is_int(value) -> bool:
+    """An exact int: not a bool (``True == 1``), not a float (``4.0 == 4``), which would compare
+    and hash equal to a valid parameter and still break later (issue #25)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _got(value) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
 def positive(instance, attribute, value):
-    """attrs validator: a positive int (not bool)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise LayoutError(f"{attribute.name} must be a positive int, got {value!r}")
+    """attrs validator: a positive int (not bool, not float)."""
+    if not _is_int(value) or value <= 0:
+        raise LayoutError(f"{attribute.name} must be a positive int, got {_got(value)}")
 
 
 def one_of(*allowed):
-    """attrs validator: the value is one of ``allowed`` (a LayoutError otherwise)."""
+    """attrs validator: the value is one of ``allowed``, of the same type (an int parameter takes
+    exactly an int: not ``4.0``, not ``True``); a LayoutError otherwise."""
 
     def check(instance, attribute, value):
-        if value not in allowed:
-            raise LayoutError(f"{attribute.name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+        if isinstance(value, bool) or not any(isinstance(value, type(a)) and value == a for a in allowed):
+            kinds = " or ".join(sorted({"an int" if _is_int(a) else type(a).__name__ for a in allowed}))
+            raise LayoutError(f"{attribute.name} must be one of {', '.join(map(str, allowed))} ({kinds}), "
+                              f"got {_got(value)}")
 
     return check
+
+
+@functools.lru_cache(maxsize=1024)
+def _page_bytes(layout) -> int:
+    """``layout.page_bytes``, remembered per parameter set: construction checks it, and ops build
+    layouts per call (deriving the segments costs ~20 µs, a hash lookup ~1 µs)."""
+    return layout.page_bytes
 
 
 @attrs.frozen
@@ -116,6 +139,18 @@ class Layout:
     quant_input_dtype: ClassVar[torch.dtype] = torch.float32  # what encode rounds its input to first
 
     page_size: int = attrs.field(default=64, validator=positive)
+
+    def __attrs_post_init__(self):
+        """Checks across parameters, after each one's validator: the format's own geometry
+        (``_check_geometry``), then a page that a tensor can hold."""
+        self._check_geometry()
+        if _page_bytes(self) > INT64_MAX:
+            raise LayoutError(f"{self.name} pages of page_size={self.page_size} rows would take "
+                              f"{self.page_bytes} bytes, more than a tensor dimension holds (2**63 - 1); "
+                              f"pass a smaller page_size (or head size)")
+
+    def _check_geometry(self) -> None:
+        """Format-specific checks across parameters (LayoutError); none by default."""
 
     # ----- declaration ---------------------------------------------------------------------
     def _segments(self) -> tuple[Segment, ...]:  # pragma: no cover - abstract
@@ -218,17 +253,22 @@ class Layout:
         cache tensor, i.e. ``cache.stride(0)``) may exceed the page width; the cache is then a
         strided view into a larger zeroed arena, as engines that share one arena allocate.
         """
-        if not isinstance(num_pages, int) or isinstance(num_pages, bool) or num_pages < 0:
-            raise LayoutError(f"num_pages must be a non-negative int, got {num_pages!r}")
+        if not _is_int(num_pages) or num_pages < 0:
+            raise LayoutError(f"num_pages must be a non-negative int, got {_got(num_pages)}")
         shape = self.cache_shape(num_pages)
         page_elems = 1
         for d in shape[1:]:
             page_elems *= d
+        if page_stride is not None and (not _is_int(page_stride) or page_stride < page_elems):
+            raise LayoutError(f"page_stride must be an int >= {page_elems} (one page of {self.name}), "
+                              f"got {_got(page_stride)}")
+        stride = page_elems if page_stride is None else page_stride
+        elems = max(num_pages - 1, 0) * stride + page_elems if num_pages else 0
+        if elems * self.container_dtype.itemsize > INT64_MAX:
+            raise LayoutError(f"{num_pages} pages of {self.name} (page stride {stride} elements) would take "
+                              f"more bytes than a tensor holds (2**63 - 1); allocate fewer pages")
         if page_stride is None:
             return torch.zeros(shape, dtype=self.container_dtype, device=device)
-        if not isinstance(page_stride, int) or page_stride < page_elems:
-            raise LayoutError(f"page_stride must be an int >= {page_elems} (one page of {self.name}), "
-                              f"got {page_stride!r}")
         arena = torch.zeros(max(num_pages - 1, 0) * page_stride + page_elems,
                             dtype=self.container_dtype, device=device)
         inner = torch.empty(shape[1:]).stride() if len(shape) > 1 else ()

@@ -8,8 +8,11 @@ falls back silently.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from typing import Callable
+
+import attrs
 
 from kvformats.errors import BackendUnavailableError, InputError, LayoutError
 
@@ -46,10 +49,14 @@ def get_format(name: str, **params):
     cls = _FORMATS.get(name)
     if cls is None:
         raise LayoutError(f"unknown format {name!r}; registered formats: {', '.join(list_formats())}")
-    try:
-        return cls(**params)
-    except TypeError as err:
-        raise LayoutError(f"bad parameters for {name}: {err}") from None
+    valid = [f.name for f in attrs.fields(cls)]
+    unknown = [k for k in params if k not in valid]
+    if unknown:
+        hints = [f"{k!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(k, valid, n=1))
+                 else repr(k) for k in unknown]
+        raise LayoutError(f"{name} has no parameter {', '.join(hints)}; its parameters are "
+                          f"{', '.join(valid)}")
+    return cls(**params)
 
 
 def register_op(fmt: str, op: str, backend: str):

@@ -78,9 +78,18 @@ def _fresh(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
 
 
 def _as_list(decoded, *inputs) -> list[torch.Tensor]:
-    if isinstance(decoded, tuple):
-        return [_fresh(t.contiguous(), *inputs) for t in decoded]
-    return [_fresh(decoded.contiguous(), *inputs)]
+    if not isinstance(decoded, tuple):
+        return [_fresh(decoded.contiguous(), *inputs)]
+    # Several outputs must not alias each other either: compressor_state's (kv, score) are the two
+    # halves of one buffer, which contiguous() keeps as views when there are 0 or 1 rows.
+    outs: list[torch.Tensor] = []
+    for t in decoded:
+        t = t.contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if any(o.untyped_storage().data_ptr() == ptr for o in outs):
+            t = t.clone()
+        outs.append(_fresh(t, *inputs))
+    return outs
 
 
 def _decoded_like(layout, cache: torch.Tensor, lead: tuple[int, ...]) -> list[torch.Tensor]:

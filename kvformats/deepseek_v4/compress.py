@@ -107,11 +107,20 @@ def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, rat
         kv_cache: uint8 ``[pages, >= kv_page_size * row_bytes]`` fp8_ds_mla cache of head_dim
             ``h = rms_weight.numel()`` and rope_dim ``cos_sin_cache.shape[1]``.
         ratio: 4 (CSA) or 128 (HCA).
-        positions, req_indices, state_slots, kv_slots: int ``[T]``; a token writes iff
-            ``(p + 1) % ratio == 0`` and both slots are >= 0.
-        block_table: int ``[R, max_pages]`` of the state group (+ optional base offsets ``[R]``),
-            used to find the window positions' state rows.
-        rms_weight ``[h]``, rms_eps: the compressor's norm.
+        positions: int ``[T]`` absolute positions p; a token writes iff ``(p + 1) % ratio == 0``
+            and both its ``state_slots`` and ``kv_slots`` entries are >= 0.
+        req_indices: int ``[T]`` request rows of ``block_table``.
+        state_slots: int ``[T]`` state-cache slot of each token (−1: none).
+        block_table: int ``[R, max_pages]`` of the state group, used to find the window positions'
+            state rows.
+        rms_weight: ``[h]`` weight of the compressor's norm.
+        rms_eps: epsilon of the compressor's norm.
+        cos_sin_cache: float32 ``[max_positions, rope_dim]`` (``kvformats.rope.cos_sin_cache``).
+        kv_slots: int ``[T]`` slot of each token's row in ``kv_cache`` (−1: none).
+        kv_page_size: rows per page of ``kv_cache``.
+        block_table_base_offsets: optional int ``[R]``: logical page of column 0 of ``block_table``.
+        backend: "auto", "reference" or "triton".
+        check: run the host-side slot and position checks (False inside CUDA graphs).
 
     Row written: ``Fp8DsMla.encode(rope_tail(pool(window), (p // ratio) * ratio))``.
     """

@@ -6,7 +6,10 @@ rows of invalid tokens are written (−1 entries, length 0) rather than left as 
 inside the top-k range stays −1 instead of receiving the workspace offset; a missing page
 (negative entry, page index outside the table) gives −1 instead of wrapping to the last page;
 a sliding-window position before the gathered range gives −1 instead of pointing at another
-request's rows.
+request's rows; an entry that does not fit the result's dtype gives −1 instead of wrapping (a
+block-table page whose slots would pass int64, or int32 for the index rows, counts as missing;
+an index-row entry beyond int32 is −1), and a Python-int parameter that cannot fit raises
+InputError.
 """
 
 from __future__ import annotations
@@ -19,6 +22,33 @@ from kvformats.blocktable import request_of_token, table_slots
 from kvformats.errors import InputError
 
 ALIGN = 128  # index rows are padded to a multiple of 128 entries (sparse-prefill alignment)
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
+
+
+def max_page_entry(page_size: int, limit: int) -> int:
+    """The largest block-table entry whose slots ``entry * page_size + row`` (row < page_size)
+    all stay <= ``limit`` (INT64_MAX for the slot mappings, INT32_MAX for the index rows); larger
+    entries count as missing pages (−1). The Triton kernels take the same bound."""
+    return (limit + 1) // page_size - 1
+
+
+def _table_limit(page_size: int, limit: int) -> int | None:
+    """``table_slots``' num_pages for ``max_page_entry`` (None where every int64 entry fits)."""
+    top = max_page_entry(page_size, limit)
+    return None if top >= INT64_MAX else top + 1
+
+
+def _check_fits(name: str, value: int, limit: int) -> None:
+    """A Python-int parameter the result's entries are built from is at most ``limit``."""
+    if value > limit:
+        kind = "int32 index rows" if limit == INT32_MAX else "int64 slots"
+        raise InputError(f"{name} = {value} cannot fit the {kind} (at most {limit} = 2**{limit.bit_length()} - 1); "
+                         f"pass a smaller {name}")
+
+
+def _int32_entries(x: torch.Tensor) -> torch.Tensor:
+    """int64 index-row entries -> int32, −1 for those outside the int32 range (no wrapping)."""
+    return torch.where((x >= -INT32_MAX - 1) & (x <= INT32_MAX), x, -1).to(torch.int32)
 
 
 def _roundup(n: int, k: int) -> int:
@@ -40,8 +70,9 @@ def table_slot_mapping(*, positions, req_indices, block_table, page_size: int, e
     """int64 ``[T]`` slots of a cache group (formats.md §1.3): logical row ``p // entry_stride``
     (1 for SWA/state groups, ``ratio`` for compressed groups), page ``table[r, row // page_size
     - base[r]]``, slot ``page * page_size + row % page_size``; −1 for missing pages and invalid
-    tokens. (Compressed groups: every token of a group maps to the group's slot; the compress
-    inserts write only at the group's last token.)"""
+    tokens, and for pages whose slots would pass int64 (entries above
+    ``max_page_entry(page_size, 2**63 - 1)``). (Compressed groups: every token of a group maps to
+    the group's slot; the compress inserts write only at the group's last token.)"""
     dev = _device(positions)
     n = C.check_index("positions", positions, None, dev)
     C.check_index("req_indices", req_indices, n, dev)
@@ -50,6 +81,8 @@ def table_slot_mapping(*, positions, req_indices, block_table, page_size: int, e
         C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(n,), device=dev)
     C.check_int("page_size", page_size, minimum=1)
     C.check_int("entry_stride", entry_stride, minimum=1)
+    _check_fits("page_size", page_size, INT64_MAX)
+    _check_fits("entry_stride", entry_stride, INT64_MAX)
     return D.resolve("table_slot_mapping", backend, dev)(positions, req_indices, block_table, page_size,
                                                           entry_stride, block_table_base_offsets, is_valid_token)
 
@@ -57,7 +90,8 @@ def table_slot_mapping(*, positions, req_indices, block_table, page_size: int, e
 @D.reference("table_slot_mapping")
 def table_slot_mapping_reference(positions, req, table, page_size, stride, base, is_valid):
     p = positions.long()
-    slots = table_slots(table, req, torch.div(p, stride, rounding_mode="floor"), page_size, base)
+    slots = table_slots(table, req, torch.div(p, stride, rounding_mode="floor"), page_size, base,
+                        _table_limit(page_size, INT64_MAX))
     ok = _valid_tokens(req, table.shape[0], is_valid) & (p >= 0)
     return torch.where(ok, slots, torch.full_like(slots, -1))
 
@@ -69,7 +103,8 @@ def compressed_slot_mapping(*, num_tokens: int, query_start_loc, seq_lens, block
     Request r (``query_start_loc [R + 1]``, ``seq_lens [R]``, ``block_table [R, P]``) owns tokens
     ``[qsl[r], qsl[r+1])``; token t is at ``p = seq_lens[r] - (qsl[r+1] - qsl[r]) + (t - qsl[r])``.
     If ``(p + 1) % ratio == 0``: ``c = p // ratio``, slot ``table[r, c // page_size - base[r]] *
-    page_size + c % page_size`` (−1 when that page is missing). Tokens outside every request: −1.
+    page_size + c % page_size`` (−1 when that page is missing, or its slots would pass int64).
+    Tokens outside every request: −1.
     ``out`` (int64 ``[>= num_tokens]``) is filled with −1 entirely, then the first num_tokens
     entries are written; the returned tensor is a view of it.
     """
@@ -80,6 +115,8 @@ def compressed_slot_mapping(*, num_tokens: int, query_start_loc, seq_lens, block
     C.check_index("seq_lens", seq_lens, r, dev)
     C.check_int("page_size", page_size, minimum=1)
     C.check_int("ratio", ratio, minimum=1)
+    _check_fits("page_size", page_size, INT64_MAX)
+    _check_fits("ratio", ratio, INT64_MAX)
     C.check_sorted("query_start_loc", query_start_loc)
     if out is not None:
         C.check_tensor("out", out, dtypes=(torch.int64,), shape=(None,), device=dev)
@@ -103,7 +140,8 @@ def _token_positions(query_start_loc, seq_lens, t_abs, requests):
 def compressed_slot_mapping_reference(num_tokens, qsl, seq_lens, table, page_size, ratio, base, out):
     t = torch.arange(num_tokens, device=table.device)
     req, inside, p = _token_positions(qsl, seq_lens, t, table.shape[0])
-    slots = table_slots(table, req, torch.div(p, ratio, rounding_mode="floor"), page_size, base)
+    slots = table_slots(table, req, torch.div(p, ratio, rounding_mode="floor"), page_size, base,
+                        _table_limit(page_size, INT64_MAX))
     ok = inside & (p >= 0) & ((p + 1) % ratio == 0)
     slots = torch.where(ok, slots, torch.full_like(slots, -1))
     if out is None:
@@ -120,7 +158,8 @@ def global_topk_indices_and_lens(*, topk_indices, req_indices, block_table, page
 
     ``topk_indices`` int32 ``[T, K]`` (−1 = none), ``req_indices [T]``, ``block_table [R, P]``.
     Returns ``(global int32 [T, K], lens int32 [T])``: ``i >= 0`` becomes ``table[r, i // page_size]
-    * page_size + i % page_size`` (−1 if that page is missing), −1 stays −1; ``lens`` counts the
+    * page_size + i % page_size`` (−1 if that page is missing, or its slots would pass int32:
+    entries above ``max_page_entry(page_size, 2**31 - 1)``), −1 stays −1; ``lens`` counts the
     entries ``i >= 0``. Invalid tokens (``is_valid_token`` False or request out of range) get an
     all −1 row and length 0 (tokenspeed leaves their row unwritten).
     """
@@ -130,6 +169,7 @@ def global_topk_indices_and_lens(*, topk_indices, req_indices, block_table, page
     C.check_index("req_indices", req_indices, n, dev)
     C.check_table(block_table, None, dev)
     C.check_int("page_size", page_size, minimum=1)
+    _check_fits("page_size", page_size, INT64_MAX)
     if is_valid_token is not None:
         C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(n,), device=dev)
     fn = D.resolve("global_topk_indices_and_lens", backend, dev)
@@ -139,7 +179,7 @@ def global_topk_indices_and_lens(*, topk_indices, req_indices, block_table, page
 @D.reference("global_topk_indices_and_lens")
 def global_topk_indices_and_lens_reference(topk, req, table, page_size, is_valid):
     ok = _valid_tokens(req.long(), table.shape[0], is_valid)
-    glob = table_slots(table, req, topk.long(), page_size)
+    glob = table_slots(table, req, topk.long(), page_size, None, _table_limit(page_size, INT32_MAX))
     glob = torch.where(ok[:, None], glob, torch.full_like(glob, -1)).to(torch.int32)
     lens = torch.where(ok, (topk >= 0).sum(dim=1), torch.zeros_like(ok, dtype=torch.int64))
     return glob, lens.to(torch.int32)
@@ -157,6 +197,11 @@ def _check_workspace_args(window_size, ratio, workspace_width, compressed_base):
     C.check_int("ratio", ratio, minimum=0)
     C.check_int("workspace_width", workspace_width, minimum=1)
     C.check_int("compressed_base", compressed_base)
+    # int32 index rows: a workspace row stride or offset beyond int32 addresses no row past the
+    # first request's, and a row's length (up to compressed_base or topk, plus the window) is int32
+    _check_fits("ratio", ratio, INT64_MAX)
+    _check_fits("workspace_width", workspace_width, INT32_MAX)
+    _check_fits("compressed_base + window_size", compressed_base + window_size, INT32_MAX)
 
 
 def combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_lens, window_size: int, ratio: int,
@@ -170,7 +215,9 @@ def combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_
     window_size)`` entries ``b * workspace_width + compressed_base + (q - gather_start)`` for the
     window positions q, ``gather_start = seq_lens[b] - gather_lens[b]`` (a q before gather_start
     gives −1), then −1. Returns ``(int32 [T, roundup(topk + window_size, 128)], lens int32 [T] =
-    topk_len + swa_len)``; rows outside every request: all −1, length 0.
+    topk_len + swa_len)``; rows outside every request: all −1, length 0. An entry beyond the int32
+    range (e.g. ``b * workspace_width`` past 2**31 - 1) is −1; ``workspace_width``,
+    ``compressed_base + window_size`` and ``topk + window_size`` must fit int32 (InputError).
     """
     dev = _device(topk_indices)
     C.check_tensor("topk_indices", topk_indices, dtypes=C.INDEX_DTYPES, shape=(None, None), device=dev)
@@ -180,6 +227,7 @@ def combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_
     _check_workspace_args(window_size, ratio, workspace_width, compressed_base)
     C.check_int("ratio", ratio, minimum=1)
     C.check_int("topk", topk)
+    _check_fits("topk + window_size", topk + window_size, INT32_MAX)
     if topk_indices.shape[1] < topk:
         raise InputError(f"topk_indices must have at least topk = {topk} columns, got {topk_indices.shape[1]}")
     C.check_sorted("query_start_loc", query_start_loc)
@@ -204,7 +252,7 @@ def combine_topk_swa_indices_reference(topk_idx, qsl, seq_lens, gather_lens, win
     sw = _swa_entries(j, topk_len, swa_len, p, gather_start, row_base + cb)
     out = torch.where(j < topk_len[:, None], tk, torch.where(j < (topk_len + swa_len)[:, None], sw, -1))
     out = torch.where(inside[:, None], out, -1)
-    return out.to(torch.int32), torch.where(inside, topk_len + swa_len, 0).to(torch.int32)
+    return _int32_entries(out), torch.where(inside, topk_len + swa_len, 0).to(torch.int32)
 
 
 def combine_dense_swa_indices(*, positions, req_indices, seq_lens, compressed_lens, gather_lens, window_size: int,
@@ -216,7 +264,8 @@ def combine_dense_swa_indices(*, positions, req_indices, seq_lens, compressed_le
     compressed entries out of the SWA rows) entries ``r * workspace_width + j``, then the window
     entries as in ``combine_topk_swa_indices``, then −1. Returns ``(int32 [T, roundup(max(
     compressed_base + window_size, 1), 128)], lens int32 [T])``; tokens with a request index
-    outside ``[0, R)``: all −1, length 0.
+    outside ``[0, R)``: all −1, length 0. Entries beyond the int32 range are −1; ``workspace_width``
+    and ``compressed_base + window_size`` must fit int32 (InputError).
     """
     dev = _device(positions)
     n = C.check_index("positions", positions, None, dev)
@@ -251,7 +300,7 @@ def combine_dense_swa_indices_reference(positions, req, seq_lens, compressed_len
     out = torch.where(j < comp_len[:, None], row_base[:, None] + j,
                       torch.where(j < (comp_len + swa_len)[:, None], sw, -1))
     out = torch.where(ok[:, None], out, -1)
-    return out.to(torch.int32), torch.where(ok, comp_len + swa_len, 0).to(torch.int32)
+    return _int32_entries(out), torch.where(ok, comp_len + swa_len, 0).to(torch.int32)
 
 
 def decode_swa_indices_and_lens(*, query_start_loc, seq_lens, req_indices, block_table, window_size: int,
@@ -262,7 +311,7 @@ def decode_swa_indices_and_lens(*, query_start_loc, seq_lens, req_indices, block
     Token t of request r = ``req_indices[t]`` is at ``p = seq_lens[r] - (qsl[r+1] - qsl[r]) +
     (t - qsl[r])``; its window is ``max(p - window + 1, 0) .. p`` (``swa_len`` positions), entry j
     = the slot of window position j through ``block_table`` (with base offsets), −1 for a
-    missing page; entries >= swa_len are −1. Invalid tokens get an all −1 row and length 0
+    missing page (or one whose slots would pass int32); entries >= swa_len are −1. Invalid tokens get an all −1 row and length 0
     (tokenspeed leaves their row unwritten). ``out_indices`` (int32 ``[>= T, window_size]``) and
     ``out_lens`` (int32 ``[>= T]``) receive the first T rows when given.
     """
@@ -273,6 +322,8 @@ def decode_swa_indices_and_lens(*, query_start_loc, seq_lens, req_indices, block
     C.check_index("seq_lens", seq_lens, r, dev)
     C.check_int("window_size", window_size, minimum=1)
     C.check_int("page_size", page_size, minimum=1)
+    _check_fits("window_size", window_size, INT32_MAX)
+    _check_fits("page_size", page_size, INT64_MAX)
     if is_valid_token is not None:
         C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(n,), device=dev)
     for name, out, shape in (("out_indices", out_indices, (None, window_size)), ("out_lens", out_lens, (None,))):
@@ -300,7 +351,7 @@ def decode_swa_indices_and_lens_reference(qsl, seq_lens, req, table, window, pag
     start = (p - window + 1).clamp_min(0)
     swa_len = (p - start + 1).clamp_min(0)
     j = torch.arange(window, device=dev)
-    slots = table_slots(table, r, start[:, None] + j[None, :], page_size, base)
+    slots = table_slots(table, r, start[:, None] + j[None, :], page_size, base, _table_limit(page_size, INT32_MAX))
     idx = torch.where(ok[:, None] & (j[None, :] < swa_len[:, None]), slots, -1).to(torch.int32)
     lens = torch.where(ok, swa_len, 0).to(torch.int32)
     if out_indices is not None:
@@ -320,6 +371,8 @@ def dense_prefill_local_compressed_indices(*, positions, ratio: int, width: int,
     n = C.check_index("positions", positions, None, dev)
     C.check_int("ratio", ratio, minimum=1)
     C.check_int("width", width)
+    _check_fits("ratio", ratio, INT64_MAX)
+    _check_fits("width", width, INT32_MAX)
     if out is not None:
         C.check_tensor("out", out, dtypes=(torch.int32,), shape=(None, None), device=dev)
         if out.shape[0] < n or out.shape[1] < width:

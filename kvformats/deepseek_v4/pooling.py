@@ -68,7 +68,8 @@ def pool_compressor_state(state_cache: torch.Tensor, *, ratio: int, positions: t
     Args:
         state_cache: float32 ``[pages, rows_per_page, 2 * W]`` (``W = 2h`` for ratio 4, ``h`` for 128).
         ratio: 4 (CSA, overlapping windows of 8) or 128 (HCA, windows of 128).
-        positions, req_indices: int ``[T]`` absolute positions and request rows of ``block_table``.
+        positions: int ``[T]`` absolute positions.
+        req_indices: int ``[T]`` request rows of ``block_table``.
         block_table: int ``[R, max_pages]`` of the state group; ``block_table_base_offsets`` int
             ``[R]``: logical page of column 0 (sliding-window groups).
         rms_weight: ``[h]`` norm weight (any float dtype, used in float32); ``rms_eps``: its epsilon.

@@ -14,7 +14,7 @@ import torch
 from kvformats import numerics as nx
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.deepseek_v4 import _dispatch as D
-from kvformats.deepseek_v4.transforms import hadamard_reference, rope_tail
+from kvformats.deepseek_v4.transforms import hadamard_reference, resolve_for_shapes, rope_tail
 from kvformats.errors import InputError
 from kvformats.formats import Mxfp4Indexer
 
@@ -110,6 +110,10 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: 
     multiple of 4 (padding zero): with ``tma_aligned_scales`` int32 ``[T, G, Hg]`` (each word packs
     the ``e + 127`` bytes of one head's groups, group c in byte c; needs D / group == 4), else
     float32 ``[T, G, Hg * D / group]`` holding ``2^e``.
+
+    The Triton kernel takes power-of-two groups of at most 128 that hold the whole RoPE tail
+    (DeepSeek V4's 128-groups with a 64-dim tail): other groups run the reference under
+    ``backend="auto"`` and raise BackendUnavailableError under ``backend="triton"``.
     """
     device = o.device if isinstance(o, torch.Tensor) else None
     C.check_int("n_groups", n_groups, minimum=1)
@@ -126,8 +130,8 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: 
         raise InputError(f"tma_aligned_scales packs 4 group exponents per head into an int32: needs "
                          f"D / quant_group_size == 4, got {d} / {quant_group_size}")
     C.check_positions_in_table(positions, cos_sin_cache)
-    fn = D.resolve("inv_rope_fp8_quant", backend, o.device)
-    return fn(o, positions, cos_sin_cache, n_groups, heads_per_group, quant_group_size, bool(tma_aligned_scales))
+    args = (o, positions, cos_sin_cache, n_groups, heads_per_group, quant_group_size, bool(tma_aligned_scales))
+    return resolve_for_shapes("inv_rope_fp8_quant", backend, o.device, args)(*args)
 
 
 @D.reference("inv_rope_fp8_quant")

@@ -14,8 +14,8 @@ same validation, same typed errors, same bytes. Conventions (as ``kvformats.torc
   ``()``; so do the index helpers with ``out=`` workspaces, whose ``out`` arguments are required
   at the op level (the wrappers allocate result-sized ones where the caller passes None: an
   optional mutated argument passed as None breaks inductor's lowering in torch 2.13);
-* outputs never alias inputs and are contiguous, except ``inv_rope_fp8_quant``'s, which keep the
-  documented DeepGEMM views (of buffers the op allocates);
+* outputs never alias inputs or each other and are contiguous, except ``inv_rope_fp8_quant``'s,
+  which keep the documented DeepGEMM views (of two buffers the op allocates);
 * nested results are flattened (``prepare_indexer_q_mxfp4`` -> 3 tensors; the wrapper re-nests);
 * fake (meta) implementations compute shapes, dtypes and strides only, so ``torch.compile(
   fullgraph=True)`` traces through without a graph break. Checks that read values run when the op
@@ -172,7 +172,12 @@ def _impl(name: str, names: list[str]):
         result = _flat(result)
         if name in KEEP_LAYOUT:
             return result
-        return tuple(_fresh(r, values) for r in result) if isinstance(result, tuple) else _fresh(result, values)
+        if not isinstance(result, tuple):
+            return _fresh(result, values)
+        outs: list[torch.Tensor] = []  # nor may outputs alias each other (views of one buffer at T * H <= 1)
+        for r in result:
+            outs.append(_fresh(r, (*values, *outs)))
+        return tuple(outs)
 
     return impl
 

@@ -11,10 +11,26 @@ import torch
 
 from kvformats.checks import FLOAT_DTYPES
 from kvformats.deepseek_v4 import _dispatch as D
-from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.errors import BackendUnavailableError, InputError, InputTypeError, describe
 from kvformats.rope import cos_sin_cache, rope_tail
 
 __all__ = ["cos_sin_cache", "hadamard_transform", "rms_norm", "rope_tail"]
+
+
+def resolve_for_shapes(op: str, backend: str, device, args: tuple):
+    """The implementation of ``deepseek_v4.op`` for ``args`` (validated, in the order the
+    implementation takes them). A kernel that does not run every shape names the ones it cannot
+    in an ``unsupported(*args)`` attribute; for those, backend="triton" raises
+    BackendUnavailableError (nothing falls back silently) and "auto" picks the reference."""
+    fn = D.resolve(op, backend, device)
+    unsupported = getattr(fn, "unsupported", None)
+    reason = unsupported(*args) if unsupported is not None else None
+    if reason is None:
+        return fn
+    if backend == "triton":
+        raise BackendUnavailableError(f"the Triton kernel of deepseek_v4.{op} does not run {reason}; pass "
+                                      f"backend='reference', or 'auto' (which runs the reference for these shapes)")
+    return D.resolve(op, "reference", device)
 
 
 def _is_pow2(n: int) -> bool:
@@ -28,6 +44,8 @@ def hadamard_transform(x: torch.Tensor, scale: float | None = None, *, backend: 
     (formats.md §4.4). The input is rounded to bf16 first; the sums run in float32 as an in-place
     butterfly (stages h = 1, 2, 4, ... D/2, each ``(a, b) -> (a + b, a - b)``), the product with
     the float32 scale follows, and the result is rounded to bf16. ``D`` must be a power of two.
+    The Triton kernel takes rows of up to 1024 elements: wider rows run the reference under
+    ``backend="auto"`` and raise BackendUnavailableError under ``backend="triton"``.
     """
     if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
         raise InputTypeError(f"x must be a bf16, fp16 or fp32 tensor, got {describe(x)}")
@@ -35,7 +53,7 @@ def hadamard_transform(x: torch.Tensor, scale: float | None = None, *, backend: 
     if not _is_pow2(d):
         raise InputError(f"hadamard_transform needs a power-of-two last dim, got {describe(x)}")
     scale = d ** -0.5 if scale is None else float(scale)
-    return D.resolve("hadamard_transform", backend, x.device)(x, scale)
+    return resolve_for_shapes("hadamard_transform", backend, x.device, (x, scale))(x, scale)
 
 
 @D.reference("hadamard_transform")

@@ -15,7 +15,7 @@ class NopeRopeRows:
     __slots__ = ()
     quant_block: int
 
-    def __attrs_post_init__(self):
+    def _check_geometry(self) -> None:
         nope = self.head_dim - self.rope_dim
         if nope <= 0 or nope % self.quant_block or self.rope_dim % 2:
             raise LayoutError(f"{self.name} needs head_dim - rope_dim to be a positive multiple of "

@@ -77,7 +77,10 @@ class CompressorState(Layout):
         return n, kwargs
 
     def encode_rows(self, x, *, positions: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
-        kv, score = x
+        # A cache write is not differentiable: inputs that require grad are read as plain values
+        # (torch.add(out=) refuses them, and the byte formats accept them).
+        kv, score = (t.detach() for t in x)
+        ape = ape.detach()
         w = self.width
         rows = torch.empty((kv.shape[0], 2 * w), dtype=torch.float32, device=kv.device)
         rows[:, :w] = kv

@@ -19,6 +19,7 @@ import attrs
 import torch
 
 from kvformats import numerics as nx
+from kvformats.formats._bytes import float_bytes
 from kvformats.formats._nope_rope import NopeRopeRows
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.ops import register_reference_ops
@@ -90,7 +91,7 @@ class Fp8DsMlaV32(NopeRopeRows, ProfiledLayout, Layout):
             codes = nx.e4m3_quantize_by_scale(blocks, scale)
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
         out[:, :nope] = codes.reshape(n, nope)
-        out[:, nope:nope + 4 * nb] = scale.contiguous().view(torch.uint8).reshape(n, 4 * nb)
+        out[:, nope:nope + 4 * nb] = float_bytes(scale, n)
         out[:, nope + 4 * nb:] = xq[:, nope:].contiguous().view(torch.uint8)
         return out
 

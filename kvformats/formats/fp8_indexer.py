@@ -11,6 +11,7 @@ import torch
 
 from kvformats import numerics as nx
 from kvformats.errors import LayoutError
+from kvformats.formats._bytes import float_bytes
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.ops import register_reference_ops
 from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
@@ -56,7 +57,7 @@ class Fp8Indexer(ProfiledLayout, Layout):
     page_size: int = attrs.field(default=64, validator=positive)
     profile: str = profile_field(PROFILES)
 
-    def __attrs_post_init__(self):
+    def _check_geometry(self) -> None:
         if self.head_dim % QUANT_BLOCK:
             raise LayoutError(f"fp8_indexer head_dim must be a multiple of {QUANT_BLOCK}, got {self.head_dim}")
 
@@ -84,7 +85,7 @@ class Fp8Indexer(ProfiledLayout, Layout):
         else:
             scale = rule.scales_of_amax(nx.absmax(blocks))
             out[:, :d] = nx.e4m3_quantize_by_scale(blocks, scale).reshape(n, d)
-        out[:, d:] = scale.contiguous().view(torch.uint8).reshape(n, 4 * nb)
+        out[:, d:] = float_bytes(scale, n)
         return out
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,7 @@ class Mxfp4Indexer(ProfiledLayout, Layout):
     page_size: int = attrs.field(default=64, validator=positive)
     profile: str = profile_field(PROFILES)
 
-    def __attrs_post_init__(self):
+    def _check_geometry(self) -> None:
         if self.head_dim % QUANT_BLOCK:
             raise LayoutError(f"mxfp4_indexer head_dim must be a multiple of {QUANT_BLOCK}, got {self.head_dim}")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.deepseek_v4.indices import ALIGN
+from kvformats.deepseek_v4.indices import ALIGN, INT32_MAX, INT64_MAX, max_page_entry
 from kvformats_kernels import _common as cm
 from kvformats_kernels.dsv4 import indices_jit as jit
 
@@ -72,7 +72,8 @@ def table_slot_mapping(positions, req, table, page_size, stride, base, is_valid)
     grid, meta = _rows("table_slot_mapping", n)
     jit.table_slot_mapping_kernel[grid](
         positions, req, valid, table, base_t, out, n, requests, cols, stride, positions.stride(0), req.stride(0),
-        valid_stride, ts0, ts1, base_stride, HAS_VALID=has_valid, HAS_BASE=has_base, PAGE_SIZE=page_size, **meta)
+        valid_stride, ts0, ts1, base_stride, max_page_entry(page_size, INT64_MAX), HAS_VALID=has_valid,
+        HAS_BASE=has_base, PAGE_SIZE=page_size, **meta)
     return out
 
 
@@ -86,8 +87,8 @@ def compressed_slot_mapping(num_tokens, qsl, seq_lens, table, page_size, ratio, 
     grid, meta = _rows("compressed_slot_mapping", total)
     jit.compressed_slot_mapping_kernel[grid](
         qsl, seq_lens, table, base_t, dest, num_tokens, total, requests, cols, ratio, qsl.stride(0),
-        seq_lens.stride(0), ts0, ts1, base_stride, dest.stride(0), _steps(requests), HAS_BASE=has_base,
-        PAGE_SIZE=page_size, **meta)
+        seq_lens.stride(0), ts0, ts1, base_stride, dest.stride(0), _steps(requests),
+        max_page_entry(page_size, INT64_MAX), HAS_BASE=has_base, PAGE_SIZE=page_size, **meta)
     return dest[:num_tokens]
 
 
@@ -107,7 +108,8 @@ def global_topk_indices_and_lens(topk, req, table, page_size, is_valid):
     grid, meta = _rows("global_topk_indices_and_lens", n, width)
     jit.global_topk_kernel[grid](
         topk, req, valid, table, glob, lens, n, width, requests, cols, topk.stride(0), topk.stride(1),
-        req.stride(0), valid_stride, ts0, ts1, HAS_VALID=has_valid, PAGE_SIZE=page_size, **meta)
+        req.stride(0), valid_stride, ts0, ts1, max_page_entry(page_size, INT32_MAX), HAS_VALID=has_valid,
+        PAGE_SIZE=page_size, **meta)
     return glob, lens
 
 
@@ -155,7 +157,8 @@ def decode_swa_indices_and_lens(qsl, seq_lens, req, table, window, page_size, ba
     jit.decode_swa_kernel[grid](
         qsl, seq_lens, req, valid, table, base_t, idx, lens, n, requests, cols, window, qsl.stride(0),
         seq_lens.stride(0), req.stride(0), valid_stride, ts0, ts1, base_stride, idx.stride(0), idx.stride(1),
-        lens.stride(0), HAS_VALID=has_valid, HAS_BASE=has_base, PAGE_SIZE=page_size, **meta)
+        lens.stride(0), max_page_entry(page_size, INT32_MAX), HAS_VALID=has_valid, HAS_BASE=has_base,
+        PAGE_SIZE=page_size, **meta)
     return idx, lens
 
 

@@ -6,7 +6,9 @@ BLOCK_J-wide chunks, writing every entry, padding included, so outputs can start
 ``torch.empty``. Selects between int64 values are written as ``keep * (v + 1) - 1`` or sums of
 0/1 products instead of ``tl.where``: Triton 3.6 fails to compile some int64 selects whose
 operands have different layouts (row vector vs tile). Integer division and remainder only see
-non-negative operands (Triton truncates, the reference floors).
+non-negative operands (Triton truncates, the reference floors). Results never wrap: a table entry
+above ``max_entry`` (``kvformats.deepseek_v4.indices.max_page_entry``: its slots would pass the
+result's dtype) is a missing page, and index-row entries outside int32 are −1, as in the reference.
 """
 
 import inspect
@@ -20,7 +22,7 @@ import triton.language as tl
 # loads and stores vectorise).
 _RUNTIME = ("n", "total", "requests", "cols", "width", "topk", "ratio", "stride", "window", "ww", "cb",
             "t_stride0", "base_stride", "valid_stride", "qsl_stride", "seq_stride", "glen_stride", "clens_stride",
-            "steps")
+            "steps", "max_entry")
 
 
 def _kernel(fn):
@@ -29,10 +31,11 @@ def _kernel(fn):
 
 
 @triton.jit
-def table_slot(table_ptr, t_stride0, t_stride1, cols, req, first_page, pos, ok, PAGE_SIZE: tl.constexpr):
+def table_slot(table_ptr, t_stride0, t_stride1, cols, req, first_page, pos, ok, max_entry, PAGE_SIZE: tl.constexpr):
     """Slots of positions ``pos`` of requests ``req`` (int64, broadcast to ``pos``; any value where
     the row is not ok) whose table row starts at logical page ``first_page``; −1 where not ok,
-    pos < 0, the page index is outside [0, cols) or the entry is negative."""
+    pos < 0, the page index is outside [0, cols) or the entry is negative or above ``max_entry``
+    (its slots would not fit the result's dtype)."""
     ok = ok & (pos >= 0)
     keep = ok.to(tl.int64)
     safe = pos * keep
@@ -41,7 +44,7 @@ def table_slot(table_ptr, t_stride0, t_stride1, cols, req, first_page, pos, ok, 
     ins = inside.to(tl.int64)
     entry = tl.load(table_ptr + req * keep * t_stride0 + pidx * ins * t_stride1, mask=inside, other=-1)
     entry = entry.to(tl.int64)
-    good = (entry >= 0).to(tl.int64)  # masked lanes read −1
+    good = ((entry >= 0) & (entry <= max_entry)).to(tl.int64)  # masked lanes read −1
     return good * (entry * PAGE_SIZE + safe % PAGE_SIZE + 1) - 1
 
 
@@ -82,6 +85,13 @@ def token_request(req_ptr, req_stride, valid_ptr, valid_stride, t, live, request
 
 
 @triton.jit
+def int32_entries(x):
+    """int64 index-row entries -> int32, −1 outside the int32 range (as the reference)."""
+    fits = ((x >= -2147483648) & (x <= 2147483647)).to(tl.int64)
+    return (fits * (x + 1) - 1).to(tl.int32)
+
+
+@triton.jit
 def load_row(ptr, stride, req, mask):
     """``ptr[req]`` as int64 where mask, 0 elsewhere (req: int64 [BM])."""
     return tl.load(ptr + req * stride, mask=mask, other=0).to(tl.int64)
@@ -90,7 +100,7 @@ def load_row(ptr, stride, req, mask):
 @_kernel
 def table_slot_mapping_kernel(pos_ptr, req_ptr, valid_ptr, table_ptr, base_ptr, out_ptr, n, requests, cols,
                               stride, pos_stride, req_stride, valid_stride, t_stride0, t_stride1, base_stride,
-                              HAS_VALID: tl.constexpr, HAS_BASE: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                              max_entry, HAS_VALID: tl.constexpr, HAS_BASE: tl.constexpr, PAGE_SIZE: tl.constexpr,
                               BLOCK: tl.constexpr):
     """out[t] = slot of logical row positions[t] // stride of request req[t], −1 if invalid."""
     t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -105,14 +115,14 @@ def table_slot_mapping_kernel(pos_ptr, req_ptr, valid_ptr, table_ptr, base_ptr, 
     if HAS_BASE:
         first = load_row(base_ptr, base_stride, r, ok)
     row = (p * ok.to(tl.int64)) // stride
-    slot = table_slot(table_ptr, t_stride0, t_stride1, cols, r, first, row, ok, PAGE_SIZE)
+    slot = table_slot(table_ptr, t_stride0, t_stride1, cols, r, first, row, ok, max_entry, PAGE_SIZE)
     tl.store(out_ptr + t, slot, mask=live)
 
 
 @_kernel
 def compressed_slot_mapping_kernel(qsl_ptr, seq_ptr, table_ptr, base_ptr, out_ptr, n, total, requests, cols, ratio,
                                    qsl_stride, seq_stride, t_stride0, t_stride1, base_stride, out_stride, steps,
-                                   HAS_BASE: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr):
+                                   max_entry, HAS_BASE: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr):
     """out[t] for t < total: the compressed slot of token t when it ends a group (t < n), else −1."""
     t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = t < total
@@ -124,13 +134,13 @@ def compressed_slot_mapping_kernel(qsl_ptr, seq_ptr, table_ptr, base_ptr, out_pt
     first = 0
     if HAS_BASE:
         first = load_row(base_ptr, base_stride, r, ok)
-    slot = table_slot(table_ptr, t_stride0, t_stride1, cols, r, first, p // ratio, ok, PAGE_SIZE)
+    slot = table_slot(table_ptr, t_stride0, t_stride1, cols, r, first, p // ratio, ok, max_entry, PAGE_SIZE)
     tl.store(out_ptr + t * out_stride, slot, mask=live)
 
 
 @_kernel
 def global_topk_kernel(topk_ptr, req_ptr, valid_ptr, table_ptr, out_ptr, lens_ptr, n, width, requests, cols,
-                       k_stride0, k_stride1, req_stride, valid_stride, t_stride0, t_stride1,
+                       k_stride0, k_stride1, req_stride, valid_stride, t_stride0, t_stride1, max_entry,
                        HAS_VALID: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_J: tl.constexpr):
     """out[t, j] = slot of compressed index topk[t, j] through req[t]'s table row (−1 stays −1);
@@ -145,7 +155,7 @@ def global_topk_kernel(topk_ptr, req_ptr, valid_ptr, table_ptr, out_ptr, lens_pt
         v = tl.load(topk_ptr + t[:, None] * k_stride0 + j[None, :] * k_stride1,
                     mask=in_row & ok[:, None], other=-1).to(tl.int64)
         count += tl.sum((v >= 0).to(tl.int32), axis=1)
-        slot = table_slot(table_ptr, t_stride0, t_stride1, cols, r[:, None], 0, v, ok[:, None], PAGE_SIZE)
+        slot = table_slot(table_ptr, t_stride0, t_stride1, cols, r[:, None], 0, v, ok[:, None], max_entry, PAGE_SIZE)
         tl.store(out_ptr + t[:, None] * width + j[None, :], slot.to(tl.int32), mask=in_row)
     tl.store(lens_ptr + t, count, mask=live)
 
@@ -186,7 +196,7 @@ def combine_topk_swa_kernel(topk_ptr, qsl_ptr, seq_ptr, glen_ptr, out_ptr, lens_
         sw = window_entries(j, topk_len[:, None], swa_len[:, None], p[:, None], gather_start[:, None],
                             (row_base + cb)[:, None])
         out = in_topk.to(tl.int64) * (v - sw) + sw  # sw is −1 in the top-k columns
-        tl.store(out_ptr + t[:, None] * width + j, out.to(tl.int32), mask=live[:, None] & (j < width))
+        tl.store(out_ptr + t[:, None] * width + j, int32_entries(out), mask=live[:, None] & (j < width))
     tl.store(lens_ptr + t, (topk_len + swa_len).to(tl.int32), mask=live)
 
 
@@ -217,14 +227,14 @@ def combine_dense_swa_kernel(pos_ptr, req_ptr, seq_ptr, clens_ptr, glen_ptr, out
         sw = window_entries(j, comp_len[:, None], swa_len[:, None], p[:, None], gather_start[:, None],
                             (row_base + cb)[:, None])
         out = in_comp * (row_base[:, None] + j - sw) + sw
-        tl.store(out_ptr + t[:, None] * width + j, out.to(tl.int32), mask=live[:, None] & (j < width))
+        tl.store(out_ptr + t[:, None] * width + j, int32_entries(out), mask=live[:, None] & (j < width))
     tl.store(lens_ptr + t, (comp_len + swa_len).to(tl.int32), mask=live)
 
 
 @_kernel
 def decode_swa_kernel(qsl_ptr, seq_ptr, req_ptr, valid_ptr, table_ptr, base_ptr, out_ptr, lens_ptr, n, requests,
                       cols, window, qsl_stride, seq_stride, req_stride, valid_stride, t_stride0, t_stride1,
-                      base_stride, out_stride0, out_stride1, lens_stride,
+                      base_stride, out_stride0, out_stride1, lens_stride, max_entry,
                       HAS_VALID: tl.constexpr, HAS_BASE: tl.constexpr, PAGE_SIZE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr):
     """Row t: slots of the window positions max(p - window + 1, 0) .. p of token t of request
@@ -245,7 +255,7 @@ def decode_swa_kernel(qsl_ptr, seq_ptr, req_ptr, valid_ptr, table_ptr, base_ptr,
         j = (j0 + tl.arange(0, BLOCK_J).to(tl.int64))[None, :]
         m = j < swa_len[:, None]
         slot = table_slot(table_ptr, t_stride0, t_stride1, cols, r[:, None], first, first_pos[:, None] + j, m,
-                          PAGE_SIZE)
+                          max_entry, PAGE_SIZE)
         tl.store(out_ptr + t[:, None] * out_stride0 + j * out_stride1, slot.to(tl.int32),
                  mask=live[:, None] & (j < window))
     tl.store(lens_ptr + t * lens_stride, swa_len.to(tl.int32), mask=live)

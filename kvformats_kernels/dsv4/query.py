@@ -123,15 +123,26 @@ def prepare_indexer_q_fp8(index_q, positions, cos_sin, weights, softmax_scale, h
     return _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, False)
 
 
+def _inv_rope_unsupported(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned) -> str | None:
+    """Why the kernel cannot run these shapes (None: it can). It holds one quantization group per
+    lane: a power of two up to INV_ROPE_MAX_GROUP that holds the whole RoPE tail (DeepSeek V4's
+    128-groups with a 64-dim tail do)."""
+    rope = cos_sin.shape[1]
+    if group & (group - 1) or group > INV_ROPE_MAX_GROUP or rope > group:
+        return (f"quant_group_size {group} with rope_dim {rope} (the kernel takes a power-of-two group of at most "
+                f"{INV_ROPE_MAX_GROUP} that holds the whole RoPE tail)")
+    return None
+
+
 def inv_rope_fp8_quant(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned):
     """``(q float8_e4m3fn [T, G, Hg * D] (a transposed view of a contiguous [G, T, Hg * D]),
     scales)`` as ``kvformats.deepseek_v4.inv_rope_fp8_quant``; the kernel writes the scale
-    store's padding tokens as zeros. The kernel holds one quantization group per lane: groups
-    that are not a power of two, wider than INV_ROPE_MAX_GROUP, or not holding the whole RoPE
-    tail in the last group run the reference (DeepSeek V4's 128-groups with a 64-dim tail do not)."""
+    store's padding tokens as zeros. Shapes ``unsupported`` names run the reference when this
+    launcher is called directly; the public function never sends them here: backend="triton"
+    raises BackendUnavailableError for them and "auto" picks the reference."""
     t, heads, d = o.shape
     rope = cos_sin.shape[1]
-    if group & (group - 1) or group > INV_ROPE_MAX_GROUP or rope > group:
+    if _inv_rope_unsupported(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned):
         return ref.inv_rope_fp8_quant_reference(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned)
     dev = o.device
     t_pad = -(-t // 4) * 4
@@ -155,12 +166,21 @@ def inv_rope_fp8_quant(o, positions, cos_sin, n_groups, heads_per_group, group, 
     return buf.view(torch.float8_e4m3fn).transpose(0, 1), store.permute(2, 0, 1)[:t]
 
 
+def _hadamard_unsupported(x, scale) -> str | None:
+    """Why the kernel cannot run ``x`` (None: it can): rows wider than HADAMARD_MAX_D (a butterfly
+    on a register tile that wide would spill)."""
+    if x.shape[-1] > HADAMARD_MAX_D:
+        return f"rows of {x.shape[-1]} elements (the kernel takes rows of at most {HADAMARD_MAX_D})"
+    return None
+
+
 def hadamard_transform(x, scale):
     """bf16 ``bf16(scale * H(bf16(x)))`` over the last dim, same shape as ``x``, as
     ``kvformats.deepseek_v4.hadamard_transform``. Rows wider than HADAMARD_MAX_D (1024) run the
-    reference: a butterfly on a register tile that wide would spill."""
+    reference when this launcher is called directly; the public function sends them to the
+    reference under backend="auto" and raises BackendUnavailableError under "triton"."""
     shape, d = x.shape, x.shape[-1]
-    if d > HADAMARD_MAX_D:
+    if _hadamard_unsupported(x, scale):
         return hadamard_reference(x, scale)
     rows = _unit_last(x.reshape(-1, d))
     n = rows.shape[0]
@@ -177,6 +197,11 @@ def hadamard_transform(x, scale):
             BLOCK_M=block_m, **_lanes(cfg), **opts, enable_fp_fusion=False)
     return out.view(torch.bfloat16).reshape(shape)
 
+
+# The public functions (kvformats.deepseek_v4) ask a launcher's ``unsupported(*args)`` before
+# running it: a reason string means another backend must serve these shapes.
+inv_rope_fp8_quant.unsupported = _inv_rope_unsupported
+hadamard_transform.unsupported = _hadamard_unsupported
 
 OPS = {
     "prepare_indexer_q_mxfp4": prepare_indexer_q_mxfp4,

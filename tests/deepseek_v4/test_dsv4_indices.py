@@ -3,10 +3,12 @@ base offsets, missing pages, invalid tokens and padding rows."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 
 import dsv4_oracle as orc
@@ -165,3 +167,65 @@ def test_dense_prefill_local_compressed_indices(pos, ratio, width):
         n = min((p + 1) // ratio, width)
         assert got[t].tolist() == [j if j < n else -1 for j in range(width)]
     assert out[:, width:].eq(9).all() and out[len(pos)].eq(9).all()
+
+
+# ----- issue #25: entries never wrap -------------------------------------------------------------------
+def test_table_entries_whose_slots_would_wrap_are_missing_pages():
+    """An int64 entry 2**62 gave slot 1 (2**62 * 4 wraps to 0); pages whose slots pass the result's
+    dtype now count as missing, exactly from max_page_entry on."""
+    from kvformats.deepseek_v4.indices import max_page_entry
+
+    top64, top32 = max_page_entry(4, 2**63 - 1), max_page_entry(4, 2**31 - 1)
+    assert (top64, top32) == (2**61 - 1, 2**29 - 1)
+    table = T([[2**62, top64, top64 + 1], [top32, top32 + 1, -1]])
+    got = dsv4.table_slot_mapping(positions=T([0, 7, 9, 1, 5]), req_indices=T([0, 0, 0, 1, 1]), block_table=table,
+                                  page_size=4)
+    assert got.tolist() == [-1, 4 * top64 + 3, -1, 4 * top32 + 1, 4 * top32 + 5]
+    assert dsv4.table_slot_mapping(positions=T([0]), req_indices=T([0]), block_table=T([[2**63 - 1]]),
+                                   page_size=1).tolist() == [2**63 - 1]  # page_size 1: every entry fits
+    got = dsv4.compressed_slot_mapping(num_tokens=2, query_start_loc=T([0, 2]), seq_lens=T([8]),
+                                       block_table=table[:1], page_size=4, ratio=1)
+    assert got.tolist() == [4 * top64 + 2, 4 * top64 + 3]
+    glob, lens = dsv4.global_topk_indices_and_lens(topk_indices=T([[0, 5, 9], [1, 5, -1]], torch.int32),
+                                                   req_indices=T([0, 1]), block_table=table, page_size=4)
+    assert glob.tolist() == [[-1, -1, -1], [4 * top32 + 1, -1, -1]] and lens.tolist() == [3, 2]
+    idx, _ = dsv4.decode_swa_indices_and_lens(query_start_loc=T([0, 1]), seq_lens=T([6]), req_indices=T([0]),
+                                              block_table=table[1:], window_size=3, page_size=4)
+    assert idx.tolist() == [[4 * top32 + 3, -1, -1]]
+
+
+def test_index_rows_beyond_int32_are_minus_one():
+    ww = 2**30  # request 2's workspace rows start at 2**31
+    qsl, seq = T([0, 1, 2, 3]), T([5, 5, 5])
+    out, lens = dsv4.combine_topk_swa_indices(
+        topk_indices=T([[0, 1]] * 3, torch.int32), query_start_loc=qsl, seq_lens=seq, gather_lens=seq,
+        window_size=3, ratio=2, topk=2, workspace_width=ww, compressed_base=10)
+    assert out[:, :5].tolist() == [[0, 1, 12, 13, 14], [ww, ww + 1, ww + 12, ww + 13, ww + 14], [-1] * 5]
+    assert lens.tolist() == [5, 5, 5]
+    out, _ = dsv4.combine_dense_swa_indices(
+        positions=T([4, 4, 4]), req_indices=T([0, 1, 2]), seq_lens=seq, compressed_lens=T([3, 3, 3]),
+        gather_lens=seq, window_size=2, ratio=2, workspace_width=ww, compressed_base=3)
+    assert out[2].eq(-1).all() and out[1, :2].tolist() == [ww, ww + 1]
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: dsv4.combine_topk_swa_indices(
+        topk_indices=T([[0, 1]], torch.int32), query_start_loc=T([0, 1]), seq_lens=T([5]), gather_lens=T([5]),
+        window_size=3, ratio=2, topk=2, workspace_width=2**31, compressed_base=10), "workspace_width = 2147483648"),
+    (lambda: dsv4.combine_topk_swa_indices(
+        topk_indices=T([[0, 1]], torch.int32), query_start_loc=T([0, 1]), seq_lens=T([5]), gather_lens=T([5]),
+        window_size=2**31 - 2, ratio=2, topk=2, workspace_width=100, compressed_base=0), "topk + window_size"),
+    (lambda: dsv4.combine_dense_swa_indices(
+        positions=T([4]), req_indices=T([0]), seq_lens=T([5]), compressed_lens=T([3]), gather_lens=T([5]),
+        window_size=2, ratio=2, workspace_width=100, compressed_base=2**31), "compressed_base + window_size"),
+    (lambda: dsv4.dense_prefill_local_compressed_indices(positions=T([4]), ratio=4, width=2**31), "width"),
+    (lambda: dsv4.decode_swa_indices_and_lens(
+        query_start_loc=T([0, 1]), seq_lens=T([6]), req_indices=T([0]), block_table=T([[0]]), window_size=2**31,
+        page_size=4), "window_size"),
+    (lambda: dsv4.table_slot_mapping(positions=T([0]), req_indices=T([0]), block_table=T([[0]]), page_size=2**63),
+     "page_size"),
+], ids=["workspace_width", "topk+window", "base+window", "width", "window", "page_size"])
+def test_python_int_parameters_that_cannot_fit_are_input_errors(call, words):
+    with pytest.raises(kvf.InputError, match="cannot fit") as info:
+        call()
+    assert words in str(info.value)

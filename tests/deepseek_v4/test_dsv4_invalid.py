@@ -119,7 +119,7 @@ CASES = [
                                                                     1.0), IE, "weights"),
     ("inv rope: groups", lambda c: dsv4.inv_rope_fp8_quant(torch.ones(2, 6, 512), torch.arange(2),
                                                            dsv4.cos_sin_cache(64, 4), n_groups=4, heads_per_group=2),
-     IE, "o must have shape"),
+     IE, "o must be a 3-D tensor [N, 8, M]"),
     ("inv rope: tma needs 4 groups", lambda c: dsv4.inv_rope_fp8_quant(torch.ones(2, 2, 256), torch.arange(2),
                                                                        dsv4.cos_sin_cache(64, 4), n_groups=1,
                                                                        heads_per_group=2), IE, "== 4"),

@@ -43,7 +43,7 @@ def _index_case(fmt):
 
 def _q(t=3, h=4):
     g = torch.Generator().manual_seed(6)
-    return dict(index_q=torch.randn(t, h, 128, generator=g).to(torch.bfloat16), positions=T([0, 17, 63])[:t],
+    return dict(index_q=torch.randn(t, h, 128, generator=g).to(torch.bfloat16), positions=T([0, 17, 63] * t)[:t],
                 cos_sin_cache=dsv4.cos_sin_cache(64, 64), weights=torch.rand(t, h, 1, generator=g),
                 softmax_scale=128 ** -0.5, head_scale=0.5)
 
@@ -126,6 +126,58 @@ CASES = {  # id: (function name, builder of fresh keyword arguments)
     "dense_prefill_out": ("dense_prefill_local_compressed_indices", lambda: dict(
         positions=T([0, 5, 9, 13]), ratio=4, width=3, out=torch.zeros(5, 4, dtype=torch.int32))),
 }
+
+
+def _sized(n):
+    """Builders of token-sized cases with ``n`` tokens (rows, T, T * H)."""
+    g = torch.Generator().manual_seed(n)
+    pos = (torch.arange(n) * 7) % 10
+    req = torch.arange(n) % 3 - (torch.arange(n) == 4).long()  # request 2 and -1: invalid tokens
+    b = make_batch(4, 128, 4)
+    return {
+        "hadamard": ("hadamard_transform", lambda: dict(x=torch.randn(n, 64, generator=g))),
+        "q_mxfp4": ("prepare_indexer_q_mxfp4", lambda: dict(_q(n, 1), positions=pos)),
+        "q_mxfp4_heads": ("prepare_indexer_q_mxfp4", lambda: dict(_q(1, n), positions=pos[:1] if n else T([3]))),
+        "q_fp8": ("prepare_indexer_q_fp8", lambda: dict(_q(n, 1), positions=pos, weights=_q(n, 1)["weights"][..., 0])),
+        "inv_rope": ("inv_rope_fp8_quant", lambda: dict(
+            o=torch.randn(n, 4, 512, generator=g).to(torch.bfloat16), positions=pos,
+            cos_sin_cache=dsv4.cos_sin_cache(64, 10), n_groups=2, heads_per_group=2)),
+        "pool": ("pool_compressor_state", lambda: dict(_bt(b, ratio=4), positions=b.positions[:n],
+                                                       req_indices=b.req[:n])),
+        "save": ("save_compressor_state", lambda: {k: v[:n] if k in ("kv", "score", "positions", "slots") else v
+                                                   for k, v in _save(False).items()}),
+        "table_slots": ("table_slot_mapping", lambda: dict(
+            positions=pos, req_indices=req.clamp(max=1), block_table=TABLE, page_size=4, entry_stride=2)),
+        "global_topk": ("global_topk_indices_and_lens", lambda: dict(
+            topk_indices=torch.randint(-1, 8, (n, 3), generator=g, dtype=torch.int32), req_indices=req,
+            block_table=TABLE, page_size=2)),
+        "combine_topk": ("combine_topk_swa_indices", lambda: dict(
+            topk_indices=torch.randint(-1, 5, (n, 4), generator=g, dtype=torch.int32), query_start_loc=QSL,
+            seq_lens=SEQ, gather_lens=T([7, 3]), window_size=3, ratio=2, topk=4, workspace_width=300,
+            compressed_base=150)),
+        "combine_dense": ("combine_dense_swa_indices", lambda: dict(
+            positions=pos, req_indices=req, seq_lens=SEQ, compressed_lens=T([4, 1]), gather_lens=T([9, 2]),
+            window_size=3, ratio=2, workspace_width=200, compressed_base=100)),
+        "decode_swa": ("decode_swa_indices_and_lens", lambda: dict(
+            query_start_loc=T([0, 1, 2]), seq_lens=SEQ, req_indices=req, block_table=TABLE, window_size=4,
+            page_size=2)),
+        "dense_prefill": ("dense_prefill_local_compressed_indices", lambda: dict(positions=pos, ratio=4, width=3)),
+        "compressed_slots": ("compressed_slot_mapping", lambda: dict(
+            num_tokens=n, query_start_loc=QSL, seq_lens=SEQ, block_table=TABLE, page_size=2, ratio=2)),
+    }
+
+
+SIZED = sorted(_sized(0))
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+@pytest.mark.parametrize("case", SIZED)
+def test_opcheck_at_zero_one_and_odd_sizes(case, n):
+    """Outputs of one buffer (the MXFP4 query prep at T * H = 1, anything at 0 rows) must not alias
+    each other; the fakes agree with the real ops at these sizes too."""
+    name, build = _sized(n)[case]
+    op = getattr(torch.ops.kvformats, "dsv4_" + name).default
+    torch.library.opcheck(op, op_args(name, build()))
 
 
 def op_args(name, kwargs):

@@ -300,6 +300,39 @@ def test_runs_of_empty_requests(small):
     assert lens.tolist() == [2 + 4] * 6
 
 
+@pytest.mark.parametrize("small", [False, True])
+def test_entries_that_would_wrap_are_minus_one(small):
+    """Block-table entries whose slots pass the result's dtype (int64 slot mappings, int32 index
+    rows) are missing pages, index-row entries beyond int32 are −1: the kernels equal the
+    reference there too (issue #25: an entry 2**62 gave slot 1, a workspace offset wrapped)."""
+    top64, top32 = (2**63) // 4 - 1, 2**31 // 4 - 1  # the largest entries that fit, page_size 4
+    table = T([[2**62, top64, top64 + 1, 3], [top32, top32 + 1, 2**40, -1]]).reshape(2, 4)
+    pos, req = T([0, 5, 9, 13, 2, 6, 10, 14]), T([0, 0, 0, 0, 1, 1, 1, 1])
+    got = compare("table_slot_mapping", fixed(pos, req, table, 4, 1, None, None), small)
+    assert got.tolist() == [-1, top64 * 4 + 1, -1, 13, top32 * 4 + 2, (top32 + 1) * 4 + 2, 2**42 + 2, -1]
+    # request 0 at positions 0..3 (page 0: 2**62), request 1 at 10..15 (pages 2: 2**40 and 3: −1)
+    got = compare("compressed_slot_mapping", fixed(10, T([0, 4, 10]), T([4, 16]), table, 4, 1, None, None), small)
+    assert got.tolist() == [-1] * 4 + [2**42 + 2, 2**42 + 3] + [-1] * 4
+    topk = T([[0, 5, 9, 13], [2, 6, 10, 14]], torch.int32).reshape(2, 4)
+    g, lens = compare("global_topk_indices_and_lens", fixed(topk, T([0, 1]), table, 4, None), small)
+    assert g.tolist() == [[-1, -1, -1, 13], [top32 * 4 + 2, -1, -1, -1]] and lens.tolist() == [4, 4]
+    idx, _ = compare("decode_swa_indices_and_lens",
+                     fixed(T([0, 1, 2]), T([7, 8]), T([0, 1]), table, 8, 4, None, None, None, None), small)
+    assert idx.tolist() == [[-1] * 8, [top32 * 4, top32 * 4 + 1, top32 * 4 + 2, top32 * 4 + 3, -1, -1, -1, -1]]
+    ww = 2**30  # request 2's rows start at 2**31: past int32
+    qsl, seq, glen = T([0, 1, 2, 3]), T([5, 5, 5]), T([5, 5, 5])
+    out, lens = compare("combine_topk_swa_indices",
+                        fixed(T([[0, 1]] * 3).reshape(3, 2), qsl, seq, glen, 3, 2, 2, ww, 10), small)
+    assert out[:, :5].tolist() == [[0, 1, 12, 13, 14], [ww, ww + 1, ww + 12, ww + 13, ww + 14], [-1] * 5]
+    assert lens.tolist() == [5, 5, 5]
+    big = T([2**40, -5, 2**31 - 1]).reshape(1, 3)  # int64 top-k entries beyond int32 too
+    out, _ = compare("combine_topk_swa_indices", fixed(big, T([0, 1]), T([9]), T([9]), 1, 1, 3, 100, 0), small)
+    assert out[0, :3].tolist() == [-1, -5, 2**31 - 1]
+    out, _ = compare("combine_dense_swa_indices",
+                     fixed(T([4, 4, 4]), T([0, 1, 2]), seq, T([3, 3, 3]), glen, 2, 2, ww, 3), small)
+    assert out[:, :5].tolist() == [[0, 1, 6, 7, -1], [ww, ww + 1, ww + 6, ww + 7, -1], [-1] * 5]
+
+
 def test_no_requests_and_no_rows():
     """Empty block tables (R = 0 or no columns) and zero-row calls give the reference's shapes
     and all −1 rows."""
