@@ -10,7 +10,7 @@ import operator
 
 import torch
 
-from kvformats.checks import capturing
+from kvformats import deferred
 from kvformats.errors import InputError, InputTypeError, describe
 
 
@@ -40,9 +40,13 @@ def cos_sin_cache(rope_dim: int, max_positions: int, base: float = 10000.0) -> t
     return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32)
 
 
-def _check_rope_args(x, positions, cos_sin) -> None:
-    """Typed errors for ``rope_tail``'s arguments; the range check reads the positions on the
-    host (skipped inside CUDA-graph capture and torch.compile tracing, where it cannot run)."""
+_SITE = deferred.site("rope_tail", "positions")
+
+
+def _check_rope_args(x, positions, cos_sin, check) -> bool:
+    """Typed errors for ``rope_tail``'s arguments; the position range is checked on the host
+    when ``kvformats.deferred.on_host`` says so (CPU tensors, strict mode; never inside
+    torch.compile tracing). Returns whether it was."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1:
         raise InputTypeError(f"x must be a floating-point tensor [N, ..., D], got {describe(x)}")
     if not isinstance(cos_sin, torch.Tensor) or not cos_sin.is_floating_point() or cos_sin.dim() != 2:
@@ -61,8 +65,10 @@ def _check_rope_args(x, positions, cos_sin) -> None:
     if positions.device != x.device or cos_sin.device != x.device:
         raise InputError(f"positions and cos_sin must be on x's device {x.device}, got {describe(positions)} "
                          f"and {describe(cos_sin)}")
-    if positions.numel() == 0 or capturing(positions) or torch.compiler.is_compiling():
-        return
+    if torch.compiler.is_compiling() or not deferred.on_host(check, positions):
+        return False
+    if positions.numel() == 0:
+        return True
     lo, hi = torch.aminmax(positions)
     lo, hi = int(lo), int(hi)
     if lo < 0 or hi >= cos_sin.shape[0]:
@@ -71,20 +77,30 @@ def _check_rope_args(x, positions, cos_sin) -> None:
 
 
 def rope_tail(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, *,
-              inverse: bool = False) -> torch.Tensor:
+              inverse: bool = False, check=True) -> torch.Tensor:
     """Rotate the last ``cos_sin.shape[1]`` dims of ``x [N, ..., D]`` at ``positions [N]`` -> float32.
 
     Pair i is (x[nope + 2i], x[nope + 2i + 1]); forward: e' = e cos - o sin, o' = e sin + o cos;
     ``inverse`` undoes it. The NoPE dims pass through (as float32). Positions must be rows of
-    ``cos_sin`` (InputError otherwise, before anything is computed; the check reads them on the
-    host, except inside CUDA-graph capture and torch.compile tracing).
+    ``cos_sin``: checked as ``check`` says (``spec/checks.md``): on CPU tensors and in strict mode
+    an InputError before anything is computed; on a GPU without a host read, where a row at an
+    invalid position is returned unrotated and the violation recorded.
     """
-    _check_rope_args(x, positions, cos_sin)
-    rope_dim = cos_sin.shape[1]
+    rope_dim = cos_sin.shape[1] if isinstance(cos_sin, torch.Tensor) and cos_sin.dim() == 2 else 0
+    checked = _check_rope_args(x, positions, cos_sin, check)
     half = rope_dim // 2
     out = x.float().clone()
-    cos = cos_sin[positions.long(), :half].float()
-    sin = cos_sin[positions.long(), half:rope_dim].float()
+    p = positions.long()
+    if not checked and p.numel():  # an invalid position reads row 0 with cos 1, sin 0: the identity
+        bad = (p < 0) | (p >= cos_sin.shape[0])
+        deferred.record_where(bad, p, cos_sin.shape[0], deferred.Check.POSITION_RANGE, _SITE)
+        p = torch.where(bad, 0, p)
+        keep = (~bad).to(torch.float32)[:, None]
+        cos = cos_sin[p, :half].float() * keep + (1 - keep)
+        sin = cos_sin[p, half:rope_dim].float() * keep
+    else:
+        cos = cos_sin[p, :half].float()
+        sin = cos_sin[p, half:rope_dim].float()
     while cos.dim() < out.dim():
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     if inverse:

@@ -231,3 +231,17 @@ def test_default_checks_never_read_values_on_the_host(fmt, kernel, monkeypatch):
     assert len(noop.calls) == len(calls)
     with pytest.raises(Exception):  # the guard itself: a host read of a meta tensor raises
         bool(torch.zeros(1, device="meta").any())
+
+
+def test_rope_tail_off_the_host_leaves_invalid_rows_unrotated_and_records(device_mode):
+    from kvformats.rope import cos_sin_cache, rope_tail
+
+    cs = cos_sin_cache(64, 16)
+    x = torch.randn(3, 128)
+    out = rope_tail(x, torch.tensor([2, 40, -1]), cs)
+    assert torch.equal(out[1], x[1]) and torch.equal(out[2], x[2])
+    assert torch.equal(out[0], rope_tail(x[:1], torch.tensor([2]), cs)[0])
+    with pytest.raises(kvf.InputError, match=r"rope_tail: positions\[1\] = 40 is outside \[0, 16\)"):
+        kvf.raise_pending(CPU)
+    with pytest.raises(kvf.InputError, match=r"positions must lie in \[0, 16\)"):
+        rope_tail(x, torch.tensor([2, 40, -1]), cs, check="strict")
