@@ -209,3 +209,16 @@ def record_where(bad: torch.Tensor, values: torch.Tensor, bound, check: Check, w
     new = torch.cat([head, first, value, bound_t, rec[6:]])
     take = flat.any() & (rec[STATE] == 0)
     rec.copy_(torch.where(take, new, rec))
+
+
+def record_decrease(offsets: torch.Tensor, where: int, *, start_zero: bool) -> None:
+    """Record where cumulative ``offsets`` decrease (or, with ``start_zero``, do not start at 0)
+    as ``Check.CU_ORDER``, with torch operations and no host read (the reference's device path)."""
+    if offsets.numel() == 0:
+        return
+    first = offsets.new_zeros(1) if start_zero else offsets[:1]
+    prev = torch.cat([first, offsets[:-1]])
+    bad = offsets < prev
+    if start_zero:
+        bad[0] = offsets[0] != 0
+    record_where(bad, offsets, prev, Check.CU_ORDER, where)

@@ -156,9 +156,8 @@ def _host_cu_checks(cu_seq_lens, rows: int | None) -> None:
 
 
 def _record_cu_checks(cu_seq_lens, rows: int | None) -> None:
-    prev = torch.cat([cu_seq_lens.new_zeros(1), cu_seq_lens[:-1]])
     where = _SITES["cu_seq_lens"]
-    deferred.record_where(cu_seq_lens < prev, cu_seq_lens, prev, deferred.Check.CU_ORDER, where)
+    deferred.record_decrease(cu_seq_lens, where, start_zero=True)
     if rows is not None:
         deferred.record_where(cu_seq_lens[-1:] > rows, cu_seq_lens[-1:], rows, deferred.Check.WORKSPACE_ROWS, where)
 

@@ -30,3 +30,21 @@ def record_violation(err_ptr, bad, index, value, bound, CHECK: tl.constexpr, SIT
             tl.store(err_ptr + 3, first)
             tl.store(err_ptr + 4, val)
             tl.store(err_ptr + 5, lim)
+
+
+@triton.jit
+def record_order(err_ptr, cu_ptr, cu_stride, count, START_ZERO: tl.constexpr, SITE: tl.constexpr,
+                 CHUNK: tl.constexpr = 128):
+    """Check that the ``count`` cumulative offsets at ``cu_ptr`` never decrease (and, with
+    START_ZERO, start at 0), recording the first break as ``Check.CU_ORDER`` (5): index, value,
+    previous value. One program calls it (program 0 of the op's launch), reading the offsets in
+    chunks of CHUNK."""
+    for c0 in range(0, count, CHUNK):
+        i = c0 + tl.arange(0, CHUNK).to(tl.int64)
+        live = i < count
+        cur = tl.load(cu_ptr + i * cu_stride, mask=live, other=0).to(tl.int64)
+        prev = tl.load(cu_ptr + (i - 1) * cu_stride, mask=live & (i > 0), other=0).to(tl.int64)
+        bad = live & (cur < prev)
+        if START_ZERO:
+            bad = bad | (live & (i == 0) & (cur != 0))
+        record_violation(err_ptr, bad, i, cur, prev, 5, SITE)

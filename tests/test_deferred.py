@@ -245,3 +245,23 @@ def test_rope_tail_off_the_host_leaves_invalid_rows_unrotated_and_records(device
         kvf.raise_pending(CPU)
     with pytest.raises(kvf.InputError, match=r"positions must lie in \[0, 16\)"):
         rope_tail(x, torch.tensor([2, 40, -1]), cs, check="strict")
+
+
+@pytest.mark.parametrize("op", ["compressed_slot_mapping", "combine_topk_swa_indices"])
+def test_decreasing_query_start_loc_is_recorded_off_the_host(op, device_mode):
+    from kvformats import deepseek_v4 as dsv4
+
+    qsl, seq = torch.tensor([0, 3, 2]), torch.tensor([8, 9])
+    if op == "compressed_slot_mapping":
+        call = lambda **kw: dsv4.compressed_slot_mapping(num_tokens=3, query_start_loc=qsl, seq_lens=seq,  # noqa: E731
+                                                         block_table=torch.zeros(2, 4, dtype=torch.int32),
+                                                         page_size=4, ratio=4, **kw)
+    else:
+        call = lambda **kw: dsv4.combine_topk_swa_indices(  # noqa: E731
+            topk_indices=torch.zeros(3, 8, dtype=torch.int32), query_start_loc=qsl, seq_lens=seq,
+            gather_lens=seq, window_size=4, ratio=4, topk=8, workspace_width=64, compressed_base=16, **kw)
+    call(backend="reference")
+    with pytest.raises(kvf.InputError, match=rf"{op}: query_start_loc .*\[2\] = 2 after 3"):
+        kvf.raise_pending(CPU)
+    with pytest.raises(kvf.InputError, match="never decrease"):
+        call(backend="reference", check="strict")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from kvformats import deferred, registry
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.blocktable import request_of_token, table_slots
@@ -59,6 +60,15 @@ def _device(t):
     return t.device if isinstance(t, torch.Tensor) else None
 
 
+def _check_offsets(qsl, check, fn, op: str) -> None:
+    """query_start_loc never decreases: on the host (CPU, strict) or on the device (a kernel
+    records it; the reference records through torch operations)."""
+    if deferred.on_host(check, qsl):
+        C.check_sorted("query_start_loc", qsl)
+    elif not registry.is_kernel(fn):
+        deferred.record_decrease(qsl, deferred.site(op, "query_start_loc"), start_zero=False)
+
+
 def _valid_tokens(req, requests: int, is_valid_token):
     ok = (req >= 0) & (req < requests)
     return ok if is_valid_token is None else ok & is_valid_token.bool()
@@ -97,7 +107,7 @@ def table_slot_mapping_reference(positions, req, table, page_size, stride, base,
 
 
 def compressed_slot_mapping(*, num_tokens: int, query_start_loc, seq_lens, block_table, page_size: int, ratio: int,
-                            block_table_base_offsets=None, out=None, backend: str = "auto"):
+                            block_table_base_offsets=None, out=None, backend: str = "auto", check=True):
     """int64 ``[num_tokens]``: the compressed-cache slot of each group-ending token, −1 elsewhere.
 
     Request r (``query_start_loc [R + 1]``, ``seq_lens [R]``, ``block_table [R, P]``) owns tokens
@@ -106,7 +116,8 @@ def compressed_slot_mapping(*, num_tokens: int, query_start_loc, seq_lens, block
     page_size + c % page_size`` (−1 when that page is missing, or its slots would pass int64).
     Tokens outside every request: −1.
     ``out`` (int64 ``[>= num_tokens]``) is filled with −1 entirely, then the first num_tokens
-    entries are written; the returned tensor is a view of it.
+    entries are written; the returned tensor is a view of it. ``query_start_loc`` must never
+    decrease: checked as ``check`` says (spec/checks.md; on a GPU recorded, not raised).
     """
     dev = _device(block_table)
     C.check_int("num_tokens", num_tokens)
@@ -117,12 +128,12 @@ def compressed_slot_mapping(*, num_tokens: int, query_start_loc, seq_lens, block
     C.check_int("ratio", ratio, minimum=1)
     _check_fits("page_size", page_size, INT64_MAX)
     _check_fits("ratio", ratio, INT64_MAX)
-    C.check_sorted("query_start_loc", query_start_loc)
     if out is not None:
         C.check_tensor("out", out, dtypes=(torch.int64,), shape=(None,), device=dev)
         if out.shape[0] < num_tokens:
             raise InputError(f"out must hold at least num_tokens = {num_tokens} entries, got {out.shape[0]}")
     fn = D.resolve("compressed_slot_mapping", backend, dev)
+    _check_offsets(query_start_loc, check, fn, "compressed_slot_mapping")
     return fn(num_tokens, query_start_loc, seq_lens, block_table, page_size, ratio, block_table_base_offsets, out)
 
 
@@ -205,7 +216,8 @@ def _check_workspace_args(window_size, ratio, workspace_width, compressed_base):
 
 
 def combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_lens, window_size: int, ratio: int,
-                             topk: int, workspace_width: int, compressed_base: int, backend: str = "auto"):
+                             topk: int, workspace_width: int, compressed_base: int, backend: str = "auto",
+                             check=True):
     """Sparse-prefill index rows ``[top-k compressed | sliding window]`` into the per-request
     workspace (rows ``[compressed | SWA]``, flattened with row stride ``workspace_width``).
 
@@ -218,6 +230,7 @@ def combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_
     topk_len + swa_len)``; rows outside every request: all −1, length 0. An entry beyond the int32
     range (e.g. ``b * workspace_width`` past 2**31 - 1) is −1; ``workspace_width``,
     ``compressed_base + window_size`` and ``topk + window_size`` must fit int32 (InputError).
+    ``query_start_loc`` must never decrease: checked as ``check`` says (spec/checks.md).
     """
     dev = _device(topk_indices)
     C.check_tensor("topk_indices", topk_indices, dtypes=C.INDEX_DTYPES, shape=(None, None), device=dev)
@@ -230,8 +243,8 @@ def combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_
     _check_fits("topk + window_size", topk + window_size, INT32_MAX)
     if topk_indices.shape[1] < topk:
         raise InputError(f"topk_indices must have at least topk = {topk} columns, got {topk_indices.shape[1]}")
-    C.check_sorted("query_start_loc", query_start_loc)
     fn = D.resolve("combine_topk_swa_indices", backend, dev)
+    _check_offsets(query_start_loc, check, fn, "combine_topk_swa_indices")
     return fn(topk_indices, query_start_loc, seq_lens, gather_lens, window_size, ratio, topk, workspace_width,
               compressed_base)
 

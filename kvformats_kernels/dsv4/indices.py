@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import torch
 
+from kvformats import deferred
 from kvformats.deepseek_v4.indices import ALIGN, INT32_MAX, INT64_MAX, max_page_entry
 from kvformats_kernels import _common as cm
 from kvformats_kernels.dsv4 import indices_jit as jit
+
+_SITES = {"compressed": deferred.site("compressed_slot_mapping", "query_start_loc"),
+          "combine": deferred.site("combine_topk_swa_indices", "query_start_loc")}
 
 # 1-D mappings: tokens per program (block) and warps. Row kernels: a tile of block_m rows x
 # block_j index columns per step (widths are multiples of 128, so 128-column steps waste no
@@ -86,9 +90,9 @@ def compressed_slot_mapping(num_tokens, qsl, seq_lens, table, page_size, ratio, 
     requests, cols, ts0, ts1 = _table(table)
     grid, meta = _rows("compressed_slot_mapping", total)
     jit.compressed_slot_mapping_kernel[grid](
-        qsl, seq_lens, table, base_t, dest, num_tokens, total, requests, cols, ratio, qsl.stride(0),
+        deferred.error_record(qsl.device), qsl, seq_lens, table, base_t, dest, num_tokens, total, requests, cols, ratio, qsl.stride(0),
         seq_lens.stride(0), ts0, ts1, base_stride, dest.stride(0), _steps(requests),
-        max_page_entry(page_size, INT64_MAX), HAS_BASE=has_base, PAGE_SIZE=page_size, **meta)
+        max_page_entry(page_size, INT64_MAX), HAS_BASE=has_base, PAGE_SIZE=page_size, SITE=_SITES["compressed"], **meta)
     return dest[:num_tokens]
 
 
@@ -122,9 +126,9 @@ def combine_topk_swa_indices(topk_idx, qsl, seq_lens, gather_lens, window, ratio
     requests = seq_lens.shape[0]
     grid, meta = _rows("combine_topk_swa_indices", n, width)
     jit.combine_topk_swa_kernel[grid](
-        topk_idx, qsl, seq_lens, gather_lens, out, lens, n, width, requests, topk, ratio, window, ww, cb,
+        deferred.error_record(qsl.device), topk_idx, qsl, seq_lens, gather_lens, out, lens, n, width, requests, topk, ratio, window, ww, cb,
         topk_idx.stride(0), topk_idx.stride(1), qsl.stride(0), seq_lens.stride(0), gather_lens.stride(0),
-        _steps(requests), **meta)
+        _steps(requests), SITE=_SITES["combine"], **meta)
     return out, lens
 
 

@@ -16,6 +16,8 @@ import inspect
 import triton
 import triton.language as tl
 
+from kvformats_kernels.record_jit import record_order
+
 # Counts and scalars that change from call to call, and strides of per-request arrays read by
 # gathers: specialising on them (== 1, % 16) would only add compiles. The strides of the
 # token-indexed arrays and of the index rows stay specialised (unit / aligned strides let
@@ -120,10 +122,15 @@ def table_slot_mapping_kernel(pos_ptr, req_ptr, valid_ptr, table_ptr, base_ptr, 
 
 
 @_kernel
-def compressed_slot_mapping_kernel(qsl_ptr, seq_ptr, table_ptr, base_ptr, out_ptr, n, total, requests, cols, ratio,
-                                   qsl_stride, seq_stride, t_stride0, t_stride1, base_stride, out_stride, steps,
-                                   max_entry, HAS_BASE: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr):
-    """out[t] for t < total: the compressed slot of token t when it ends a group (t < n), else −1."""
+def compressed_slot_mapping_kernel(err_ptr, qsl_ptr, seq_ptr, table_ptr, base_ptr, out_ptr, n, total, requests, cols,
+                                   ratio, qsl_stride, seq_stride, t_stride0, t_stride1, base_stride, out_stride, steps,
+                                   max_entry, HAS_BASE: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr,
+                                   SITE: tl.constexpr):
+    """out[t] for t < total: the compressed slot of token t when it ends a group (t < n), else −1.
+    Program 0 also records query_start_loc that decreases (rows found for such offsets are
+    whatever the search gives; never outside out)."""
+    if tl.program_id(0) == 0:
+        record_order(err_ptr, qsl_ptr, qsl_stride, requests + 1, False, SITE)
     t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = t < total
     inside, r, start, end = find_request(qsl_ptr, qsl_stride, requests, t, t < n, steps)
@@ -171,11 +178,14 @@ def window_entries(j, start, swa_len, p, gather_start, row_base):
 
 
 @_kernel
-def combine_topk_swa_kernel(topk_ptr, qsl_ptr, seq_ptr, glen_ptr, out_ptr, lens_ptr, n, width, requests, topk,
-                            ratio, window, ww, cb, k_stride0, k_stride1, qsl_stride, seq_stride, glen_stride, steps,
-                            BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr):
+def combine_topk_swa_kernel(err_ptr, topk_ptr, qsl_ptr, seq_ptr, glen_ptr, out_ptr, lens_ptr, n, width, requests,
+                            topk, ratio, window, ww, cb, k_stride0, k_stride1, qsl_stride, seq_stride, glen_stride,
+                            steps, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, SITE: tl.constexpr):
     """Row t (absolute token qsl[0] + t): [topk_len top-k entries + b * ww | swa_len window
-    entries | −1]; rows outside every request: all −1, length 0."""
+    entries | −1]; rows outside every request: all −1, length 0. Program 0 also records
+    query_start_loc that decreases."""
+    if tl.program_id(0) == 0:
+        record_order(err_ptr, qsl_ptr, qsl_stride, requests + 1, False, SITE)
     t = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     live = t < n
     t_abs = t + tl.load(qsl_ptr).to(tl.int64)

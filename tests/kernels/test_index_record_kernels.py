@@ -1,0 +1,45 @@
+"""The index helpers' kernels record query_start_loc that decreases in the device error record
+(program 0 scans the offsets), and write the same rows as the reference all the same."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvformats import deferred
+
+pytest.importorskip("triton")
+
+from kvformats_kernels.dsv4 import indices as K  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _words():
+    return deferred.error_record(DEV).tolist()
+
+
+@pytest.mark.parametrize("qsl, bad", [([0, 3, 2, 6], (2, 2, 3)), ([0, 2, 4, 6], None), ([1, 0], (1, 0, 1))])
+def test_compressed_slot_mapping_records_a_decrease(qsl, bad):
+    q = torch.tensor(qsl, device=DEV)
+    r = q.shape[0] - 1
+    seq = torch.full((r,), 9, device=DEV)
+    table = torch.arange(4 * r, dtype=torch.int32, device=DEV).reshape(r, 4)
+    out = torch.empty(8, dtype=torch.int64, device=DEV)
+    K.compressed_slot_mapping(6, q, seq, table, 4, 4, None, out)
+    words = _words()
+    if bad is None:
+        assert words == [0] * deferred.WORDS
+    else:
+        site = deferred.site("compressed_slot_mapping", "query_start_loc")
+        assert words[:6] == [1, int(deferred.Check.CU_ORDER), site, *bad]
+
+
+def test_combine_topk_swa_records_a_decrease_and_valid_offsets_leave_it_clear():
+    seq = torch.tensor([9, 9], device=DEV)
+    topk = torch.zeros(3, 8, dtype=torch.int32, device=DEV)
+    args = (seq, seq, 4, 4, 8, 64, 16)
+    K.combine_topk_swa_indices(topk, torch.tensor([0, 1, 3], device=DEV), *args)
+    assert _words() == [0] * deferred.WORDS
+    K.combine_topk_swa_indices(topk, torch.tensor([0, 3, 2], device=DEV), *args)
+    assert _words()[3:6] == [2, 2, 3]
