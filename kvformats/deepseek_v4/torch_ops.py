@@ -76,12 +76,12 @@ SCHEMAS = {
                            "str backend", "Tensor"),
     "compressed_slot_mapping": ("int num_tokens, Tensor query_start_loc, Tensor seq_lens, Tensor block_table, "
                                 "int page_size, int ratio, Tensor? block_table_base_offsets, Tensor(a!) out, "
-                                "str backend", "()"),
+                                "str backend, bool check", "()"),
     "global_topk_indices_and_lens": ("Tensor topk_indices, Tensor req_indices, Tensor block_table, int page_size, "
                                      "Tensor? is_valid_token, str backend", "(Tensor, Tensor)"),
     "combine_topk_swa_indices": ("Tensor topk_indices, Tensor query_start_loc, Tensor seq_lens, "
                                  "Tensor gather_lens, int window_size, int ratio, int topk, int workspace_width, "
-                                 "int compressed_base, str backend", "(Tensor, Tensor)"),
+                                 "int compressed_base, str backend, bool check", "(Tensor, Tensor)"),
     "combine_dense_swa_indices": ("Tensor positions, Tensor req_indices, Tensor seq_lens, Tensor compressed_lens, "
                                   "Tensor gather_lens, int window_size, int ratio, int workspace_width, "
                                   "int compressed_base, str backend", "(Tensor, Tensor)"),
