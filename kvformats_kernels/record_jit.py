@@ -24,12 +24,28 @@ def record_violation(err_ptr, bad, index, value, bound, CHECK: tl.constexpr, SIT
         pick = bad & (idx == first)
         val = tl.max(tl.where(pick, value.to(tl.int64), -big), axis=None)
         lim = tl.max(tl.where(pick, bound.to(tl.int64), -big), axis=None)
-        if tl.atomic_cas(err_ptr, 0, 1) == 0:
-            tl.store(err_ptr + 1, CHECK)
-            tl.store(err_ptr + 2, SITE)
-            tl.store(err_ptr + 3, first)
-            tl.store(err_ptr + 4, val)
-            tl.store(err_ptr + 5, lim)
+        _claim_and_write(err_ptr, first, val, lim, CHECK, SITE)
+
+
+@triton.jit
+def record_scalar(err_ptr, bad, index, value, bound, CHECK: tl.constexpr, SITE: tl.constexpr):
+    """``record_violation`` for a program that checks one element: ``bad`` and the rest are
+    scalars."""
+    if bad:
+        _claim_and_write(err_ptr, index.to(tl.int64), value.to(tl.int64), bound.to(tl.int64), CHECK, SITE)
+
+
+@triton.jit
+def _claim_and_write(err_ptr, index, value, bound, CHECK: tl.constexpr, SITE: tl.constexpr):
+    # The record is int64 and compare-and-swap needs operands of the pointer's type (Triton 3.6
+    # refuses int32 literals on an int64 pointer when it compiles; the interpreter does not).
+    zero = tl.full([], 0, tl.int64)
+    if tl.atomic_cas(err_ptr, zero, zero + 1) == 0:
+        tl.store(err_ptr + 1, zero + CHECK)
+        tl.store(err_ptr + 2, zero + SITE)
+        tl.store(err_ptr + 3, index)
+        tl.store(err_ptr + 4, value)
+        tl.store(err_ptr + 5, bound)
 
 
 @triton.jit
