@@ -19,7 +19,10 @@ from kvformats_kernels.dsv4 import compress_jit as jit
 # the full padded width means no split), and a register cap for calls that are not split
 # (maxnreg, 0 = the compiler's choice; _common.launch_opts) and one for split calls
 # (split_maxnreg); fast_div 1 divides the softmax weights by the pooling's hoisted-reciprocal
-# division (pool_jit.div_by: the same bits as div_rn), 0 by div_rn itself. Picked by the
+# division (pool_jit.div_by: the same bits as div_rn), 0 by div_rn itself; hw_cvt 1 converts
+# to bf16 / e4m3 with the GPU's instructions (the same bytes, tests/kernels/test_hw_cvt.py);
+# early_inputs 1 loads the RMSNorm weight, cos / sin and the target slot of an unsplit program
+# before its window loads rather than after (compress_jit.compress_kernel). Picked by the
 # H200 sweeps in docs/performance_gpu.md: narrow chunks with few warps keep more programs in
 # flight; caps of 96 (CSA) and 80 (indexer) registers fit more programs without spilling
 # (80 -> 83 %, 64 / 70 -> 73 %); div_by speeds up HCA and the indexer but slows the one-warp
@@ -30,11 +33,11 @@ from kvformats_kernels.dsv4 import compress_jit as jit
 # entries (--sweep); tests run whatever is here.
 CONFIG: dict[tuple[str, int], dict[str, int]] = {
     ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 4, "maxnreg": 96,
-                 "fast_div": 0},
+                 "fast_div": 0, "hw_cvt": 1, "early_inputs": 1},
     ("kv", 128): {"bd": 32, "block_t": 128, "num_warps": 4, "split_bd": 32, "split_warps": 4, "maxnreg": 128,
-                   "split_maxnreg": 0, "fast_div": 1},
+                   "split_maxnreg": 0, "fast_div": 1, "hw_cvt": 1, "early_inputs": 0},
     ("index", 4): {"bd": 64, "block_t": 8, "num_warps": 1, "split_bd": 128, "split_warps": 2, "maxnreg": 80,
-                    "fast_div": 1},
+                    "fast_div": 1, "early_inputs": 0},
 }
 ONE_TOKEN_MAX_T = 2048  # calls with at most this many tokens run one token per program (decode)
 SPLIT_MAX_T = 2048  # ... and spread a token's feature chunks over programs (workspace T x HP float32)
@@ -100,7 +103,7 @@ def _launch(mode: str, what: str, state_cache, ratio, positions, req, table, bas
     out = torch.empty((n, h), dtype=torch.float32, device=dev) if mode == "pool" else None
     if n == 0:
         return out
-    plan = _plan(what, ratio, h, n)
+    plan, cfg = _plan(what, ratio, h, n), CONFIG[(what, ratio)]
     ws, cnt = positions, positions
     if plan["NSPLIT"] > 1:
         ws = torch.empty((n, plan["NCHUNK"] * plan["BD"]), dtype=torch.float32, device=dev)
@@ -126,7 +129,8 @@ def _launch(mode: str, what: str, state_cache, ratio, positions, req, table, bas
         MODE=MODES[mode], RATIO=ratio, H=h, W=state_cache.shape[2] // 2, ROWS=state_cache.shape[1],
         BD=plan["BD"], NCHUNK=plan["NCHUNK"], NSPLIT=plan["NSPLIT"], BLOCK_T=plan["BLOCK_T"],
         HAS_BASE=base is not None, W_BF16=weight.dtype == torch.bfloat16, GPU=dev.type == "cuda",
-        FAST_DIV=bool(CONFIG[(what, ratio)]["fast_div"]), ROPE=rope,
+        FAST_DIV=bool(CONFIG[(what, ratio)]["fast_div"]), ROPE=rope, HW=dev.type == "cuda" and cm.hw_cvt(cfg),
+        EARLY_INPUTS=bool(cfg.get("early_inputs", 0)),
         LOG2_H=h.bit_length() - 1, **geo, **cm.launch_opts(plan), enable_fp_fusion=False)
     return out
 

@@ -50,19 +50,20 @@ def store_ds_mla(y, cache_ptr, base, row, H: tl.constexpr, NB: tl.constexpr, QB:
                  ROPE_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                  PAD_OFF: tl.constexpr, PAD_STRIDE: tl.constexpr, PAD_BYTES: tl.constexpr, PAD_P2: tl.constexpr,
                  FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
-                 E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr):
+                 E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
+                 HW: tl.constexpr):
     """fp8_ds_mla row of y [1, HP] (dims beyond H padding; RoPE tail rotated) at byte ``base`` +
     row offsets: NoPE blocks as e4m3 of bf16(y) * 2^-e, ue8m0 scale bytes, zero pad, bf16 tail
-    little endian; the encode kernel's arithmetic."""
+    little endian; the encode kernel's arithmetic (with HW its hardware conversions too)."""
     HP: tl.constexpr = y.shape[1]
     NOPE: tl.constexpr = NB * QB
-    bits = nj.bf16_rne_bits(y)
+    bits = nj.bf16_bits(y, HW)
     blk = tl.arange(0, HP // QB)  # the NoPE blocks first (HP >= H > NOPE, both multiples of QB)
     j = tl.arange(0, QB)
     nope = blk < NB
     xq = nj.bf16_bits_f32(tl.reshape(bits, (HP // QB, QB)))
     e = nj.block_exponent(nj.abs_max(xq, 1), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE, ELEM_EMAX)
-    codes = nj.e4m3_bits(xq * nj.pow2(-e)[:, None])
+    codes = nj.e4m3_code(xq * nj.pow2(-e)[:, None], HW)
     tl.store(cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE + blk[:, None] * QB + j[None, :], codes.to(tl.uint8),
              mask=nope[:, None])
     s = tl.minimum(tl.maximum(e + 127, 0), 255)
@@ -133,7 +134,8 @@ def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr,
                     PAD_STRIDE: tl.constexpr, PAD_BYTES: tl.constexpr, PAD_P2: tl.constexpr,
                     FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                     E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
-                    POW2: tl.constexpr, E2M1_RNE: tl.constexpr, E2M1_SIGNED_ZERO: tl.constexpr):
+                    POW2: tl.constexpr, E2M1_RNE: tl.constexpr, E2M1_SIGNED_ZERO: tl.constexpr,
+                    HW: tl.constexpr = False, EARLY_INPUTS: tl.constexpr = False):
     """Tokens pid * BLOCK_T .. + BLOCK_T; program axis 1 is the feature chunk when NSPLIT > 1.
     Rows are worked on as HP = NCHUNK * BD (a power of two) features, the head dim H first.
 
@@ -166,6 +168,10 @@ def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr,
             base_r = tl.load(base_ptr + r * base_stride, mask=r_ok, other=0).to(tl.int64)
         cidx = tl.arange(0, NCHUNK)
         j = tl.arange(0, BD)
+        if NSPLIT == 1 and EARLY_INPUTS:
+            w, is_rope, cos, sin, slot = finisher_inputs(weight_ptr, w_stride, cs_ptr, cs_stride, tslot_ptr,
+                                                         tslot_stride, t, (p // RATIO) * RATIO, True, H, HP,
+                                                         ROPE, W_BF16, False)
         if NSPLIT == 1:
             pooled = tl.zeros((NCHUNK, BD), tl.float32)
             for c in range(NCHUNK):
@@ -190,7 +196,7 @@ def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr,
             at = cidx[:, None] * BD + j[None, :]
             pooled = tl.load(ws_row + at, mask=pj.spread(ready, at), other=0.0, cache_modifier=".cg")
         if ready:  # this program holds (or completed) the whole pooled row
-            if NSPLIT == 1:  # loaded here, they hold no registers during the pooling
+            if NSPLIT == 1 and not EARLY_INPUTS:  # loaded here, they hold no registers during the pooling
                 w, is_rope, cos, sin, slot = finisher_inputs(weight_ptr, w_stride, cs_ptr, cs_stride, tslot_ptr,
                                                              tslot_stride, t, (p // RATIO) * RATIO, ready, H, HP,
                                                              ROPE, W_BF16, False)
@@ -205,7 +211,7 @@ def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr,
                 if MODE == 1:
                     store_ds_mla(y, out_ptr, base, row, H, NB, QB, OFF0, STRIDE0, OFF1, STRIDE1, SCALE_OFF,
                                  SCALE_STRIDE, PAD_OFF, PAD_STRIDE, PAD_BYTES, PAD_P2, FLOOR, ELEM_MAX,
-                                 FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE, ELEM_EMAX)
+                                 FLOOR_ON_SCALE, E_MIN, E_MAX, FLOOR_MODE, ELEM_EMAX, HW)
                 else:  # the indexer's head dim is a power of two (HP == H)
                     store_indexer(y, had_scale, out_ptr, base, row, LOG2_H, MODE == 3, NB, QB, OFF0, STRIDE0,
                                   SCALE_OFF, SCALE_STRIDE, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX,
