@@ -11,6 +11,7 @@ import torch
 from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_cache, check_tensor
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import CompressorState, Fp8DsMla
+from kvformats.registry import get_format
 
 RATIOS = (4, 128)
 
@@ -82,6 +83,21 @@ def check_sorted(name: str, t) -> None:
         raise InputError(f"{name} must never decrease (cumulative token offsets), got {t.tolist()[:16]}")
 
 
+_LAYOUTS: dict[tuple, object] = {}
+
+
+def layout_of(fmt, **params):
+    """The layout of ``fmt`` (a Layout class or a registered format name) with ``params``, made
+    once per parameters: building and validating a layout was most of an op's host-side
+    checking, and layouts are immutable."""
+    key = (fmt, *params.items())
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        layout = get_format(fmt, **params) if isinstance(fmt, str) else fmt(**params)
+        _LAYOUTS[key] = layout
+    return layout
+
+
 def state_layout(state_cache, ratio: int, head_dim: int) -> CompressorState:
     """The compressor-state layout of ``state_cache`` for ``ratio`` and ``head_dim``, checked."""
     check_int("ratio", ratio, allowed=RATIOS)
@@ -94,7 +110,7 @@ def state_layout(state_cache, ratio: int, head_dim: int) -> CompressorState:
                           f"and head_dim {head_dim} (W = {coff} * head_dim), got {state_cache.shape[2]}")
     if state_cache.shape[1] < 1:
         raise LayoutError(f"state_cache must have at least one row per page, got {describe(state_cache)}")
-    layout = CompressorState(head_dim=head_dim, ratio=ratio, page_size=state_cache.shape[1])
+    layout = layout_of(CompressorState, head_dim=head_dim, ratio=ratio, page_size=state_cache.shape[1])
     check_cache(layout, state_cache)
     return layout
 
@@ -106,7 +122,7 @@ def ds_mla_layout(kv_cache, head_dim: int, rope_dim: int, page_size: int) -> Fp8
     if nope <= 0 or nope % 64:
         raise InputError(f"fp8_ds_mla needs head_dim - rope_dim to be a positive multiple of 64, got "
                          f"head_dim {head_dim} and rope_dim {rope_dim}")
-    layout = Fp8DsMla(head_dim=head_dim, rope_dim=rope_dim, page_size=page_size)
+    layout = layout_of(Fp8DsMla, head_dim=head_dim, rope_dim=rope_dim, page_size=page_size)
     check_cache(layout, kv_cache)
     return layout
 

@@ -24,7 +24,6 @@ from kvformats.blocktable import table_slots
 from kvformats.deepseek_v4.pooling import pool_reference
 from kvformats.deepseek_v4.transforms import hadamard_reference, rope_tail
 from kvformats.errors import InputError
-from kvformats.registry import get_format
 from kvformats.rowio import write_rows
 
 INDEX_FORMATS = ("fp8_indexer", "mxfp4_indexer")
@@ -200,7 +199,7 @@ def indexer_compress_insert(state_cache: torch.Tensor, index_cache: torch.Tensor
         raise InputError(f"the indexer head dim (rms_weight size) must be a power of two for the Hadamard "
                          f"rotation, got {h}")
     C.check_int("index_page_size", index_page_size, minimum=1)
-    layout = get_format(index_format, head_dim=h, page_size=index_page_size)
+    layout = C.layout_of(index_format, head_dim=h, page_size=index_page_size)
     C.check_cache(layout, index_cache)
     if index_cache.device != state_cache.device:
         raise InputError(f"index_cache must be on the state cache's device {state_cache.device}, "
