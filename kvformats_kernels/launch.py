@@ -51,7 +51,7 @@ class FastKernel:
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args: tuple, kwargs: dict) -> None:
-        if not self.direct:
+        if not self.direct or _hooks_set():
             self.fn[grid](*args, **kwargs)
             return
         device = torch.cuda.current_device()
@@ -67,16 +67,36 @@ class FastKernel:
             *args, *tail)
 
     def _first(self, key, grid, args, kwargs) -> None:
-        from triton import knobs
-
         compiled = self.fn[grid](*args, **kwargs)
-        if compiled is None or knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook:
-            return  # nothing kept: hooks want every launch seen by Triton
+        if compiled is None or not hasattr(compiled, "packed_metadata"):
+            return  # a Triton whose launch returns no compiled kernel: keep Triton's path
         rest = self.names[len(args):]
         if any(n not in kwargs and n not in self.defaults for n in rest):
             return  # a runtime argument passed by keyword: this call site keeps Triton's path
         tail = tuple(kwargs[n] if n in kwargs else self.defaults[n] for n in rest)
         self.compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata, tail)
+
+
+def _hook_set(hook) -> bool:
+    # Triton 3.6 keeps each launch hook as a chain object (empty: .calls == []); earlier
+    # releases as None or a callable.
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else True
+
+
+def _hooks_set() -> bool:
+    """Whether a profiler (or anything) asked Triton to see every launch."""
+    global _RUNTIME
+    if _RUNTIME is None:
+        from triton import knobs
+
+        _RUNTIME = knobs.runtime
+    return _hook_set(_RUNTIME.launch_enter_hook) or _hook_set(_RUNTIME.launch_exit_hook)
+
+
+_RUNTIME = None
 
 
 def fast(fn) -> FastKernel:

@@ -13,6 +13,7 @@ import torch
 from kvformats_kernels import _common as cm
 from kvformats_kernels import state
 from kvformats_kernels.dsv4 import compress_jit as jit
+from kvformats_kernels.launch import fast
 
 # Per (what, ratio): features per chunk (bd), tokens per program for large calls (block_t),
 # warps, and for calls whose chunks are split over programs (split_bd, split_warps; a split_bd of
@@ -21,8 +22,12 @@ from kvformats_kernels.dsv4 import compress_jit as jit
 # (split_maxnreg); fast_div 1 divides the softmax weights by the pooling's hoisted-reciprocal
 # division (pool_jit.div_by: the same bits as div_rn), 0 by div_rn itself; hw_cvt 1 converts
 # to bf16 / e4m3 with the GPU's instructions (the same bytes, tests/kernels/test_hw_cvt.py);
-# early_inputs 1 loads the RMSNorm weight, cos / sin and the target slot of an unsplit program
-# before its window loads rather than after (compress_jit.compress_kernel). Picked by the
+# early_inputs 1 loads the RMSNorm weight, cos / sin and the target slot of a decode program
+# before its window loads rather than after (compress_jit.compress_kernel); split_fast_div is
+# fast_div for decode-sized calls; calls of at most few_rows tokens take few_warps (fewer
+# programs than SMs: more warps shorten each program's dependent chain, while at 512 tokens
+# fewer warps fit more programs per SM; CSA at 64 / 512 rows: 5.4 / 7.4 µs with 8 / 2 warps,
+# 5.6 / 9.0 µs with 4 for both, docs/performance.md). Picked by the
 # H200 sweeps in docs/performance_gpu.md: narrow chunks with few warps keep more programs in
 # flight; caps of 96 (CSA) and 80 (indexer) registers fit more programs without spilling
 # (80 -> 83 %, 64 / 70 -> 73 %); div_by speeds up HCA and the indexer but slows the one-warp
@@ -32,8 +37,9 @@ from kvformats_kernels.dsv4 import compress_jit as jit
 # the compiler takes 164: three programs per SM instead of four). Benchmarks may override
 # entries (--sweep); tests run whatever is here.
 CONFIG: dict[tuple[str, int], dict[str, int]] = {
-    ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 4, "maxnreg": 96,
-                 "fast_div": 0, "hw_cvt": 1, "early_inputs": 1},
+    ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 2, "maxnreg": 96,
+                 "fast_div": 0, "split_fast_div": 1, "hw_cvt": 1, "early_inputs": 1, "few_rows": 128,
+                 "few_warps": 8},
     ("kv", 128): {"bd": 32, "block_t": 128, "num_warps": 4, "split_bd": 32, "split_warps": 4, "maxnreg": 128,
                    "split_maxnreg": 0, "fast_div": 1, "hw_cvt": 1, "early_inputs": 0},
     ("index", 4): {"bd": 64, "block_t": 8, "num_warps": 1, "split_bd": 128, "split_warps": 2, "maxnreg": 80,
@@ -56,11 +62,14 @@ def _plan(what: str, ratio: int, h: int, n: int) -> dict:
     bd, warps = min(cfg["bd"], hp), cfg["num_warps"]
     if n <= SPLIT_MAX_T and hp > bd:
         bd, warps = min(cfg.get("split_bd", bd), hp), cfg.get("split_warps", warps)
+        if n <= cfg.get("few_rows", 0):
+            warps = cfg["few_warps"]
         return {"BD": bd, "NCHUNK": hp // bd, "NSPLIT": hp // bd, "BLOCK_T": 1, "num_warps": warps,
-                "maxnreg": cfg.get("split_maxnreg", 0)}
+                "maxnreg": cfg.get("split_maxnreg", 0), "FAST_DIV": bool(cfg.get("split_fast_div", cfg["fast_div"])),
+                "EARLY_INPUTS": bool(cfg.get("early_inputs", 0))}
     block_t = 1 if n <= ONE_TOKEN_MAX_T else cfg["block_t"]
     return {"BD": bd, "NCHUNK": hp // bd, "NSPLIT": 1, "BLOCK_T": block_t, "num_warps": warps,
-            "maxnreg": cfg.get("maxnreg", 0)}
+            "maxnreg": cfg.get("maxnreg", 0), "FAST_DIV": bool(cfg["fast_div"]), "EARLY_INPUTS": False}
 
 
 @cm.per_layout
@@ -119,7 +128,7 @@ def _launch(mode: str, what: str, state_cache, ratio, positions, req, table, bas
         cs, rope = (cos_sin if cos_sin.stride(1) == 1 else cos_sin.contiguous()), cos_sin.shape[1]
     sslot = positions if state_slots is None else state_slots
     tslot = positions if target_slots is None else target_slots
-    jit.compress_kernel[(cm.grid_rows(n, plan["BLOCK_T"]), plan["NSPLIT"])](
+    fast(jit.compress_kernel)[(cm.grid_rows(n, plan["BLOCK_T"]), plan["NSPLIT"])](
         state_cache, table, table if base is None else base, positions, req, sslot, tslot,
         weight.view(torch.int16) if weight.dtype == torch.bfloat16 else weight, cs, dst, ws, cnt,
         n, state_cache.stride(0), state_cache.shape[0], table.stride(0), table.stride(1), table.shape[0],
@@ -129,8 +138,8 @@ def _launch(mode: str, what: str, state_cache, ratio, positions, req, table, bas
         MODE=MODES[mode], RATIO=ratio, H=h, W=state_cache.shape[2] // 2, ROWS=state_cache.shape[1],
         BD=plan["BD"], NCHUNK=plan["NCHUNK"], NSPLIT=plan["NSPLIT"], BLOCK_T=plan["BLOCK_T"],
         HAS_BASE=base is not None, W_BF16=weight.dtype == torch.bfloat16, GPU=dev.type == "cuda",
-        FAST_DIV=bool(CONFIG[(what, ratio)]["fast_div"]), ROPE=rope, HW=dev.type == "cuda" and cm.hw_cvt(cfg),
-        EARLY_INPUTS=bool(cfg.get("early_inputs", 0)),
+        FAST_DIV=plan["FAST_DIV"], ROPE=rope, HW=dev.type == "cuda" and cm.hw_cvt(cfg),
+        EARLY_INPUTS=plan["EARLY_INPUTS"],
         LOG2_H=h.bit_length() - 1, **geo, **cm.launch_opts(plan), enable_fp_fusion=False)
     return out
 

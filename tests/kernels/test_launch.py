@@ -32,6 +32,16 @@ def test_keys_tell_apart_every_specialization():
     assert launch._arg_key(1.5) != launch._arg_key(1) and launch._arg_key(None) == type(None)
 
 
+def test_launch_hooks_count_as_set_only_when_something_is_in_them():
+    class Chain:  # Triton 3.6's HookChain keeps its hooks in .calls
+        def __init__(self, calls):
+            self.calls = calls
+
+    assert not launch._hook_set(None) and not launch._hook_set(Chain([]))
+    assert launch._hook_set(Chain([print])) and launch._hook_set(print)
+    assert launch._hooks_set() is False  # nothing in this process set a hook
+
+
 def test_fast_is_one_wrapper_per_kernel_and_launches_like_triton():
     fk = launch.fast(axpy_kernel)
     assert launch.fast(axpy_kernel) is fk
