@@ -12,10 +12,14 @@ Importing kvformats never imports Triton; kernels load on the first CUDA call.
 from kvformats.deferred import error_record, pending_error, raise_pending, strict_checks
 from kvformats.errors import (
     BackendUnavailableError,
+    CacheFileError,
+    CacheWriteError,
+    ConversionError,
     InputError,
     InputTypeError,
     KVFormatError,
     LayoutError,
+    OutputError,
 )
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8DsMlaV32, Fp8Indexer, Mxfp4Indexer
 from kvformats.layout import Field, Layout, Region, Segment
@@ -26,8 +30,8 @@ __version__ = "0.1.0"
 SPEC_VERSION = "1"
 
 __all__ = [
-    "BackendUnavailableError", "CompressorState", "Field", "Fp8DsMla", "Fp8DsMlaV32", "Fp8Indexer", "InputError",
-    "InputTypeError", "KVFormatError", "Layout", "LayoutError", "Mxfp4Indexer", "PROFILE_NAMES", "Profile",
+    "BackendUnavailableError", "CacheFileError", "CacheWriteError", "CompressorState", "ConversionError", "Field", "Fp8DsMla", "Fp8DsMlaV32", "Fp8Indexer", "InputError",
+    "InputTypeError", "KVFormatError", "Layout", "LayoutError", "Mxfp4Indexer", "OutputError", "PROFILE_NAMES", "Profile",
     "Region", "Segment", "error_record", "get_format", "list_formats", "pending_error", "raise_pending",
     "strict_checks", "supported_profiles", "SPEC_VERSION", "__version__",
 ]

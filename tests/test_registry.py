@@ -109,3 +109,10 @@ def test_resolve_sees_an_implementation_registered_after_a_call(monkeypatch):
     with pytest.raises(kvf.BackendUnavailableError):
         registry.resolve("zz_fmt", "encode", "triton", cpu)
     registry._RESOLVED.clear()
+
+
+def test_every_error_class_is_exported():
+    from kvformats import errors
+
+    classes = {c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, kvf.KVFormatError)}
+    assert classes <= {getattr(kvf, n) for n in kvf.__all__}
