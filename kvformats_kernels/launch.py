@@ -43,6 +43,7 @@ class FastKernel:
         self.fn = fn
         self.names = tuple(fn.arg_names) if hasattr(fn, "arg_names") else ()
         self.defaults = {p.name: p.default for p in getattr(fn, "params", ()) if p.has_default}
+        self.runtime = {p.name for p in getattr(fn, "params", ()) if not p.is_constexpr}
         self.compiled: dict[tuple, tuple] = {}
         self.direct = (type(fn).__name__ == "JITFunction" and os.environ.get("TRITON_INTERPRET", "0") != "1"
                        and os.environ.get("KVFORMATS_TRITON_LAUNCH", "0") in ("", "0"))
@@ -71,8 +72,10 @@ class FastKernel:
         if compiled is None or not hasattr(compiled, "packed_metadata"):
             return  # a Triton whose launch returns no compiled kernel: keep Triton's path
         rest = self.names[len(args):]
-        if any(n not in kwargs and n not in self.defaults for n in rest):
-            return  # a runtime argument passed by keyword: this call site keeps Triton's path
+        if any(n not in kwargs and n not in self.defaults for n in rest) or not self.runtime.isdisjoint(kwargs):
+            # A runtime argument passed by keyword (or left out): its value would be part of the
+            # key, one entry per call. This call site keeps Triton's path.
+            return
         tail = tuple(kwargs[n] if n in kwargs else self.defaults[n] for n in rest)
         self.compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata, tail)
 

@@ -57,6 +57,16 @@ def test_fast_is_one_wrapper_per_kernel_and_launches_like_triton():
         assert len(fk.compiled) == 3
 
 
+def test_runtime_arguments_by_keyword_are_never_kept():
+    fk = launch.FastKernel(axpy_kernel)
+    x, y = torch.randn(300, device=DEV), torch.randn(300, device=DEV)
+    want, got = torch.zeros_like(x), torch.zeros_like(x)
+    axpy_kernel[(3,)](x, y, want, 300, 2, BLOCK=128, K=3)
+    for _ in range(3):
+        fk[(3,)](x, y, got, 300, shift=2, BLOCK=128, K=3)
+    assert torch.equal(want, got) and fk.compiled == {}
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.gpu
 def test_direct_launches_capture_in_a_graph():
