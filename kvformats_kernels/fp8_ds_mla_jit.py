@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
-from kvformats_kernels.rows_jit import locate_checked, request_rows
+from kvformats_kernels.rows_jit import locate_slot, record_request, record_slots, request_rows
 
 
 @triton.jit
@@ -33,8 +33,7 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_s
     bf16-rounded values: 8 significant bits) take their exponents in four integer operations
     (nj.block_exponent_short; _common.short_exponent says which rules allow it)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate_checked(slots_ptr, slot_stride, rows, n_rows, capacity, err_ptr, PAGE_SIZE,
-                                             SITE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
     x_row = x_ptr + rows * x_stride
 
@@ -92,6 +91,7 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_s
     k = tl.arange(0, 2 * ROPE_P2)
     rope_at = cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE
     tl.store(rope_at[:, None] + k[None, :], pairs.to(tl.uint8), mask=ok[:, None] & (k < 2 * ROPE)[None, :])
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -184,11 +184,11 @@ def decode_kernel(cache_ptr, rope16_ptr, slots_ptr, out_ptr, err_ptr, n_rows, sl
     """out (int16 bits of bf16) [N, HEAD_DIM]: the rows at slots; zero rows for invalid slots
     (a slot >= capacity recorded at SITE)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate_checked(slots_ptr, slot_stride, rows, n_rows, capacity, err_ptr, PAGE_SIZE,
-                                             SITE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     decode_body(cache_ptr, rope16_ptr, page, row, ok, out_ptr + rows * HEAD_DIM, in_range, page_stride,
                 page_stride16, PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
                 NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, BLOCK_M, HW)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -207,10 +207,10 @@ def paged_decode_kernel(cache_ptr, rope16_ptr, table_ptr, seq_ptr, glen_ptr, bas
     invalid gather_len or workspace width recorded (rows_jit.request_rows)."""
     req = tl.program_id(1).to(tl.int64) + req0
     i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live, ok, page, row = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr, glen_ptr,
-                                       base_ptr, req, i, width, offset, err_ptr, HAS_GLEN, HAS_BASE, PAGE_SIZE,
-                                       GLEN_SITE, OUT_SITE)
+    live, ok, page, row, seq, glen = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr,
+                                                  glen_ptr, base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
     out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
     decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride, page_stride16,
                 PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
                 NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, BLOCK_M, HW)
+    record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE, OUT_SITE)

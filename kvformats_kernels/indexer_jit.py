@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
-from kvformats_kernels.rows_jit import locate_checked, request_rows
+from kvformats_kernels.rows_jit import locate_slot, record_request, record_slots, request_rows
 
 
 @triton.jit
@@ -25,7 +25,7 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, sl
     input: the exponent of a block maximum of 8 significant bits in four integer operations
     (nj.block_exponent_short; _common.short_exponent says which rules allow it)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate_checked(slots_ptr, slot_stride, rows, n_rows, capacity, err_ptr, PAGE_SIZE, SITE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
     blk = tl.arange(0, NB_P2)
     elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
@@ -50,6 +50,7 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, sl
     m2 = ok[:, None] & (blk < NB)[None, :]
     for i in tl.static_range(4):
         tl.store(scale_at + i, ((bits >> (8 * i)) & 0xFF).to(tl.uint8), mask=m2)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -84,9 +85,10 @@ def fp8_decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_strid
     """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots (a slot >=
     capacity recorded at SITE)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate_checked(slots_ptr, slot_stride, rows, n_rows, capacity, err_ptr, PAGE_SIZE, SITE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     fp8_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
                     VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, HW)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -160,8 +162,7 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + pr // NB_P2
         blk = pr % NB_P2
         live = blk < NB
-        in_range, ok, page, row = locate_checked(slots_ptr, slot_stride, rows, n_rows, capacity, err_ptr,
-                                                 PAGE_SIZE, SITE)
+        in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
         col = (tl.arange(0, QB // V) * V)[:, None] + tl.arange(0, V)[None, :]
         x = nj.load_f32((x_ptr + rows * x_stride + blk * QB)[:, None, None] + col[None, :, :],
                         (in_range & live)[:, None, None], IS_BF16)  # overlaps the slot load
@@ -191,10 +192,10 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
             _store_nibbles(at, nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO), ok & live)
         s = tl.minimum(tl.maximum(e + 127, 0), 255)
         tl.store(base + SCALE_OFF + row * SCALE_STRIDE + blk, s.to(tl.uint8), mask=ok & live)
+        record_slots(err_ptr, rows, slot, capacity, SITE)
     else:
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        in_range, ok, page, row = locate_checked(slots_ptr, slot_stride, rows, n_rows, capacity, err_ptr,
-                                                 PAGE_SIZE, SITE)
+        in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
         base = page * page_stride
         blk = tl.arange(0, NB_P2)
         elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
@@ -211,6 +212,7 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
         s = tl.minimum(tl.maximum(e + 127, 0), 255)
         tl.store((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :], s.to(tl.uint8),
                  mask=ok[:, None] & (blk < NB)[None, :])
+        record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -250,9 +252,10 @@ def mxfp4_decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_str
     capacity recorded at SITE). (HW: unused, e2m1
     has no hardware conversion on Hopper; taken so both indexer decoders share a launcher.)"""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate_checked(slots_ptr, slot_stride, rows, n_rows, capacity, err_ptr, PAGE_SIZE, SITE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     mxfp4_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
                       VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -271,9 +274,8 @@ def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_p
     widths are recorded (rows_jit.request_rows)."""
     req = tl.program_id(1).to(tl.int64) + req0
     i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live, ok, page, row = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr, glen_ptr,
-                                       base_ptr, req, i, width, offset, err_ptr, HAS_GLEN, HAS_BASE, PAGE_SIZE,
-                                       GLEN_SITE, OUT_SITE)
+    live, ok, page, row, seq, glen = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr,
+                                                  glen_ptr, base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
     out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
     if MXFP4:
         mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
@@ -281,3 +283,4 @@ def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_p
     else:
         fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
                         VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, HW)
+    record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE, OUT_SITE)

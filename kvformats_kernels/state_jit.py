@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
-from kvformats_kernels.rows_jit import locate_checked
+from kvformats_kernels.rows_jit import locate_slot, record_slots
 
 
 @triton.jit
@@ -18,7 +18,7 @@ def encode_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, slots_ptr, cache_ptr, err
     a slot >= capacity is skipped and recorded at SITE."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    in_range, ok, page, row = locate_checked(slots_ptr, slot_stride, rows, n_rows, capacity, err_ptr, PAGE_SIZE, SITE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     m = ok[:, None] & (cols < W)[None, :]
     mx = in_range[:, None] & (cols < W)[None, :]  # inputs are read regardless of the slot: no wait on it
     kv = nj.load_f32((kv_ptr + rows * kv_stride)[:, None] + cols[None, :], mx, KV_BF16)
@@ -30,6 +30,7 @@ def encode_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, slots_ptr, cache_ptr, err
     at = (cache_ptr + page * page_stride + row * ROW_STRIDE)[:, None] + cols[None, :]
     tl.store(at + KV_OFF, kv, mask=m)
     tl.store(at + SCORE_OFF, score + ape, mask=m)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -43,7 +44,7 @@ def gather_kernel(cache_ptr, slots_ptr, out_ptr, out2_ptr, err_ptr, n_rows, slot
     decode's kv and score as two tensors of their own, with no copy afterwards."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    in_range, ok, page, row = locate_checked(slots_ptr, slot_stride, rows, n_rows, capacity, err_ptr, PAGE_SIZE, SITE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     live = (cols < ROW_ELEMS)[None, :]
     src = (cache_ptr + page * page_stride + row * ROW_STRIDE + ROW_OFF)[:, None] + cols[None, :]
     v = tl.load(src, mask=ok[:, None] & live, other=0)
@@ -54,3 +55,4 @@ def gather_kernel(cache_ptr, slots_ptr, out_ptr, out2_ptr, err_ptr, n_rows, slot
         keep = in_range[:, None] & live
         tl.store((out_ptr + rows * SPLIT)[:, None] + cols[None, :], v, mask=keep & first)
         tl.store((out2_ptr + rows * (ROW_ELEMS - SPLIT))[:, None] + (cols - SPLIT)[None, :], v, mask=keep & ~first)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
