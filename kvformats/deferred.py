@@ -58,8 +58,10 @@ MESSAGES = {
                       "the request's rows were not written",
     Check.WORKSPACE_WIDTH: "request {index} needs offset + gather_len = {value} rows of {arg}, which has {bound}; "
                            "rows beyond the workspace were not written: widen it",
-    Check.CU_ORDER: "{arg} must start at 0 and never decrease: {arg}[{index}] = {value} after {bound}; "
-                    "the rows of that request were not copied",
+    Check.CU_ORDER: "{arg} must never decrease (and cu_seq_lens start at 0): {arg}[{index}] = {value} after "
+                    "{bound}; the output rows these offsets place are unspecified (gather_paged: workspace rows "
+                    "below the largest entry may hold any request's records or zeros), nothing outside the "
+                    "outputs was written",
     Check.WORKSPACE_ROWS: "{arg}[-1] = {value} rows requested, but the workspaces hold {bound}; "
                           "rows beyond them were not copied: pass larger workspaces",
 }

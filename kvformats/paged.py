@@ -128,11 +128,13 @@ def gather_paged(layout, cache, *, block_table, cu_seq_lens, out=None, num_rows=
         raise InputError("pass out= (preallocated workspaces) or num_rows= (to allocate them), not both")
     views = None if out is None else _workspaces(layout, cache, out, None)
     fn = registry.resolve(layout.name, "gather_paged", backend, cache.device)
-    host = deferred.on_host(check, cu_seq_lens)
-    if host:
-        _host_cu_checks(cu_seq_lens, None if views is None else views[0].shape[0])
+    # the workspaces' rows: the caller's, or num_rows= of those to allocate (a kernel checks
+    # cu_seq_lens[-1] against the rows it is given, whichever way they came)
+    rows = views[0].shape[0] if views is not None else num_rows
+    if deferred.on_host(check, cu_seq_lens):
+        _host_cu_checks(cu_seq_lens, rows)
     elif not registry.is_kernel(fn):
-        _record_cu_checks(cu_seq_lens, None if views is None else views[0].shape[0])
+        _record_cu_checks(cu_seq_lens, rows)
     if views is None:
         if num_rows is None:
             if capturing(cu_seq_lens):

@@ -11,6 +11,8 @@ import types
 
 import torch
 
+from kvformats import deferred
+
 # Rows per program and warps per program of each kernel, by (family, op); maxnreg caps the
 # registers per thread (0: the compiler's choice; see launch_opts). Benchmarks may override
 # entries; tests run whatever is here.
@@ -132,6 +134,24 @@ def byte_cache(layout, cache: torch.Tensor) -> tuple[torch.Tensor, int]:
     return layout.byte_pages(cache)
 
 
+# The record sites (deferred.SITES) the launchers pass to their kernels as the SITE constexpr:
+# the same (op, argument) the reference records with (kvformats.ops and kvformats.paged).
+SITES = {
+    "encode": deferred.site("encode", "slots"),
+    "decode": deferred.site("decode", "slots"),
+    "gather": deferred.site("gather", "slots"),
+    "decode_topk": deferred.site("decode_topk", "topk_slots"),
+    "gather_lens": deferred.site("dequantize_gather", "gather_lens"),
+    "out": deferred.site("dequantize_gather", "out"),
+    "cu_seq_lens": deferred.site("gather_paged", "cu_seq_lens"),
+}
+
+
+def error_record(cache: torch.Tensor) -> torch.Tensor:
+    """The error record of the cache's device, which the kernels write their violations to."""
+    return deferred.error_record(cache.device)
+
+
 def rows_input(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """(``x [N, D]`` with unit column stride, whether it is bf16). The row stride is passed to
     the kernel; bf16 goes as its int16 bit patterns, which kernels widen exactly (load_f32)."""
@@ -208,26 +228,31 @@ def launch_paged(kernel, caches: tuple, out: torch.Tensor, table: torch.Tensor, 
     ``out [R, W, D]`` may have any strides; with a non-unit element stride the kernel writes a
     contiguous copy (holding the untouched rows too), copied back after. Nothing reads device
     memory on the host: the grid spans the workspace width, and rows at or beyond a request's
-    gather_len are masked off inside the kernel."""
+    gather_len are masked off inside the kernel. Each request has at least one program, even
+    with no workspace rows after the offset: its first program checks gather_len and the
+    width (request_rows), as the reference does for every request."""
     requests, width = out.shape[0], out.shape[1] - offset
-    if requests == 0 or width <= 0:
+    if requests == 0:
         return
     target = out if out.stride(2) == 1 or out.shape[2] == 1 else out.contiguous()
     block_m = cfg["block_m"]
+    err = error_record(out)
     for r0 in range(0, requests, MAX_GRID_Y):
-        grid = (grid_rows(width, block_m), min(requests - r0, MAX_GRID_Y))
+        grid = (max(1, grid_rows(width, block_m)), min(requests - r0, MAX_GRID_Y))
         kernel[grid](*caches, table, seq_lens, seq_lens if gather_lens is None else gather_lens,
-                     seq_lens if base is None else base, target, table.stride(0), table.stride(1), table.shape[1],
-                     num_pages, *strides, target.stride(0), target.stride(1), offset, width, r0, **geo,
-                     HAS_GLEN=gather_lens is not None, HAS_BASE=base is not None, BLOCK_M=block_m,
-                     **launch_opts(cfg))
-    if target is not out:
+                     seq_lens if base is None else base, target, err, table.stride(0), table.stride(1),
+                     table.shape[1], num_pages, *strides, target.stride(0), target.stride(1), offset, width, r0,
+                     **geo, HAS_GLEN=gather_lens is not None, HAS_BASE=base is not None, BLOCK_M=block_m,
+                     GLEN_SITE=SITES["gather_lens"], OUT_SITE=SITES["out"], **launch_opts(cfg))
+    if target is not out and width > 0:
         out.copy_(target)
 
 
 def topk(decode, layout, cache: torch.Tensor, topk_slots: torch.Tensor):
-    """``decode`` of the flattened ``[T, K]`` slots, reshaped to ``[T, K, ...]`` (each tensor)."""
-    decoded = decode(layout, cache, topk_slots.reshape(-1))
+    """``decode`` of the flattened ``[T, K]`` slots, reshaped to ``[T, K, ...]`` (each tensor);
+    ``decode(layout, cache, slots, site)`` records at decode_topk's site, with the flat index
+    in ``[T, K]`` as the reference does."""
+    decoded = decode(layout, cache, topk_slots.reshape(-1), SITES["decode_topk"])
     shape = tuple(topk_slots.shape)
     if isinstance(decoded, tuple):
         return tuple(d.reshape(*shape, d.shape[-1]) for d in decoded)

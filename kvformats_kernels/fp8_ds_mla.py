@@ -51,21 +51,23 @@ def _encode_constants(layout) -> dict:
 
 def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
     """Quantize ``x [N, head_dim]`` (bf16/fp16/fp32) into the rows at ``slots [N]``; slots
-    outside [0, capacity) are skipped."""
+    outside [0, capacity) are skipped (those >= capacity recorded: an empty cache still takes
+    the launch, so that its slots are checked)."""
     n = x.shape[0]
-    if n == 0 or cache.shape[0] == 0:
+    if n == 0:
         return
     x, is_bf16 = cm.rows_input(x)
     u8, stride = cm.byte_cache(layout, cache)
     cfg = cm.config("fp8_ds_mla", "encode", n)
     jit.encode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
-        x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
-        **_encode_constants(layout), IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"],
-        HW=cm.hw_cvt(cfg), **cm.launch_opts(cfg))
+        x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache),
+        stride, **_encode_constants(layout), IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)),
+        BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"], HW=cm.hw_cvt(cfg), **cm.launch_opts(cfg))
 
 
-def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """bf16 ``[N, head_dim]`` rows at ``slots``; zero rows for invalid slots."""
+def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITES["decode"]) -> torch.Tensor:
+    """bf16 ``[N, head_dim]`` rows at ``slots``; zero rows for invalid slots (those >= capacity
+    recorded at ``site``)."""
     n = slots.shape[0]
     out = torch.empty((n, layout.head_dim), dtype=torch.int16, device=cache.device)
     if n > 0:
@@ -73,8 +75,8 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         geo, rope16, stride16 = _decode_geometry(layout, u8, stride)
         cfg = cm.config("fp8_ds_mla", "decode", n)
         jit.decode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
-            u8, rope16, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride, stride16,
-            **geo, HEAD_DIM=layout.head_dim, BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg),
+            u8, rope16, slots, out, cm.error_record(cache), n, slots.stride(0), cm.capacity(layout, cache), stride,
+            stride16, **geo, HEAD_DIM=layout.head_dim, BLOCK_M=cfg["block_m"], SITE=site, HW=cm.hw_cvt(cfg),
             **cm.launch_opts(cfg))
     return out.view(torch.bfloat16)
 

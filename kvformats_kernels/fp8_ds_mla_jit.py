@@ -10,11 +10,11 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
-from kvformats_kernels.rows_jit import locate, request_rows
+from kvformats_kernels.rows_jit import locate_slot, record_request, record_slots, request_rows
 
 
 @triton.jit
-def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
+def encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
                   PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
                   ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
                   SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
@@ -24,14 +24,16 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
                   FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                   E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
                   SCALE_F32: tl.constexpr, POW2: tl.constexpr,
-                  IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, HW: tl.constexpr = False,
+                  IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr,
+                  SITE: tl.constexpr, HW: tl.constexpr = False,
                   SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0, EM_CARRY: tl.constexpr = 0,
                   EM_FIELD: tl.constexpr = 0):
-    """Rows x [N, head_dim] into the rows at slots (skipped outside [0, capacity)). SHORT_E: the
-    NoPE blocks' maxima (of bf16-rounded values: 8 significant bits) take their exponents in four
-    integer operations (nj.block_exponent_short; _common.short_exponent says which rules allow it)."""
+    """Rows x [N, head_dim] into the rows at slots (skipped outside [0, capacity); a slot >=
+    capacity recorded at SITE in err_ptr's record). SHORT_E: the NoPE blocks' maxima (of
+    bf16-rounded values: 8 significant bits) take their exponents in four integer operations
+    (nj.block_exponent_short; _common.short_exponent says which rules allow it)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
     x_row = x_ptr + rows * x_stride
 
@@ -89,6 +91,7 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, ca
     k = tl.arange(0, 2 * ROPE_P2)
     rope_at = cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE
     tl.store(rope_at[:, None] + k[None, :], pairs.to(tl.uint8), mask=ok[:, None] & (k < 2 * ROPE)[None, :])
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -171,23 +174,25 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
 
 
 @triton.jit
-def decode_kernel(cache_ptr, rope16_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
+def decode_kernel(cache_ptr, rope16_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
                   page_stride16, PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
                   ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
                   SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                   NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                   ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
-    """out (int16 bits of bf16) [N, HEAD_DIM]: the rows at slots; zero rows for invalid slots."""
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr, HW: tl.constexpr = False):
+    """out (int16 bits of bf16) [N, HEAD_DIM]: the rows at slots; zero rows for invalid slots
+    (a slot >= capacity recorded at SITE)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     decode_body(cache_ptr, rope16_ptr, page, row, ok, out_ptr + rows * HEAD_DIM, in_range, page_stride,
                 page_stride16, PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
                 NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, BLOCK_M, HW)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
-def paged_decode_kernel(cache_ptr, rope16_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr,
+def paged_decode_kernel(cache_ptr, rope16_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr, err_ptr,
                         t_stride0, t_stride1, table_cols, num_pages, page_stride, page_stride16,
                         out_stride0, out_stride1, offset, width, req0,
                         PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
@@ -196,14 +201,16 @@ def paged_decode_kernel(cache_ptr, rope16_ptr, table_ptr, seq_ptr, glen_ptr, bas
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                         ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
                         HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        HW: tl.constexpr = False):
+                        GLEN_SITE: tl.constexpr, OUT_SITE: tl.constexpr, HW: tl.constexpr = False):
     """dequantize_gather: out[req, offset + i] = the decoded row of position
-    seq_len - gather_len + i of request req (program axis 1, plus req0) through the table."""
+    seq_len - gather_len + i of request req (program axis 1, plus req0) through the table; an
+    invalid gather_len or workspace width recorded (rows_jit.request_rows)."""
     req = tl.program_id(1).to(tl.int64) + req0
     i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live, ok, page, row = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr, glen_ptr,
-                                       base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
+    live, ok, page, row, seq, glen = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr,
+                                                  glen_ptr, base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
     out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
     decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride, page_stride16,
                 PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
                 NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, BLOCK_M, HW)
+    record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE, OUT_SITE)

@@ -53,9 +53,10 @@ def _whole_blocks_per_lane(layout, cfg: dict) -> bool:
 
 def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
     """Quantize ``x [N, head_dim]`` into the rows at ``slots [N]``; slots outside
-    [0, capacity) are skipped."""
+    [0, capacity) are skipped (those >= capacity recorded: an empty cache still takes the
+    launch, so that its slots are checked)."""
     n = x.shape[0]
-    if n == 0 or cache.shape[0] == 0:
+    if n == 0:
         return
     x, is_bf16 = cm.rows_input(x)
     u8, stride = cm.byte_cache(layout, cache)
@@ -63,22 +64,23 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     cfg = cm.config("mxfp4" if mxfp4 else "indexer", "encode", n)
     layout_kw = _mxfp4_constants(layout, cfg, u8, stride) if mxfp4 else {}
     _KERNELS[layout.name][0][(cm.grid_rows(n, cfg["block_m"]),)](
-        x, slots, u8, n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache), stride,
-        **_geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout, cfg),
-        IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], **cm.launch_opts(cfg),
-        **layout_kw)
+        x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache),
+        stride, **_geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout, cfg),
+        IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"],
+        **cm.launch_opts(cfg), **layout_kw)
 
 
-def decode(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """float32 ``[N, head_dim]`` rows at ``slots``; zero rows for invalid slots."""
+def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITES["decode"]) -> torch.Tensor:
+    """float32 ``[N, head_dim]`` rows at ``slots``; zero rows for invalid slots (those >=
+    capacity recorded at ``site``)."""
     n = slots.shape[0]
     out = torch.empty((n, layout.head_dim), dtype=torch.float32, device=cache.device)
     if n > 0:
         u8, stride = cm.byte_cache(layout, cache)
         cfg = cm.config("indexer", "decode", n)
         _KERNELS[layout.name][1][(cm.grid_rows(n, cfg["block_m"]),)](
-            u8, slots, out, n, slots.stride(0), cm.capacity(layout, cache), stride, **_geometry(layout),
-            BLOCK_M=cfg["block_m"], HW=cm.hw_cvt(cfg), **cm.launch_opts(cfg))
+            u8, slots, out, cm.error_record(cache), n, slots.stride(0), cm.capacity(layout, cache), stride,
+            **_geometry(layout), BLOCK_M=cfg["block_m"], SITE=site, HW=cm.hw_cvt(cfg), **cm.launch_opts(cfg))
     return out
 
 

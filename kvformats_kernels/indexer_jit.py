@@ -5,17 +5,18 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
-from kvformats_kernels.rows_jit import locate, request_rows
+from kvformats_kernels.rows_jit import locate_slot, record_request, record_slots, request_rows
 
 
 @triton.jit
-def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
+def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
                       PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
                       SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                       NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                       FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                       E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
                       POW2: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr,
+                      SITE: tl.constexpr,
                       HW: tl.constexpr = False, SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0,
                       EM_CARRY: tl.constexpr = 0, EM_FIELD: tl.constexpr = 0):
     """Default rule: e = ceil_log2(max(amax / 448, 1e-10)); bytes e4m3(x * 2^-e); scale = float32
@@ -24,7 +25,7 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
     input: the exponent of a block maximum of 8 significant bits in four integer operations
     (nj.block_exponent_short; _common.short_exponent says which rules allow it)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
     blk = tl.arange(0, NB_P2)
     elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
@@ -49,6 +50,7 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride
     m2 = ok[:, None] & (blk < NB)[None, :]
     for i in tl.static_range(4):
         tl.store(scale_at + i, ((bits >> (8 * i)) & 0xFF).to(tl.uint8), mask=m2)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -74,16 +76,19 @@ def fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
 
 
 @triton.jit
-def fp8_decode_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
+def fp8_decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
                       PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
                       SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                       NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr,
+                      SITE: tl.constexpr,
                       HW: tl.constexpr = False):
-    """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots."""
+    """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots (a slot >=
+    capacity recorded at SITE)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     fp8_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
                     VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, HW)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -114,14 +119,14 @@ def _store_nibble_words(at, words, mask, WORDS: tl.constexpr):
 
 
 @triton.jit
-def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
+def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
                         PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                         FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                         E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
                         E2M1_RNE: tl.constexpr, E2M1_SIGNED_ZERO: tl.constexpr, IS_BF16: tl.constexpr,
-                        EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, LANE: tl.constexpr = False,
+                        EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr, LANE: tl.constexpr = False,
                         SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0, EM_CARRY: tl.constexpr = 0,
                         EM_FIELD: tl.constexpr = 0, HW: tl.constexpr = False, WORDS: tl.constexpr = False):
     """Default rule: e = ceil_log2(max(amax, 1e-4) / 6); nibbles by threshold (element 2k low);
@@ -157,7 +162,7 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + pr // NB_P2
         blk = pr % NB_P2
         live = blk < NB
-        in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+        in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
         col = (tl.arange(0, QB // V) * V)[:, None] + tl.arange(0, V)[None, :]
         x = nj.load_f32((x_ptr + rows * x_stride + blk * QB)[:, None, None] + col[None, :, :],
                         (in_range & live)[:, None, None], IS_BF16)  # overlaps the slot load
@@ -187,9 +192,10 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
             _store_nibbles(at, nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO), ok & live)
         s = tl.minimum(tl.maximum(e + 127, 0), 255)
         tl.store(base + SCALE_OFF + row * SCALE_STRIDE + blk, s.to(tl.uint8), mask=ok & live)
+        record_slots(err_ptr, rows, slot, capacity, SITE)
     else:
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+        in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
         base = page * page_stride
         blk = tl.arange(0, NB_P2)
         elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
@@ -206,6 +212,7 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, n_rows, x_stride, slot_stri
         s = tl.minimum(tl.maximum(e + 127, 0), 255)
         tl.store((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :], s.to(tl.uint8),
                  mask=ok[:, None] & (blk < NB)[None, :])
+        record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -235,35 +242,40 @@ def mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
 
 
 @triton.jit
-def mxfp4_decode_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
+def mxfp4_decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
                         PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr,
+                        SITE: tl.constexpr,
                         HW: tl.constexpr = False):
-    """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots. (HW: unused, e2m1
+    """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots (a slot >=
+    capacity recorded at SITE). (HW: unused, e2m1
     has no hardware conversion on Hopper; taken so both indexer decoders share a launcher.)"""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     mxfp4_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
                       VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
-def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr,
+def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr, err_ptr,
                         t_stride0, t_stride1, table_cols, num_pages, page_stride,
                         out_stride0, out_stride1, offset, width, req0,
                         PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, MXFP4: tl.constexpr,
                         HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        HW: tl.constexpr = False, STREAM: tl.constexpr = False):
+                        GLEN_SITE: tl.constexpr, OUT_SITE: tl.constexpr, HW: tl.constexpr = False,
+                        STREAM: tl.constexpr = False):
     """dequantize_gather of either indexer format (MXFP4 picks the body): float32
     out[req, offset + i] = the decoded row of position seq_len - gather_len + i of request req.
-    STREAM: MXFP4 rows stored with the streaming cache hint."""
+    STREAM: MXFP4 rows stored with the streaming cache hint. Invalid gather_lens and workspace
+    widths are recorded (rows_jit.request_rows)."""
     req = tl.program_id(1).to(tl.int64) + req0
     i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live, ok, page, row = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr, glen_ptr,
-                                       base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
+    live, ok, page, row, seq, glen = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr,
+                                                  glen_ptr, base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
     out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
     if MXFP4:
         mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
@@ -271,3 +283,4 @@ def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_p
     else:
         fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
                         VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, HW)
+    record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE, OUT_SITE)

@@ -76,20 +76,20 @@ def gather(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     src, stride = unit_cache(layout, cache, unit)
     block_m, warps = _block_m(layout.row_bytes, n)
     jit.gather_bytes_kernel[(cm.grid_rows(n, block_m),)](
-        src, slots, out.view(unit), n, slots.stride(0), cm.capacity(layout, cache), stride,
+        src, slots, out.view(unit), cm.error_record(cache), n, slots.stride(0), cm.capacity(layout, cache), stride,
         PAGE_SIZE=layout.page_size, ROW=layout.row_bytes // unit.itemsize, **_segment_constants(layout, unit),
-        BLOCK_M=block_m, EVICT_FIRST=layout.row_bytes <= cm.config("gather", "bytes")["evict_first_rows"],
-        num_warps=warps)
+        BLOCK_M=block_m, SITE=cm.SITES["gather"],
+        EVICT_FIRST=layout.row_bytes <= cm.config("gather", "bytes")["evict_first_rows"], num_warps=warps)
     return out
 
 
 def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, cu_seq_lens: torch.Tensor) -> None:
     """Fill the per-segment workspace views (uint8 ``[T, record_bytes]``) with the records of
-    each request's positions, in cu order; rows past ``cu[-1]`` untouched."""
+    each request's positions, in cu order; rows past ``cu[-1]`` untouched. cu_seq_lens is
+    checked by the kernel's program 0 (recorded, as the reference records it), so there is one
+    program even for empty workspaces or no requests."""
     t_rows = views[0].shape[0]
     requests = cu_seq_lens.shape[0] - 1
-    if t_rows == 0 or requests <= 0:
-        return
     row_strides = [v.stride(0) if v.shape[0] > 1 else v.shape[1] for v in views]
     facts = [*(v.data_ptr() for v in views), *row_strides]
     unit = pick_unit([*_layout_bytes(layout, cache), *facts]) if cache.shape[0] else torch.uint8
@@ -99,9 +99,10 @@ def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, 
         outs.append(outs[0])
     block_m, warps = _block_m(layout.row_bytes, op="paged")
     scan = cm.next_pow2(requests) if requests <= cm.config("gather", "paged")["cu_scan_max"] else 0
-    jit.gather_paged_kernel[(cm.grid_rows(t_rows, block_m),)](
-        src, block_table, cu_seq_lens, outs[0], outs[1], t_rows, requests, cu_seq_lens.stride(0),
+    jit.gather_paged_kernel[(max(1, cm.grid_rows(t_rows, block_m)),)](
+        src, block_table, cu_seq_lens, outs[0], outs[1], cm.error_record(cache), t_rows, requests,
+        cu_seq_lens.stride(0),
         block_table.stride(0), block_table.stride(1), block_table.shape[1], cache.shape[0], stride,
         outs[0].stride(0), outs[1].stride(0), PAGE_SIZE=layout.page_size, STEPS=max(1, requests.bit_length()),
         **_segment_constants(layout, unit),
-        BLOCK_M=block_m, SCAN=scan, num_warps=warps)
+        BLOCK_M=block_m, SITE=cm.SITES["cu_seq_lens"], SCAN=scan, num_warps=warps)

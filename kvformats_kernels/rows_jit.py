@@ -15,6 +15,14 @@ measurement.)
 import triton
 import triton.language as tl
 
+from kvformats_kernels import record_jit as rj
+
+# deferred.Check values, written out: a jitted function reads only constexpr globals
+SLOT_RANGE = tl.constexpr(1)
+GATHER_LEN = tl.constexpr(3)
+WORKSPACE_WIDTH = tl.constexpr(4)
+WORKSPACE_ROWS = tl.constexpr(6)
+
 
 @triton.jit
 def locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE: tl.constexpr):
@@ -28,6 +36,27 @@ def locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE: tl.constex
     ok = in_range & (slot >= 0) & (slot < capacity)
     slot = tl.where(ok, slot, 0)
     return in_range, ok, slot // PAGE_SIZE, slot % PAGE_SIZE
+
+
+@triton.jit
+def locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE: tl.constexpr):
+    """``locate``, and the slot as loaded (int64, -1 past the call's rows) for ``record_slots``."""
+    in_range = rows < n_rows
+    slot = tl.load(slots_ptr + rows * slot_stride, mask=in_range, other=-1).to(tl.int64)
+    ok = in_range & (slot >= 0) & (slot < capacity)
+    at = tl.where(ok, slot, 0)
+    return in_range, ok, at // PAGE_SIZE, at % PAGE_SIZE, slot
+
+
+@triton.jit
+def record_slots(err_ptr, rows, slot, capacity, SITE: tl.constexpr):
+    """Record a slot >= capacity among ``slot`` (from locate_slot) as Check.SLOT_RANGE at SITE:
+    the row id (the flat index in the op's slots), the slot, the capacity; the reference
+    records the same. Negative slots mean 'no row'. Kernels call it after their last store: a
+    load cannot move above a store that may alias it, so a possible store to the record ahead
+    of the row loads would hold them back until the slots had arrived."""
+    cap = tl.zeros_like(slot) + capacity  # a block: capacity may arrive as a constexpr (Triton's 1)
+    rj.record_violation(err_ptr, slot >= cap, rows, slot, cap, SLOT_RANGE, SITE)
 
 
 @triton.jit
@@ -51,15 +80,16 @@ def table_page(table_ptr, t_stride0, t_stride1, table_cols, num_pages, req, pos,
 def request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr, glen_ptr, base_ptr,
                  req, i, width, HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """dequantize_gather addressing for request ``req`` (scalar) and gather rows ``i`` (int64 [BM]):
-    (live: i < gather_len and i < width, the workspace rows after the offset (unchecked inside
-    CUDA-graph capture, so the kernel never writes past them), ok: the row's page exists, page,
-    row). Position
+    (live: the gather_len is valid (0 <= gather_len <= seq_len), i < gather_len and i < width,
+    the workspace rows after the offset (so the kernel never writes past them), ok: the row's
+    page exists, page, row, seq_len, gather_len: the last two for record_request). Position
     ``q = seq_len - gather_len + i``; page index ``q // PAGE_SIZE - base[req]``."""
     seq = tl.load(seq_ptr + req).to(tl.int64)
     glen = seq
     if HAS_GLEN:
         glen = tl.load(glen_ptr + req).to(tl.int64)
-    live = (i < glen) & (i < width)
+    valid = (glen >= 0) & (glen <= seq)
+    live = (i < tl.where(valid, glen, 0)) & (i < width)  # an invalid gather_len: no rows, as the reference
     pos = seq - glen + i
     base = 0
     if HAS_BASE:
@@ -70,7 +100,22 @@ def request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr
     pidx = tl.where(inside, pidx, 0)
     entry = tl.load(table_ptr + req * t_stride0 + pidx * t_stride1, mask=inside, other=-1).to(tl.int64)
     ok = inside & (entry >= 0) & (entry < num_pages)
-    return live, ok, tl.where(ok, entry, 0), tl.where(ok, safe % PAGE_SIZE, 0)
+    return live, ok, tl.where(ok, entry, 0), tl.where(ok, safe % PAGE_SIZE, 0), seq, glen
+
+
+@triton.jit
+def record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE: tl.constexpr, OUT_SITE: tl.constexpr):
+    """In the request's first program (axis 0): record an invalid gather_len (Check.GATHER_LEN
+    at GLEN_SITE: req, gather_len, seq_len) or, for a valid one, ``offset + gather_len`` beyond
+    the workspace (Check.WORKSPACE_WIDTH at OUT_SITE: req, offset + gather_len,
+    offset + width), as the reference records them. Called after the kernel's stores (see
+    record_slots), with request_rows' seq_len and gather_len."""
+    if tl.program_id(0) == 0:
+        at = glen + offset  # a tensor even where offset and width are specialized constexprs
+        rj.record_scalar(err_ptr, (glen < 0) | (glen > seq), req, glen, seq, GATHER_LEN, GLEN_SITE)
+        # a valid gather_len beyond the width (width >= 0, so glen > width implies glen >= 0)
+        rj.record_scalar(err_ptr, (glen <= seq) & (glen > width), req, at, at - glen + width, WORKSPACE_WIDTH,
+                         OUT_SITE)
 
 
 @triton.jit
@@ -149,31 +194,43 @@ def copy_segments(cache_ptr, base, row, ok, out0_ptr, dst0, out1_ptr, dst1, live
 
 
 @triton.jit
-def gather_bytes_kernel(cache_ptr, slots_ptr, out_ptr, n_rows, slot_stride, capacity, page_stride,
+def gather_bytes_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
                         PAGE_SIZE: tl.constexpr, ROW: tl.constexpr,
                         S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_P2: tl.constexpr,
                         S1_OFF: tl.constexpr, S1_REC: tl.constexpr, S1_P2: tl.constexpr, BLOCK_M: tl.constexpr,
-                        EVICT_FIRST: tl.constexpr = False):
-    """out[n] = the encoded row at slots[n] (segment records in page order); zeros if invalid.
-    Everything in units (see the module docstring)."""
+                        SITE: tl.constexpr, EVICT_FIRST: tl.constexpr = False):
+    """out[n] = the encoded row at slots[n] (segment records in page order); zeros if invalid,
+    a slot >= capacity recorded at SITE. Everything in units (see the module docstring)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     dst = rows * ROW
     copy_segments(cache_ptr, page * page_stride, row, ok, out_ptr, dst, out_ptr, dst + S0_REC, in_range,
                   S0_OFF, S0_REC, S0_P2, S1_OFF, S1_REC, S1_P2, EVICT_FIRST)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
-def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, t_rows, requests, cu_stride,
+def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, err_ptr, t_rows, requests, cu_stride,
                         t_stride0, t_stride1, table_cols, num_pages, page_stride, v0_stride, v1_stride,
                         PAGE_SIZE: tl.constexpr, STEPS: tl.constexpr,
                         S0_OFF: tl.constexpr, S0_REC: tl.constexpr, S0_P2: tl.constexpr,
                         S1_OFF: tl.constexpr, S1_REC: tl.constexpr, S1_P2: tl.constexpr, BLOCK_M: tl.constexpr,
-                        SCAN: tl.constexpr = 0):
+                        SITE: tl.constexpr, SCAN: tl.constexpr = 0):
     """views[s][t] = segment s's record of position t - cu[r] of the request r holding row t;
-    zeros for a missing page; rows not covered by cu_seq_lens untouched. Units as above."""
+    zeros for a missing page; rows not covered by cu_seq_lens untouched. Units as above.
+
+    Program 0, after its copies (see record_slots), checks cu_seq_lens as the reference does,
+    in its order: a first entry other than 0 or a decrease (Check.CU_ORDER), then cu[-1] beyond
+    the workspaces' t_rows rows (Check.WORKSPACE_ROWS, index 0: the reference's flat index in
+    cu[-1:]), both at SITE. Rows are copied regardless (a decreasing cu gives unspecified rows,
+    never outside the workspaces); the launcher starts one program even for empty workspaces,
+    so that program 0 runs."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     covered, req, pos = cu_rows(cu_ptr, cu_stride, requests, t, t_rows, STEPS, SCAN)
     ok, page, row = table_page(table_ptr, t_stride0, t_stride1, table_cols, num_pages, req, pos, covered, PAGE_SIZE)
     copy_segments(cache_ptr, page * page_stride, row, ok, v0_ptr, t * v0_stride, v1_ptr, t * v1_stride, covered,
                   S0_OFF, S0_REC, S0_P2, S1_OFF, S1_REC, S1_P2)
+    if tl.program_id(0) == 0:
+        rj.record_order(err_ptr, cu_ptr, cu_stride, requests + 1, True, SITE)
+        last = tl.load(cu_ptr + requests * cu_stride).to(tl.int64)
+        rj.record_scalar(err_ptr, last > t_rows, last * 0, last, last * 0 + t_rows, WORKSPACE_ROWS, SITE)

@@ -4,20 +4,21 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
-from kvformats_kernels.rows_jit import locate
+from kvformats_kernels.rows_jit import locate_slot, record_slots
 
 
 @triton.jit
-def encode_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, slots_ptr, cache_ptr, n_rows,
+def encode_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, slots_ptr, cache_ptr, err_ptr, n_rows,
                   kv_stride, score_stride, pos_stride, ape_stride, slot_stride, capacity, page_stride,
                   PAGE_SIZE: tl.constexpr, ROW_STRIDE: tl.constexpr, KV_OFF: tl.constexpr,
                   SCORE_OFF: tl.constexpr, W: tl.constexpr, RATIO: tl.constexpr, KV_BF16: tl.constexpr,
                   SCORE_BF16: tl.constexpr, APE_BF16: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
-    """cache row = [kv | score + ape[p mod RATIO]] in float32 (offsets and strides in floats)."""
+                  BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr, SITE: tl.constexpr):
+    """cache row = [kv | score + ape[p mod RATIO]] in float32 (offsets and strides in floats);
+    a slot >= capacity is skipped and recorded at SITE."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     m = ok[:, None] & (cols < W)[None, :]
     mx = in_range[:, None] & (cols < W)[None, :]  # inputs are read regardless of the slot: no wait on it
     kv = nj.load_f32((kv_ptr + rows * kv_stride)[:, None] + cols[None, :], mx, KV_BF16)
@@ -29,18 +30,21 @@ def encode_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, slots_ptr, cache_ptr, n_r
     at = (cache_ptr + page * page_stride + row * ROW_STRIDE)[:, None] + cols[None, :]
     tl.store(at + KV_OFF, kv, mask=m)
     tl.store(at + SCORE_OFF, score + ape, mask=m)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
-def gather_kernel(cache_ptr, slots_ptr, out_ptr, out2_ptr, n_rows, slot_stride, capacity, page_stride,
+def gather_kernel(cache_ptr, slots_ptr, out_ptr, out2_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
                   PAGE_SIZE: tl.constexpr, ROW_STRIDE: tl.constexpr, ROW_OFF: tl.constexpr,
-                  ROW_ELEMS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
-    """out[n] = the 32-bit words of the row at slots[n]; zeros for invalid slots. With SPLIT > 0
+                  ROW_ELEMS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr,
+                  SITE: tl.constexpr):
+    """out[n] = the 32-bit words of the row at slots[n]; zeros for invalid slots (a slot >=
+    capacity recorded at SITE). With SPLIT > 0
     the first SPLIT words of each row go to out (rows of SPLIT words) and the rest to out2: the
     decode's kv and score as two tensors of their own, with no copy afterwards."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     live = (cols < ROW_ELEMS)[None, :]
     src = (cache_ptr + page * page_stride + row * ROW_STRIDE + ROW_OFF)[:, None] + cols[None, :]
     v = tl.load(src, mask=ok[:, None] & live, other=0)
@@ -51,3 +55,4 @@ def gather_kernel(cache_ptr, slots_ptr, out_ptr, out2_ptr, n_rows, slot_stride, 
         keep = in_range[:, None] & live
         tl.store((out_ptr + rows * SPLIT)[:, None] + cols[None, :], v, mask=keep & first)
         tl.store((out2_ptr + rows * (ROW_ELEMS - SPLIT))[:, None] + (cols - SPLIT)[None, :], v, mask=keep & ~first)
+    record_slots(err_ptr, rows, slot, capacity, SITE)

@@ -55,7 +55,11 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import jit as triton_jit  # noqa: E402
 from triton.runtime.driver import driver as triton_driver  # noqa: E402
 
-COMPILE_ERRORS = ("CompilationError", "PassManager", "MLIR", "ptxas")
+# Text of a compile failure in the traceback. An op that fails MLIR verification (e.g. "ptr type
+# matches cmp type": a compare-and-swap operand of another type than the pointer's) prints its
+# diagnostic to stderr and raises only "RuntimeError: error encountered during parsing".
+COMPILE_ERRORS = ("CompilationError", "PassManager", "MLIR", "ptxas", "error encountered during parsing",
+                  "failed to verify")
 
 
 class _Props:
