@@ -166,6 +166,11 @@ def row_stride(x: torch.Tensor) -> int:
     return x.stride(0) if x.shape[0] > 1 else x.shape[1]
 
 
+def frozen(mapping: dict) -> types.MappingProxyType:
+    """A read-only view of a cached plan's constexprs: no caller can change what another gets."""
+    return types.MappingProxyType(mapping)
+
+
 def per_layout(fn):
     """Memoise ``fn``, a pure function of hashable layouts / rules that returns kernel
     constexprs: worked out once per layout instead of on every launch (they cost a few µs of
