@@ -166,6 +166,11 @@ def row_stride(x: torch.Tensor) -> int:
     return x.stride(0) if x.shape[0] > 1 else x.shape[1]
 
 
+def frozen(mapping: dict) -> types.MappingProxyType:
+    """A read-only view of a cached plan's constexprs: no caller can change what another gets."""
+    return types.MappingProxyType(mapping)
+
+
 def per_layout(fn):
     """Memoise ``fn``, a pure function of hashable layouts / rules that returns kernel
     constexprs: worked out once per layout instead of on every launch (they cost a few µs of
@@ -221,29 +226,36 @@ def profile_constants(layout, e2m1: bool = False) -> dict:
 MAX_GRID_Y = 65535  # CUDA's limit on grid axis 1: requests beyond it go in further launches
 
 
+def paged_constants(geo: dict, has_glen: bool, has_base: bool, cfg: dict) -> types.MappingProxyType:
+    """Every constexpr and launch option of a dequantize_gather kernel: the layout's ``geo``,
+    which optional tensors came, the config's rows per program, the record sites."""
+    return frozen(dict(geo, HAS_GLEN=has_glen, HAS_BASE=has_base, BLOCK_M=cfg["block_m"],
+                       GLEN_SITE=SITES["gather_lens"], OUT_SITE=SITES["out"], **launch_opts(cfg)))
+
+
 def launch_paged(kernel, caches: tuple, out: torch.Tensor, table: torch.Tensor, seq_lens: torch.Tensor,
-                 gather_lens, base, offset: int, num_pages: int, strides: tuple, geo: dict, cfg: dict) -> None:
-    """Launch a dequantize_gather kernel over (row blocks of the workspace, requests).
+                 gather_lens, base, offset: int, num_pages: int, strides: tuple, block_m: int, consts) -> None:
+    """Launch a dequantize_gather kernel over (row blocks of the workspace, requests), with the
+    constexprs and launch options ``consts`` (paged_constants) and ``block_m`` rows per program.
 
     ``out [R, W, D]`` may have any strides; with a non-unit element stride the kernel writes a
     contiguous copy (holding the untouched rows too), copied back after. Nothing reads device
     memory on the host: the grid spans the workspace width, and rows at or beyond a request's
     gather_len are masked off inside the kernel. Each request has at least one program, even
     with no workspace rows after the offset: its first program checks gather_len and the
-    width (request_rows), as the reference does for every request."""
+    width (rows_jit.record_request), as the reference does for every request."""
     requests, width = out.shape[0], out.shape[1] - offset
     if requests == 0:
         return
     target = out if out.stride(2) == 1 or out.shape[2] == 1 else out.contiguous()
-    block_m = cfg["block_m"]
     err = error_record(out)
+    glen = seq_lens if gather_lens is None else gather_lens
+    base = seq_lens if base is None else base
     for r0 in range(0, requests, MAX_GRID_Y):
         grid = (max(1, grid_rows(width, block_m)), min(requests - r0, MAX_GRID_Y))
-        kernel[grid](*caches, table, seq_lens, seq_lens if gather_lens is None else gather_lens,
-                     seq_lens if base is None else base, target, err, table.stride(0), table.stride(1),
+        kernel[grid](*caches, table, seq_lens, glen, base, target, err, table.stride(0), table.stride(1),
                      table.shape[1], num_pages, *strides, target.stride(0), target.stride(1), offset, width, r0,
-                     **geo, HAS_GLEN=gather_lens is not None, HAS_BASE=base is not None, BLOCK_M=block_m,
-                     GLEN_SITE=SITES["gather_lens"], OUT_SITE=SITES["out"], **launch_opts(cfg))
+                     **consts)
     if target is not out and width > 0:
         out.copy_(target)
 

@@ -3,6 +3,8 @@ the paged dequantize_gather / decode_topk (registered as the "triton" backend)."
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kvformats_kernels import _common as cm
@@ -22,20 +24,25 @@ def _geometry(layout) -> dict:
                 SCALE_F32=layout.name == "fp8_ds_mla_v32")
 
 
-def _decode_geometry(layout, u8: torch.Tensor, stride: int) -> tuple[dict, torch.Tensor, int]:
-    """Decode constants, an int16 alias of the cache for the RoPE tail (or the bytes), and the
-    page stride in int16 words. The tail is read as int16 words when every address is even."""
+def _rope_alias(layout, u8: torch.Tensor, stride: int) -> tuple[torch.Tensor, int, bool]:
+    """An int16 alias of the cache for the RoPE tail (or the bytes), the page stride in int16
+    words, and whether the tail is read as int16 words (every address even, a cache with pages)."""
+    r = layout.region("rope")
+    if u8.shape[0] > 0 and (u8.data_ptr() | stride | r.offset | r.row_stride) % 2 == 0:
+        span = (u8.shape[0] - 1) * stride + layout.min_page_bytes
+        span -= span % 2  # an odd row size makes the span odd; the last RoPE byte still ends at or before it
+        return u8.as_strided((span,), (1,), u8.storage_offset()).view(torch.int16), stride // 2, True
+    return u8, 0, False
+
+
+@cm.per_layout
+def _decode_constants(layout, rope16: bool) -> dict:
+    """The decode bodies' layout constexprs, with ROPE16 (the tail read as int16 words)."""
     geo = dict(_geometry(layout))
     if geo["ROPE"] == geo["QB"]:  # one [NB + 1, QB] tile per row (decode_body)
         geo["NB_P2"] = cm.next_pow2(layout.num_blocks + 1)
-    even = all(v % 2 == 0 for v in (u8.data_ptr(), stride, geo["ROPE_OFF"], geo["ROPE_STRIDE"]))
-    rope16, stride16 = u8, 0
-    if even and u8.shape[0] > 0:
-        span = (u8.shape[0] - 1) * stride + layout.min_page_bytes
-        span -= span % 2  # an odd row size makes the span odd; the last RoPE byte still ends at or before it
-        rope16, stride16 = u8.as_strided((span,), (1,), u8.storage_offset()).view(torch.int16), stride // 2
-    geo.update(ROPE_P2=cm.next_pow2(layout.rope_dim), ROPE16=bool(even and u8.shape[0] > 0))
-    return geo, rope16, stride16
+    geo.update(ROPE_P2=cm.next_pow2(layout.rope_dim), ROPE16=rope16)
+    return geo
 
 
 @cm.per_layout
@@ -49,6 +56,17 @@ def _encode_constants(layout) -> dict:
                 POW2=layout.scale_rule.power_of_two, **cm.short_exponent(layout.scale_rule))
 
 
+@functools.lru_cache(maxsize=512)
+def _encode_plan(layout, is_bf16: bool, cfg_items: tuple, hw: bool):
+    """(rows per program, every constexpr and launch option of the encode) for a layout, an
+    input dtype, a launch config (its items: an overridden config is another key) and the
+    conversion choice; nothing here depends on a tensor's values or addresses."""
+    cfg = dict(cfg_items)
+    return cfg["block_m"], cm.frozen(dict(
+        _encode_constants(layout), IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"],
+        SITE=cm.SITES["encode"], HW=hw, **cm.launch_opts(cfg)))
+
+
 def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
     """Quantize ``x [N, head_dim]`` (bf16/fp16/fp32) into the rows at ``slots [N]``; slots
     outside [0, capacity) are skipped (those >= capacity recorded: an empty cache still takes
@@ -59,10 +77,19 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     x, is_bf16 = cm.rows_input(x)
     u8, stride = cm.byte_cache(layout, cache)
     cfg = cm.config("fp8_ds_mla", "encode", n)
-    jit.encode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
-        x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache),
-        stride, **_encode_constants(layout), IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)),
-        BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"], HW=cm.hw_cvt(cfg), **cm.launch_opts(cfg))
+    block_m, consts = _encode_plan(layout, is_bf16, tuple(cfg.items()), cm.hw_cvt(cfg))
+    jit.encode_kernel[(cm.grid_rows(n, block_m),)](
+        x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cache.shape[0] * layout.page_size,
+        stride, **consts)
+
+
+@functools.lru_cache(maxsize=512)
+def _decode_plan(layout, rope16: bool, cfg_items: tuple, hw: bool, site: int):
+    """(rows per program, the slot decode's constexprs and launch options); as _encode_plan."""
+    cfg = dict(cfg_items)
+    return cfg["block_m"], cm.frozen(dict(
+        _decode_constants(layout, rope16), HEAD_DIM=layout.head_dim, BLOCK_M=cfg["block_m"], SITE=site, HW=hw,
+        **cm.launch_opts(cfg)))
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITES["decode"]) -> torch.Tensor:
@@ -72,22 +99,31 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITE
     out = torch.empty((n, layout.head_dim), dtype=torch.int16, device=cache.device)
     if n > 0:
         u8, stride = cm.byte_cache(layout, cache)
-        geo, rope16, stride16 = _decode_geometry(layout, u8, stride)
+        alias, stride16, rope16 = _rope_alias(layout, u8, stride)
         cfg = cm.config("fp8_ds_mla", "decode", n)
-        jit.decode_kernel[(cm.grid_rows(n, cfg["block_m"]),)](
-            u8, rope16, slots, out, cm.error_record(cache), n, slots.stride(0), cm.capacity(layout, cache), stride,
-            stride16, **geo, HEAD_DIM=layout.head_dim, BLOCK_M=cfg["block_m"], SITE=site, HW=cm.hw_cvt(cfg),
-            **cm.launch_opts(cfg))
+        block_m, consts = _decode_plan(layout, rope16, tuple(cfg.items()), cm.hw_cvt(cfg), site)
+        jit.decode_kernel[(cm.grid_rows(n, block_m),)](
+            u8, alias, slots, out, cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size,
+            stride, stride16, **consts)
     return out.view(torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=512)
+def _paged_plan(layout, rope16: bool, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bool):
+    """(rows per program, dequantize_gather's constexprs and launch options); as _encode_plan."""
+    cfg = dict(cfg_items)
+    return cfg["block_m"], cm.paged_constants(dict(_decode_constants(layout, rope16), HW=hw), has_glen, has_base, cfg)
 
 
 def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
     """bf16 ``out [R, W, head_dim]``: see kvformats.paged.dequantize_gather (validated there)."""
     u8, stride = cm.byte_cache(layout, cache)
-    geo, rope16, stride16 = _decode_geometry(layout, u8, stride)
-    cfg = cm.config("fp8_ds_mla", "paged")
-    cm.launch_paged(jit.paged_decode_kernel, (u8, rope16), out.view(torch.int16), block_table, seq_lens,
-                    gather_lens, base, offset, cache.shape[0], (stride, stride16), dict(geo, HW=cm.hw_cvt(cfg)), cfg)
+    alias, stride16, rope16 = _rope_alias(layout, u8, stride)
+    cfg = cm.CONFIG[("fp8_ds_mla", "paged")]
+    block_m, consts = _paged_plan(layout, rope16, gather_lens is not None, base is not None, tuple(cfg.items()),
+                                  cm.hw_cvt(cfg))
+    cm.launch_paged(jit.paged_decode_kernel, (u8, alias), out.view(torch.int16), block_table, seq_lens,
+                    gather_lens, base, offset, cache.shape[0], (stride, stride16), block_m, consts)
 
 
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kvformats_kernels import _common as cm
@@ -24,21 +26,25 @@ def _geometry(layout) -> dict:
                 QB=layout.head_dim // layout.num_blocks)
 
 
-def _profile(layout, cfg: dict) -> dict:
+def _profile(layout, hw: bool) -> dict:
     if layout.name == "fp8_indexer":
-        return dict(cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two, HW=cm.hw_cvt(cfg),
+        return dict(cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two, HW=hw,
                     **cm.short_exponent(layout.scale_rule))
     # e2m1 has no hardware conversion on Hopper (the GPU path's f16 pairs: _mxfp4_constants)
     return dict(cm.profile_constants(layout, e2m1=True), **cm.short_exponent(layout.scale_rule))
 
 
-def _mxfp4_constants(layout, cfg: dict, u8: torch.Tensor, stride: int) -> dict:
-    """The MXFP4 encode's launch constexprs beyond geometry and profile: its layout (LANE), the
-    GPU's f16-pair nibbles (HW) and whether they may be stored as int32 words (every value
-    address a multiple of 4)."""
+def _words_aligned(layout, u8: torch.Tensor, stride: int) -> bool:
+    """Whether every MXFP4 value address is a multiple of 4 (the nibbles may go as int32 words)."""
     g = _geometry(layout)
-    words = all(v % 4 == 0 for v in (u8.data_ptr(), stride, g["VAL_OFF"], g["VAL_STRIDE"], g["QB"] // 2))
-    return dict(LANE=_whole_blocks_per_lane(layout, cfg), HW=cm.hw_cvt(cfg) and g["QB"] % 8 == 0, WORDS=words)
+    return (u8.data_ptr() | stride | g["VAL_OFF"] | g["VAL_STRIDE"] | (g["QB"] // 2)) % 4 == 0
+
+
+def _mxfp4_constants(layout, cfg: dict, hw: bool, words: bool) -> dict:
+    """The MXFP4 encode's launch constexprs beyond geometry and profile: its layout (LANE), the
+    GPU's f16-pair nibbles (HW) and whether they may be stored as int32 words (WORDS: every
+    value address a multiple of 4)."""
+    return dict(LANE=_whole_blocks_per_lane(layout, cfg), HW=hw and _geometry(layout)["QB"] % 8 == 0, WORDS=words)
 
 
 def _whole_blocks_per_lane(layout, cfg: dict) -> bool:
@@ -49,6 +55,19 @@ def _whole_blocks_per_lane(layout, cfg: dict) -> bool:
     rows), found by the GPU fuzz (docs/reliability.md); those take the earlier layout."""
     pairs = cfg["block_m"] * cm.next_pow2(layout.num_blocks)
     return bool(cfg["lane"]) and pairs >= 32 * cfg["num_warps"]
+
+
+@functools.lru_cache(maxsize=512)
+def _encode_plan(layout, is_bf16: bool, cfg_items: tuple, hw: bool, words: bool):
+    """(rows per program, every constexpr and launch option of the encode) for a layout, an
+    input dtype, a launch config (its items: an overridden config is another key), the
+    conversion choice and, for MXFP4, the word alignment; no tensor value or address."""
+    cfg = dict(cfg_items)
+    tail = _mxfp4_constants(layout, cfg, hw, words) if layout.name == "mxfp4_indexer" else {}
+    return cfg["block_m"], cm.frozen(dict(
+        _geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout, hw), IS_BF16=is_bf16,
+        EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"], **cm.launch_opts(cfg),
+        **tail))
 
 
 def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
@@ -62,12 +81,19 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     u8, stride = cm.byte_cache(layout, cache)
     mxfp4 = layout.name == "mxfp4_indexer"
     cfg = cm.config("mxfp4" if mxfp4 else "indexer", "encode", n)
-    layout_kw = _mxfp4_constants(layout, cfg, u8, stride) if mxfp4 else {}
-    _KERNELS[layout.name][0][(cm.grid_rows(n, cfg["block_m"]),)](
-        x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cm.capacity(layout, cache),
-        stride, **_geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout, cfg),
-        IS_BF16=is_bf16, EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"],
-        **cm.launch_opts(cfg), **layout_kw)
+    words = mxfp4 and _words_aligned(layout, u8, stride)
+    block_m, consts = _encode_plan(layout, is_bf16, tuple(cfg.items()), cm.hw_cvt(cfg), words)
+    _KERNELS[layout.name][0][(cm.grid_rows(n, block_m),)](
+        x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cache.shape[0] * layout.page_size,
+        stride, **consts)
+
+
+@functools.lru_cache(maxsize=512)
+def _decode_plan(layout, cfg_items: tuple, hw: bool, site: int):
+    """(rows per program, the slot decode's constexprs and launch options); as _encode_plan."""
+    cfg = dict(cfg_items)
+    return cfg["block_m"], cm.frozen(dict(_geometry(layout), BLOCK_M=cfg["block_m"], SITE=site, HW=hw,
+                                          **cm.launch_opts(cfg)))
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITES["decode"]) -> torch.Tensor:
@@ -78,20 +104,30 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITE
     if n > 0:
         u8, stride = cm.byte_cache(layout, cache)
         cfg = cm.config("indexer", "decode", n)
-        _KERNELS[layout.name][1][(cm.grid_rows(n, cfg["block_m"]),)](
-            u8, slots, out, cm.error_record(cache), n, slots.stride(0), cm.capacity(layout, cache), stride,
-            **_geometry(layout), BLOCK_M=cfg["block_m"], SITE=site, HW=cm.hw_cvt(cfg), **cm.launch_opts(cfg))
+        block_m, consts = _decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site)
+        _KERNELS[layout.name][1][(cm.grid_rows(n, block_m),)](
+            u8, slots, out, cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size, stride,
+            **consts)
     return out
+
+
+@functools.lru_cache(maxsize=512)
+def _paged_plan(layout, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bool):
+    """(rows per program, dequantize_gather's constexprs and launch options); as _encode_plan."""
+    cfg = dict(cfg_items)
+    mxfp4 = layout.name == "mxfp4_indexer"
+    geo = dict(_geometry(layout), MXFP4=mxfp4, HW=hw, STREAM=mxfp4 and bool(cfg["mxfp4_cs_stores"]))
+    return cfg["block_m"], cm.paged_constants(geo, has_glen, has_base, cfg)
 
 
 def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
     """float32 ``out [R, W, head_dim]``: see kvformats.paged.dequantize_gather (validated there)."""
     u8, stride = cm.byte_cache(layout, cache)
-    cfg = cm.config("indexer", "paged")
-    mxfp4 = layout.name == "mxfp4_indexer"
+    cfg = cm.CONFIG[("indexer", "paged")]
+    block_m, consts = _paged_plan(layout, gather_lens is not None, base is not None, tuple(cfg.items()),
+                                  cm.hw_cvt(cfg))
     cm.launch_paged(jit.paged_decode_kernel, (u8,), out, block_table, seq_lens, gather_lens, base, offset,
-                    cache.shape[0], (stride,), dict(_geometry(layout), MXFP4=mxfp4, HW=cm.hw_cvt(cfg),
-                                                    STREAM=mxfp4 and bool(cfg["mxfp4_cs_stores"])), cfg)
+                    cache.shape[0], (stride,), block_m, consts)
 
 
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,9 @@ geometry allows and fall back to narrower ones where it does not.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 
 from kvformats.errors import LayoutError
@@ -19,11 +22,11 @@ from kvformats_kernels import rows_jit as jit
 UNITS = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
 
-def pick_unit(values) -> torch.dtype:
-    """The widest unit dtype (at most CONFIG's ``max_unit`` bytes) whose size divides every
-    value (byte counts and addresses)."""
-    widest = cm.config("gather", "bytes").get("max_unit", 8)
-    return next(u for u in UNITS if u.itemsize <= widest and all(int(v) % u.itemsize == 0 for v in values))
+def _unit_of(g: int) -> torch.dtype:
+    """The widest unit (at most CONFIG's ``max_unit`` bytes) whose size divides ``g``, the
+    greatest common divisor of the values (0 when all are 0: every size divides them)."""
+    widest = cm.CONFIG[("gather", "bytes")].get("max_unit", 8)
+    return next(u for u in UNITS if u.itemsize <= widest and g % u.itemsize == 0)
 
 
 def unit_cache(layout, cache: torch.Tensor, unit: torch.dtype) -> tuple[torch.Tensor, int]:
@@ -36,6 +39,7 @@ def unit_cache(layout, cache: torch.Tensor, unit: torch.dtype) -> tuple[torch.Te
     return flat.view(unit), stride // unit.itemsize
 
 
+@cm.per_layout
 def _segment_constants(layout, unit: torch.dtype) -> dict:
     """Each segment's offset, record size and record size rounded up to a power of two, in units."""
     segs = layout.segments
@@ -54,16 +58,26 @@ def _segment_constants(layout, unit: torch.dtype) -> dict:
     return out
 
 
-def _layout_bytes(layout, cache: torch.Tensor) -> list[int]:
-    u8, stride = cm.byte_cache(layout, cache)
+@functools.lru_cache(maxsize=256)
+def _layout_gcd(layout, row_bytes: bool) -> int:
+    """gcd of the layout's byte counts that the unit must divide: segment offsets and record
+    sizes (and, with ``row_bytes``, the row size: the slot gather's output rows)."""
     segs = layout.segments
-    return [u8.data_ptr(), stride, *(layout.segment_offsets[s.name] for s in segs), *(s.record_bytes for s in segs)]
+    values = [*(layout.segment_offsets[s.name] for s in segs), *(s.record_bytes for s in segs)]
+    return math.gcd(*values, layout.row_bytes if row_bytes else 0)
 
 
-def _block_m(row_bytes: int, rows: int | None = None, op: str = "bytes") -> tuple[int, int]:
-    """(rows per program, warps) of the slot gather (``op`` "bytes") or gather_paged ("paged")."""
-    cfg = cm.config("gather", op, rows)
-    return cm.rows_per_tile(cfg["tile_bytes"], cm.next_pow2(row_bytes)), cfg["num_warps"]
+@functools.lru_cache(maxsize=512)
+def _gather_plan(layout, unit: torch.dtype, cfg_items: tuple, evict_first_rows: int):
+    """(rows per program, the slot gather's constexprs and launch options) for a layout, a
+    unit and a launch config (its items: a config a benchmark or test overrides is another
+    key): everything of a launch that no tensor value or address changes."""
+    cfg = dict(cfg_items)
+    block_m = cm.rows_per_tile(cfg["tile_bytes"], cm.next_pow2(layout.row_bytes))
+    return block_m, cm.frozen(dict(
+        PAGE_SIZE=layout.page_size, ROW=layout.row_bytes // unit.itemsize, **_segment_constants(layout, unit),
+        BLOCK_M=block_m, SITE=cm.SITES["gather"], EVICT_FIRST=layout.row_bytes <= evict_first_rows,
+        num_warps=cfg["num_warps"]))
 
 
 def gather(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -72,15 +86,31 @@ def gather(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     out = torch.empty((n, layout.row_bytes), dtype=torch.uint8, device=cache.device)
     if n == 0:
         return out
-    unit = pick_unit([*_layout_bytes(layout, cache), layout.row_bytes]) if cache.shape[0] else torch.uint8
+    pages = cache.shape[0]
+    if pages:
+        u8, stride = cm.byte_cache(layout, cache)
+        unit = _unit_of(math.gcd(u8.data_ptr(), stride, _layout_gcd(layout, True)))
+    else:
+        unit = torch.uint8
     src, stride = unit_cache(layout, cache, unit)
-    block_m, warps = _block_m(layout.row_bytes, n)
+    block_m, consts = _gather_plan(layout, unit, tuple(cm.config("gather", "bytes", n).items()),
+                                   cm.CONFIG[("gather", "bytes")]["evict_first_rows"])
     jit.gather_bytes_kernel[(cm.grid_rows(n, block_m),)](
-        src, slots, out.view(unit), cm.error_record(cache), n, slots.stride(0), cm.capacity(layout, cache), stride,
-        PAGE_SIZE=layout.page_size, ROW=layout.row_bytes // unit.itemsize, **_segment_constants(layout, unit),
-        BLOCK_M=block_m, SITE=cm.SITES["gather"],
-        EVICT_FIRST=layout.row_bytes <= cm.config("gather", "bytes")["evict_first_rows"], num_warps=warps)
+        src, slots, out.view(unit), cm.error_record(cache), n, slots.stride(0), pages * layout.page_size, stride,
+        **consts)
     return out
+
+
+@functools.lru_cache(maxsize=512)
+def _paged_plan(layout, unit: torch.dtype, cfg_items: tuple, requests: int):
+    """(rows per program, gather_paged's constexprs and launch options) for a layout, a unit, a
+    launch config (its items) and a request count; as _gather_plan."""
+    cfg = dict(cfg_items)
+    block_m = cm.rows_per_tile(cfg["tile_bytes"], cm.next_pow2(layout.row_bytes))
+    scan = cm.next_pow2(requests) if requests <= cfg["cu_scan_max"] else 0
+    return block_m, cm.frozen(dict(
+        PAGE_SIZE=layout.page_size, STEPS=max(1, requests.bit_length()), **_segment_constants(layout, unit),
+        BLOCK_M=block_m, SITE=cm.SITES["cu_seq_lens"], SCAN=scan, num_warps=cfg["num_warps"]))
 
 
 def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, cu_seq_lens: torch.Tensor) -> None:
@@ -90,19 +120,22 @@ def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, 
     program even for empty workspaces or no requests."""
     t_rows = views[0].shape[0]
     requests = cu_seq_lens.shape[0] - 1
-    row_strides = [v.stride(0) if v.shape[0] > 1 else v.shape[1] for v in views]
-    facts = [*(v.data_ptr() for v in views), *row_strides]
-    unit = pick_unit([*_layout_bytes(layout, cache), *facts]) if cache.shape[0] else torch.uint8
+    pages = cache.shape[0]
+    if pages:
+        u8, stride = cm.byte_cache(layout, cache)
+        g = math.gcd(u8.data_ptr(), stride, _layout_gcd(layout, False))
+        for v in views:
+            g = math.gcd(g, v.data_ptr(), v.stride(0) if v.shape[0] > 1 else v.shape[1])
+        unit = _unit_of(g)
+    else:
+        unit = torch.uint8
     src, stride = unit_cache(layout, cache, unit)
     outs = [v.view(unit) for v in views]
     while len(outs) < 2:
         outs.append(outs[0])
-    block_m, warps = _block_m(layout.row_bytes, op="paged")
-    scan = cm.next_pow2(requests) if requests <= cm.config("gather", "paged")["cu_scan_max"] else 0
+    cfg = cm.CONFIG[("gather", "paged")]
+    block_m, consts = _paged_plan(layout, unit, tuple(cfg.items()), requests)
     jit.gather_paged_kernel[(max(1, cm.grid_rows(t_rows, block_m)),)](
         src, block_table, cu_seq_lens, outs[0], outs[1], cm.error_record(cache), t_rows, requests,
-        cu_seq_lens.stride(0),
-        block_table.stride(0), block_table.stride(1), block_table.shape[1], cache.shape[0], stride,
-        outs[0].stride(0), outs[1].stride(0), PAGE_SIZE=layout.page_size, STEPS=max(1, requests.bit_length()),
-        **_segment_constants(layout, unit),
-        BLOCK_M=block_m, SITE=cm.SITES["cu_seq_lens"], SCAN=scan, num_warps=warps)
+        cu_seq_lens.stride(0), block_table.stride(0), block_table.stride(1), block_table.shape[1], pages, stride,
+        outs[0].stride(0), outs[1].stride(0), **consts)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kvformats_kernels import _common as cm
@@ -14,8 +16,33 @@ def _floats(nbytes: int) -> int:
     return nbytes // _WORD
 
 
-def _grid(n: int, width: int, cfg: dict) -> tuple[int, int]:
-    return cm.grid_rows(n, cfg["block_m"]), cm.grid_rows(width, cfg["block_w"])
+@functools.lru_cache(maxsize=512)
+def _encode_plan(layout, bf16: tuple, cfg_items: tuple, site: int):
+    """(rows per program, column programs, every constexpr and launch option of the encode)
+    for a layout, the inputs' bf16 flags (kv, score, ape), a launch config (its items: an
+    overridden config is another key) and the record site; no tensor value or address."""
+    cfg = dict(cfg_items)
+    kv_off, row_stride, _ = cm.region(layout, "kv")
+    score_off, _, _ = cm.region(layout, "score")
+    kv_bf16, score_bf16, ape_bf16 = bf16
+    return cfg["block_m"], cm.grid_rows(layout.width, cfg["block_w"]), cm.frozen(dict(
+        PAGE_SIZE=layout.page_size, ROW_STRIDE=_floats(row_stride), KV_OFF=_floats(kv_off),
+        SCORE_OFF=_floats(score_off), W=layout.width, RATIO=layout.ratio,
+        KV_BF16=kv_bf16, SCORE_BF16=score_bf16, APE_BF16=ape_bf16,
+        BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], SITE=site, **cm.launch_opts(cfg)))
+
+
+@functools.lru_cache(maxsize=512)
+def _gather_plan(layout, split: int, cfg_items: tuple, site: int):
+    """(rows per program, column programs, the word gather's constexprs and launch options);
+    as _encode_plan."""
+    cfg = dict(cfg_items)
+    seg = layout.segments[0]
+    elems = _floats(seg.record_bytes)
+    return cfg["block_m"], cm.grid_rows(elems, cfg["block_w"]), cm.frozen(dict(
+        PAGE_SIZE=layout.page_size, ROW_STRIDE=elems, ROW_OFF=_floats(layout.segment_offsets[seg.name]),
+        ROW_ELEMS=elems, SPLIT=split, BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], SITE=site,
+        **cm.launch_opts(cfg)))
 
 
 def encode(layout, x, cache: torch.Tensor, slots: torch.Tensor, *, positions: torch.Tensor,
@@ -28,16 +55,12 @@ def encode(layout, x, cache: torch.Tensor, slots: torch.Tensor, *, positions: to
     n = kv.shape[0]
     if n == 0:
         return
-    kv_off, row_stride, _ = cm.region(layout, "kv")
-    score_off, _, _ = cm.region(layout, "score")
-    cfg = cm.config("state", "copy", n)
-    jit.encode_kernel[_grid(n, layout.width, cfg)](
+    block_m, cols, consts = _encode_plan(layout, (kv_bf16, score_bf16, ape_bf16),
+                                         tuple(cm.config("state", "copy", n).items()), site)
+    jit.encode_kernel[(cm.grid_rows(n, block_m), cols)](
         kv, score, positions, ape, slots, cache, cm.error_record(cache), n, cm.row_stride(kv), cm.row_stride(score),
-        positions.stride(0), cm.row_stride(ape), slots.stride(0), cm.capacity(layout, cache), cache.stride(0),
-        PAGE_SIZE=layout.page_size, ROW_STRIDE=_floats(row_stride), KV_OFF=_floats(kv_off),
-        SCORE_OFF=_floats(score_off), W=layout.width, RATIO=layout.ratio,
-        KV_BF16=kv_bf16, SCORE_BF16=score_bf16, APE_BF16=ape_bf16,
-        BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], SITE=site, **cm.launch_opts(cfg))
+        positions.stride(0), cm.row_stride(ape), slots.stride(0), cache.shape[0] * layout.page_size, cache.stride(0),
+        **consts)
 
 
 def _gather_words(layout, cache: torch.Tensor, slots: torch.Tensor, split: int, dtype,
@@ -51,13 +74,10 @@ def _gather_words(layout, cache: torch.Tensor, slots: torch.Tensor, split: int, 
     widths = [split, elems - split] if split else [elems]
     outs = [torch.empty((n, w), dtype=dtype, device=cache.device) for w in widths]
     if n > 0:
-        cfg = cm.config("state", "copy", n)
-        jit.gather_kernel[_grid(n, elems, cfg)](
+        block_m, cols, consts = _gather_plan(layout, split, tuple(cm.config("state", "copy", n).items()), site)
+        jit.gather_kernel[(cm.grid_rows(n, block_m), cols)](
             cache.view(torch.int32), slots, outs[0].view(torch.int32), outs[-1].view(torch.int32),
-            cm.error_record(cache), n,
-            slots.stride(0), cm.capacity(layout, cache), cache.stride(0), PAGE_SIZE=layout.page_size,
-            ROW_STRIDE=_floats(seg.record_bytes), ROW_OFF=_floats(layout.segment_offsets[seg.name]), ROW_ELEMS=elems,
-            SPLIT=split, BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], SITE=site, **cm.launch_opts(cfg))
+            cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size, cache.stride(0), **consts)
     return outs
 
 
