@@ -77,30 +77,28 @@ def _check_rope_args(x, positions, cos_sin, check) -> bool:
 
 
 def rope_tail(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, *,
-              inverse: bool = False, check=True) -> torch.Tensor:
+              inverse: bool = False, check=True, site: int = _SITE) -> torch.Tensor:
     """Rotate the last ``cos_sin.shape[1]`` dims of ``x [N, ..., D]`` at ``positions [N]`` -> float32.
 
     Pair i is (x[nope + 2i], x[nope + 2i + 1]); forward: e' = e cos - o sin, o' = e sin + o cos;
     ``inverse`` undoes it. The NoPE dims pass through (as float32). Positions must be rows of
     ``cos_sin``: checked as ``check`` says (``spec/checks.md``): on CPU tensors and in strict mode
     an InputError before anything is computed; on a GPU without a host read, where a row at an
-    invalid position is returned unrotated and the violation recorded.
+    invalid position is returned unrotated and the violation recorded (at ``site``: an op that
+    rotates through this names itself, ``kvformats.deferred.site``).
     """
     rope_dim = cos_sin.shape[1] if isinstance(cos_sin, torch.Tensor) and cos_sin.dim() == 2 else 0
     checked = _check_rope_args(x, positions, cos_sin, check)
     half = rope_dim // 2
     out = x.float().clone()
     p = positions.long()
-    if not checked and p.numel():  # an invalid position reads row 0 with cos 1, sin 0: the identity
+    bad = None
+    if not checked and p.numel():  # an invalid position reads row 0; its row is passed through below
         bad = (p < 0) | (p >= cos_sin.shape[0])
-        deferred.record_where(bad, p, cos_sin.shape[0], deferred.Check.POSITION_RANGE, _SITE)
+        deferred.record_where(bad, p, cos_sin.shape[0], deferred.Check.POSITION_RANGE, site)
         p = torch.where(bad, 0, p)
-        keep = (~bad).to(torch.float32)[:, None]
-        cos = cos_sin[p, :half].float() * keep + (1 - keep)
-        sin = cos_sin[p, half:rope_dim].float() * keep
-    else:
-        cos = cos_sin[p, :half].float()
-        sin = cos_sin[p, half:rope_dim].float()
+    cos = cos_sin[p, :half].float()
+    sin = cos_sin[p, half:rope_dim].float()
     while cos.dim() < out.dim():
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     if inverse:
@@ -110,4 +108,6 @@ def rope_tail(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, *
     odd = out[..., nope + 1::2].clone()
     out[..., nope::2] = even * cos - odd * sin
     out[..., nope + 1::2] = even * sin + odd * cos
+    if bad is not None:  # the row of an invalid position: x as float32, unrotated (signs of zero kept)
+        out = torch.where(bad.reshape(-1, *([1] * (out.dim() - 1))), x.float(), out)
     return out

@@ -46,7 +46,7 @@ class FastKernel:
         self.runtime = {p.name for p in getattr(fn, "params", ()) if not p.is_constexpr}
         self.compiled: dict[tuple, tuple] = {}
         self.direct = (type(fn).__name__ == "JITFunction" and os.environ.get("TRITON_INTERPRET", "0") != "1"
-                       and os.environ.get("KVFORMATS_TRITON_LAUNCH", "0") in ("", "0"))
+                       and os.environ.get("KVFORMATS_TRITON_LAUNCH", "0") in ("", "0") and torch.cuda.is_available())
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)

@@ -41,3 +41,22 @@ def device_mode(monkeypatch):
     """Run CPU tensors through the GPU's default check path: no host value checks, violations
     recorded in the device record (read it with kvformats.pending_error('cpu'))."""
     monkeypatch.setattr(deferred, "HOST_CHECKED", set())
+
+
+@pytest.fixture
+def routed(monkeypatch):
+    """The default GPU check path for CPU tensors, and ``backend="triton"`` resolving to the
+    Triton launchers whatever the device (after the public op validated its arguments), so that
+    kernel tests run under the interpreter without CUDA; with CUDA nothing changes."""
+    if not torch.cuda.is_available():
+        from kvformats import registry
+
+        monkeypatch.setattr(deferred, "HOST_CHECKED", set())
+        real = registry.resolve
+
+        def resolve(fmt, op, backend, device):
+            if backend == "triton":
+                return registry._OPS[(fmt, op)]["triton"]
+            return real(fmt, op, backend, device)
+
+        monkeypatch.setattr(registry, "resolve", resolve)

@@ -159,6 +159,8 @@ def main(argv=None) -> int:
                     failures.append((label, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
                 else:
                     other += 1
+                    if os.environ.get("COMPILE_CHECK_VERBOSE"):  # what raised, for a call that compiled nothing
+                        print(f"{label}: {text}")
     for label, why in failures:
         print(f"COMPILE FAILED {label}: {why}")
     rows, seen = [], set()

@@ -9,15 +9,20 @@
 * ``indexer_compress_insert``: the same on the indexer state (ratio 4, head 128), then the
   Hadamard rotation, then an fp8_indexer or mxfp4_indexer row.
 
-A row is written only when the state slot, the group end and the target slot are all valid;
-nothing else in either cache changes.
+A row is written only when the state slot, the group end, the target slot (in [0, capacity)) and
+the rope position (a row of the cos/sin table) are all valid; nothing else in either cache
+changes. Value checks follow ``check`` (``spec/checks.md``): a target slot beyond the cache or a
+rope position beyond the table raises before any write on CPU tensors and in strict mode; on a
+GPU it is not read on the host: the row is skipped and the violation recorded for
+``kvformats.raise_pending``. Repeated target slots are refused only by the host checks.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kvformats.checks import capturing, check_slots
+from kvformats import deferred, registry
+from kvformats.checks import check_slots
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.blocktable import table_slots
@@ -30,11 +35,14 @@ INDEX_FORMATS = ("fp8_indexer", "mxfp4_indexer")
 
 
 # ----- save -------------------------------------------------------------------------------------
+_SAVE_SITE = deferred.site("save_compressor_state", "slots")
+
+
 def save_compressor_state(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, state_cache: torch.Tensor, *,
                           ratio: int, positions: torch.Tensor, slots: torch.Tensor | None = None,
                           req_indices: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                           block_table_base_offsets: torch.Tensor | None = None, backend: str = "auto",
-                          check: bool = True) -> None:
+                          check: bool | str = True) -> None:
     """Store ``[kv | score + ape[p % ratio]]`` (float32) for each token at its state slot.
 
     ``kv``, ``score``: ``[N, W]`` float (``W = 2 * head_dim`` for ratio 4, ``head_dim`` for 128);
@@ -60,8 +68,10 @@ def save_compressor_state(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tens
                             block_table_base_offsets, state_cache.shape[0])
     elif block_table is not None or req_indices is not None:
         raise InputError("pass either slots= or block_table= with req_indices=, not both")
-    check_slots(layout, slots, n, state_cache, check_range=check, unique=check)
-    D.resolve("save_compressor_state", backend, device)(layout, kv, score, ape, state_cache, positions, slots)
+    fn = D.resolve("save_compressor_state", backend, device)
+    check_slots(layout, slots, n, state_cache, check_range=check, unique=True, site=_SAVE_SITE,
+                kernel=registry.is_kernel(fn))
+    fn(layout, kv, score, ape, state_cache, positions, slots)
 
 
 @D.reference("save_compressor_state")
@@ -88,9 +98,36 @@ def _check_window_args(state_cache, ratio, positions, req_indices, state_slots, 
 
 
 def _group_end(ratio: int, positions, state_slots, target_slots) -> torch.Tensor:
-    """Tokens that write a row: valid state slot, last token of a group, valid target slot."""
+    """Tokens that would write a row: valid state slot, last token of a group, a target slot."""
     p = positions.long()
     return (p >= 0) & ((p + 1) % ratio == 0) & (state_slots >= 0) & (target_slots >= 0)
+
+
+def _writes(ratio: int, positions, state_slots, target_slots, capacity: int, cos_sin) -> torch.Tensor:
+    """Tokens that write a row: ``_group_end``'s, with the target slot below ``capacity`` and
+    the rope position a row of ``cos_sin``."""
+    rope_pos = positions.long() // ratio * ratio
+    return (_group_end(ratio, positions, state_slots, target_slots) & (target_slots < capacity)
+            & (rope_pos < cos_sin.shape[0]))
+
+
+def _value_checks(op: str, target: str, layout, cache, ratio, positions, state_slots, target_slots, cos_sin,
+                  check, fn) -> None:
+    """The target-slot and rope-position checks of a compress insert, as ``check`` says: on the
+    host before any write, or on the device (recorded here for the reference; a kernel records
+    them itself)."""
+    if deferred.on_host(check, positions):
+        write = _group_end(ratio, positions, state_slots, target_slots)
+        C.check_written_slots(layout, cache, target_slots, write, target)
+        C.check_positions_in_table(positions.long() // ratio * ratio, cos_sin, write, "rope positions")
+    elif not registry.is_kernel(fn) and positions.numel():
+        ends = _group_end(ratio, positions, state_slots, target_slots)
+        capacity = cache.shape[0] * layout.page_size
+        over = ends & (target_slots >= capacity)
+        deferred.record_where(over, target_slots, capacity, deferred.Check.SLOT_RANGE, deferred.site(op, target))
+        rope_pos = positions.long() // ratio * ratio
+        deferred.record_where(ends & ~over & (rope_pos >= cos_sin.shape[0]), rope_pos, cos_sin.shape[0],
+                              deferred.Check.POSITION_RANGE, deferred.site(op, "rope positions"))
 
 
 def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, ratio: int, positions: torch.Tensor,
@@ -98,7 +135,7 @@ def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, rat
                        rms_weight: torch.Tensor, rms_eps: float, cos_sin_cache: torch.Tensor,
                        kv_slots: torch.Tensor, kv_page_size: int,
                        block_table_base_offsets: torch.Tensor | None = None, backend: str = "auto",
-                       check: bool = True) -> None:
+                       check: bool | str = True) -> None:
     """Compress the state windows of group-ending tokens into fp8_ds_mla rows of ``kv_cache``.
 
     Args:
@@ -119,7 +156,8 @@ def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, rat
         kv_page_size: rows per page of ``kv_cache``.
         block_table_base_offsets: optional int ``[R]``: logical page of column 0 of ``block_table``.
         backend: "auto", "reference" or "triton".
-        check: run the host-side slot and position checks (False inside CUDA graphs).
+        check: True, False or "strict": where the target-slot and rope-position checks run (the
+            module docstring; ``spec/checks.md``).
 
     Row written: ``Fp8DsMla.encode(rope_tail(pool(window), (p // ratio) * ratio))``.
     """
@@ -129,12 +167,10 @@ def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, rat
     kv_layout = C.ds_mla_layout(kv_cache, rms_weight.shape[0], rope_dim, kv_page_size)
     if kv_cache.device != state_cache.device:
         raise InputError(f"kv_cache must be on the state cache's device {state_cache.device}, got {kv_cache.device}")
-    if check and not capturing(positions):  # host checks; inside a CUDA graph they would add kernels
-        write = _group_end(ratio, positions, state_slots, kv_slots)
-        C.check_written_slots(kv_layout, kv_cache, kv_slots, write, "kv_slots")
-        C.check_positions_in_table(positions.long() // ratio * ratio, cos_sin_cache, write, "rope positions")
-    D.resolve("compress_kv_insert", backend, kv_cache.device)(
-        state_cache, kv_cache, kv_layout, ratio, positions, req_indices, state_slots, block_table,
+    fn = D.resolve("compress_kv_insert", backend, kv_cache.device)
+    _value_checks("compress_kv_insert", "kv_slots", kv_layout, kv_cache, ratio, positions, state_slots, kv_slots,
+                  cos_sin_cache, check, fn)
+    fn(state_cache, kv_cache, kv_layout, ratio, positions, req_indices, state_slots, block_table,
         block_table_base_offsets, rms_weight, eps, cos_sin_cache, kv_slots)
 
 
@@ -155,9 +191,9 @@ def hca_compress_kv_insert(state_cache, kv_cache, **kwargs) -> None:
 
 
 def _pooled_rows(state_cache, ratio, positions, req_indices, state_slots, block_table, base, weight, eps,
-                 cos_sin, target_slots):
+                 cos_sin, target_slots, capacity):
     """(index of writing tokens, their rotated float32 pooled rows)."""
-    idx = _group_end(ratio, positions, state_slots, target_slots).nonzero().squeeze(1)
+    idx = _writes(ratio, positions, state_slots, target_slots, capacity, cos_sin).nonzero().squeeze(1)
     p = positions.long()[idx]
     normed = pool_reference(state_cache, ratio, p, req_indices[idx], block_table, base, weight, eps)
     return idx, rope_tail(normed, p // ratio * ratio, cos_sin)
@@ -167,7 +203,7 @@ def _pooled_rows(state_cache, ratio, positions, req_indices, state_slots, block_
 def compress_kv_insert_reference(state_cache, kv_cache, kv_layout, ratio, positions, req_indices, state_slots,
                                  block_table, base, weight, eps, cos_sin, kv_slots) -> None:
     idx, x = _pooled_rows(state_cache, ratio, positions, req_indices, state_slots, block_table, base, weight,
-                          eps, cos_sin, kv_slots)
+                          eps, cos_sin, kv_slots, kv_cache.shape[0] * kv_layout.page_size)
     if idx.numel():
         write_rows(kv_layout, kv_cache, kv_slots[idx], kv_layout.encode_rows(x))
 
@@ -178,7 +214,7 @@ def indexer_compress_insert(state_cache: torch.Tensor, index_cache: torch.Tensor
                             block_table: torch.Tensor, rms_weight: torch.Tensor, rms_eps: float,
                             cos_sin_cache: torch.Tensor, index_slots: torch.Tensor, index_page_size: int = 64,
                             ratio: int = 4, block_table_base_offsets: torch.Tensor | None = None,
-                            backend: str = "auto", check: bool = True) -> None:
+                            backend: str = "auto", check: bool | str = True) -> None:
     """Compress the indexer state windows of group-ending tokens into indexer-cache rows.
 
     Same arguments as ``compress_kv_insert`` (the indexer compressor's state ``[pages, 4, 4h]``
@@ -204,12 +240,10 @@ def indexer_compress_insert(state_cache: torch.Tensor, index_cache: torch.Tensor
     if index_cache.device != state_cache.device:
         raise InputError(f"index_cache must be on the state cache's device {state_cache.device}, "
                          f"got {index_cache.device}")
-    if check and not capturing(positions):  # host checks; inside a CUDA graph they would add kernels
-        write = _group_end(ratio, positions, state_slots, index_slots)
-        C.check_written_slots(layout, index_cache, index_slots, write, "index_slots")
-        C.check_positions_in_table(positions.long() // ratio * ratio, cos_sin_cache, write, "rope positions")
-    D.resolve("indexer_compress_insert", backend, index_cache.device)(
-        state_cache, index_cache, layout, positions, req_indices, state_slots, block_table,
+    fn = D.resolve("indexer_compress_insert", backend, index_cache.device)
+    _value_checks("indexer_compress_insert", "index_slots", layout, index_cache, ratio, positions, state_slots,
+                  index_slots, cos_sin_cache, check, fn)
+    fn(state_cache, index_cache, layout, positions, req_indices, state_slots, block_table,
         block_table_base_offsets, rms_weight, eps, cos_sin_cache, index_slots)
 
 
@@ -217,7 +251,7 @@ def indexer_compress_insert(state_cache: torch.Tensor, index_cache: torch.Tensor
 def indexer_compress_insert_reference(state_cache, index_cache, layout, positions, req_indices, state_slots,
                                       block_table, base, weight, eps, cos_sin, index_slots) -> None:
     idx, x = _pooled_rows(state_cache, 4, positions, req_indices, state_slots, block_table, base, weight,
-                          eps, cos_sin, index_slots)
+                          eps, cos_sin, index_slots, index_cache.shape[0] * layout.page_size)
     if idx.numel():
         rotated = hadamard_reference(x, x.shape[-1] ** -0.5)
         write_rows(layout, index_cache, index_slots[idx], layout.encode_rows(rotated))

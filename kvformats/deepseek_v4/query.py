@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from kvformats import deferred
 from kvformats import numerics as nx
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.deepseek_v4 import _dispatch as D
@@ -23,7 +24,16 @@ _MXFP4 = Mxfp4Indexer(head_dim=INDEX_HEAD_DIM, page_size=1)
 OUT_SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-10, floor_on="absmax")
 
 
-def _check_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale):
+SITES = {op: deferred.site(op, "positions")  # where each op records an invalid position
+          for op in ("prepare_indexer_q_mxfp4", "prepare_indexer_q_fp8", "inv_rope_fp8_quant")}
+
+
+def _check_positions(positions, cos_sin, check) -> None:
+    if deferred.on_host(check, positions):
+        C.check_positions_in_table(positions, cos_sin)
+
+
+def _check_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, check):
     """Shared validation of the query preps; returns weights as ``[T, H]``."""
     device = index_q.device if isinstance(index_q, torch.Tensor) else None
     C.check_tensor("index_q", index_q, dtypes=C.FLOAT_DTYPES, shape=(None, None, INDEX_HEAD_DIM), device=device)
@@ -37,13 +47,15 @@ def _check_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale):
     C.check_tensor("weights", weights, dtypes=C.FLOAT_DTYPES, shape=(t, h), device=device)
     C.check_float("softmax_scale", softmax_scale, minimum=float("-inf"))
     C.check_float("head_scale", head_scale, minimum=float("-inf"))
-    C.check_positions_in_table(positions, cos_sin)
+    _check_positions(positions, cos_sin, check)
     return weights
 
 
-def _rotated(index_q, positions, cos_sin) -> torch.Tensor:
-    """bf16 ``[T, H, 128]``: Hadamard(bf16(rope_p(q)))."""
-    return hadamard_reference(rope_tail(index_q, positions, cos_sin), INDEX_HEAD_DIM ** -0.5)
+def _rotated(index_q, positions, cos_sin, op: str) -> torch.Tensor:
+    """bf16 ``[T, H, 128]``: Hadamard(bf16(rope_p(q))); a token at an invalid position unrotated
+    and recorded (the public function checked on the host where its mode asks)."""
+    rotated = rope_tail(index_q, positions, cos_sin, check=False, site=SITES[op])
+    return hadamard_reference(rotated, INDEX_HEAD_DIM ** -0.5)
 
 
 def _head_weights(weights, softmax_scale, head_scale) -> torch.Tensor:
@@ -52,7 +64,7 @@ def _head_weights(weights, softmax_scale, head_scale) -> torch.Tensor:
 
 def prepare_indexer_q_mxfp4(index_q: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                             weights: torch.Tensor, softmax_scale: float, head_scale: float, *,
-                            backend: str = "auto"):
+                            backend: str = "auto", check=True):
     """Indexer queries for DeepGEMM's MXFP4 logits.
 
     ``index_q [T, H, 128]`` (bf16; other float dtypes are rounded to bf16 after RoPE),
@@ -60,8 +72,13 @@ def prepare_indexer_q_mxfp4(index_q: torch.Tensor, positions: torch.Tensor, cos_
     ``((q_packed uint8 [T, H, 64], q_scale int32 [T, H]), weights_out float32 [T, H])``:
     packed e2m1 nibbles (element 2k low) and the four ue8m0 block scales as one little-endian
     int32 (block 0 in the low byte); ``weights_out = (weights * softmax_scale) * head_scale``.
+
+    ``check`` (True, False or "strict"; ``spec/checks.md``): positions outside the cos/sin
+    table raise before anything is computed on CPU tensors and in strict mode; on a GPU they are
+    not read on the host: such a token's outputs are computed unrotated (cos 1, sin 0) and the
+    violation is recorded for ``kvformats.raise_pending``.
     """
-    weights = _check_q(index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale)
+    weights = _check_q(index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale, check)
     fn = D.resolve("prepare_indexer_q_mxfp4", backend, index_q.device)
     return fn(index_q, positions, cos_sin_cache, weights, float(softmax_scale), float(head_scale))
 
@@ -69,7 +86,7 @@ def prepare_indexer_q_mxfp4(index_q: torch.Tensor, positions: torch.Tensor, cos_
 @D.reference("prepare_indexer_q_mxfp4")
 def prepare_indexer_q_mxfp4_reference(index_q, positions, cos_sin, weights, softmax_scale, head_scale):
     t, h, d = index_q.shape
-    rows = _MXFP4.encode_rows(_rotated(index_q, positions, cos_sin).reshape(t * h, d))
+    rows = _MXFP4.encode_rows(_rotated(index_q, positions, cos_sin, "prepare_indexer_q_mxfp4").reshape(t * h, d))
     packed = rows[:, :d // 2].reshape(t, h, d // 2)
     scales = rows[:, d // 2:].contiguous().view(torch.int32).reshape(t, h)
     return (packed, scales), _head_weights(weights, softmax_scale, head_scale)
@@ -77,27 +94,32 @@ def prepare_indexer_q_mxfp4_reference(index_q, positions, cos_sin, weights, soft
 
 def prepare_indexer_q_fp8(index_q: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                           weights: torch.Tensor, softmax_scale: float, head_scale: float, *,
-                          backend: str = "auto"):
+                          backend: str = "auto", check=True):
     """Indexer queries for DeepGEMM's FP8 logits (tokenspeed HEAD, SM90 path).
 
     Same inputs as ``prepare_indexer_q_mxfp4``. Returns ``(q_fp8 float8_e4m3fn [T, H, 128],
     weights_out float32 [T, H])`` with ``q_fp8 = fp8(Hadamard(bf16(rope_p(q))))`` and no scale.
     Values beyond ±448 saturate to ±448 (tokenspeed's unclamped cast would give NaN there).
+
+    ``check`` (True, False or "strict"; ``spec/checks.md``): positions outside the cos/sin
+    table raise before anything is computed on CPU tensors and in strict mode; on a GPU they are
+    not read on the host: such a token's outputs are computed unrotated (cos 1, sin 0) and the
+    violation is recorded for ``kvformats.raise_pending``.
     """
-    weights = _check_q(index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale)
+    weights = _check_q(index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale, check)
     fn = D.resolve("prepare_indexer_q_fp8", backend, index_q.device)
     return fn(index_q, positions, cos_sin_cache, weights, float(softmax_scale), float(head_scale))
 
 
 @D.reference("prepare_indexer_q_fp8")
 def prepare_indexer_q_fp8_reference(index_q, positions, cos_sin, weights, softmax_scale, head_scale):
-    q = nx.e4m3_encode(_rotated(index_q, positions, cos_sin).float()).view(torch.float8_e4m3fn)
+    q = nx.e4m3_encode(_rotated(index_q, positions, cos_sin, "prepare_indexer_q_fp8").float()).view(torch.float8_e4m3fn)
     return q, _head_weights(weights, softmax_scale, head_scale)
 
 
 def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *, n_groups: int,
                        heads_per_group: int, quant_group_size: int = 128, tma_aligned_scales: bool = True,
-                       backend: str = "auto"):
+                       backend: str = "auto", check=True):
     """Inverse-RoPE the attention output and quantize it to FP8 for the output projection.
 
     ``o [T, n_groups * heads_per_group, D]`` (bf16/fp16/fp32; D = nope + rope_dim with the RoPE
@@ -114,6 +136,11 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: 
     The Triton kernel takes power-of-two groups of at most 128 that hold the whole RoPE tail
     (DeepSeek V4's 128-groups with a 64-dim tail): other groups run the reference under
     ``backend="auto"`` and raise BackendUnavailableError under ``backend="triton"``.
+
+    ``check`` (True, False or "strict"; ``spec/checks.md``): positions outside the cos/sin
+    table raise before anything is computed on CPU tensors and in strict mode; on a GPU they are
+    not read on the host: such a token's outputs are computed unrotated (cos 1, sin 0) and the
+    violation is recorded for ``kvformats.raise_pending``.
     """
     device = o.device if isinstance(o, torch.Tensor) else None
     C.check_int("n_groups", n_groups, minimum=1)
@@ -129,7 +156,7 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: 
     if tma_aligned_scales and d // quant_group_size != 4:
         raise InputError(f"tma_aligned_scales packs 4 group exponents per head into an int32: needs "
                          f"D / quant_group_size == 4, got {d} / {quant_group_size}")
-    C.check_positions_in_table(positions, cos_sin_cache)
+    _check_positions(positions, cos_sin_cache, check)
     args = (o, positions, cos_sin_cache, n_groups, heads_per_group, quant_group_size, bool(tma_aligned_scales))
     return resolve_for_shapes("inv_rope_fp8_quant", backend, o.device, args)(*args)
 
@@ -137,7 +164,8 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: 
 @D.reference("inv_rope_fp8_quant")
 def inv_rope_fp8_quant_reference(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned):
     t, heads, d = o.shape
-    blocks = rope_tail(o, positions, cos_sin, inverse=True).reshape(t, heads, d // group, group)
+    blocks = rope_tail(o, positions, cos_sin, inverse=True, check=False,
+                       site=SITES["inv_rope_fp8_quant"]).reshape(t, heads, d // group, group)
     e = OUT_SCALE_RULE.exponents(blocks)  # [T, heads, D / group]
     values = nx.e4m3_quantize_blocks(blocks, e).view(torch.float8_e4m3fn)
     buf = values.reshape(t, n_groups, heads_per_group * d).transpose(0, 1).contiguous()

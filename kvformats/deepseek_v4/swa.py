@@ -3,16 +3,16 @@
 For every token t: ``q[t, h] <- rope_p(q[t, h] * rsqrt(mean(q[t, h]^2) + eps))`` in float32,
 written back in q's dtype (weightless RMSNorm per head). For tokens t < len(slots) with
 ``0 <= slots[t] < capacity``: the kv row, its RoPE tail rotated at the token's own position p and
-rounded to bf16, is written as an fp8_ds_mla row. Other slots are skipped silently (this is the
-one op that tolerates slots beyond the cache: the CUDA kernel does, and engines rely on it for
-CUDA-graph padding).
+rounded to bf16, is written as an fp8_ds_mla row. Other slots are skipped silently and never
+recorded (this is the one op that tolerates slots beyond the cache: tokenspeed's kernel does, and
+engines rely on it for CUDA-graph padding).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kvformats.checks import capturing
+from kvformats import deferred
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.deepseek_v4.transforms import rms_norm, rope_tail
@@ -36,7 +36,13 @@ def swa_insert(q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, slots:
         positions: int ``[T]``; cos_sin_cache: float32 ``[max_pos, rope_dim]``.
 
     fp16 activations are refused: tokenspeed's fp16 variant stores the RoPE tail as fp16, which is
-    not the fp8_ds_mla format (formats.md §13.3). Repeated non-negative slots raise (outside capture).
+    not the fp8_ds_mla format (formats.md §13.3).
+
+    ``check`` (True, False or "strict"; ``spec/checks.md``): on CPU tensors and in strict mode,
+    positions outside the cos/sin table and repeated non-negative slots raise before anything is
+    written. On a GPU nothing is read on the host: a token at an invalid position gets its q
+    normalised but not rotated, its kv row is not written, and the violation is recorded for
+    ``kvformats.raise_pending``; repeated slots are not looked for.
     """
     device = kv_cache.device if isinstance(kv_cache, torch.Tensor) else None
     if not isinstance(q, torch.Tensor) or q.dtype not in ACTIVATION_DTYPES:
@@ -53,9 +59,9 @@ def swa_insert(q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, slots:
     rope_dim = C.check_cos_sin(cos_sin_cache, device)
     layout = C.ds_mla_layout(kv_cache, d, rope_dim, page_size)
     eps = C.check_float("rms_eps", rms_eps)
-    if check:
+    if deferred.on_host(check, positions):
         C.check_positions_in_table(positions, cos_sin_cache)
-        if s and not capturing(slots):
+        if s:
             live = slots[locate(layout, kv_cache, slots)[0]]
             if torch.unique(live).numel() != live.numel():
                 raise InputError("slots repeat a target row; each non-negative slot may appear once per call")
@@ -65,8 +71,15 @@ def swa_insert(q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, slots:
 
 @D.reference("swa_insert")
 def swa_insert_reference(q, kv, kv_cache, layout, slots, positions, cos_sin, eps) -> None:
-    q.copy_(rope_tail(rms_norm(q, None, eps), positions, cos_sin))
+    # check=False: a token at an invalid position is rotated by the identity and recorded (the
+    # public function raised on the host where its check mode asks).
+    q.copy_(rope_tail(rms_norm(q, None, eps), positions, cos_sin, check=False, site=_SITE))
     s = slots.shape[0]
     if s:
-        x = rope_tail(kv[:s], positions[:s], cos_sin).to(kv.dtype)  # the kernel rounds to the activation dtype
+        p = positions[:s]
+        x = rope_tail(kv[:s], p, cos_sin, check=False, site=_SITE).to(kv.dtype)  # the kernel rounds to the activation dtype
+        slots = torch.where((p >= 0) & (p < cos_sin.shape[0]), slots, -1)  # no row for an invalid position
         write_rows(layout, kv_cache, slots, layout.encode_rows(x))
+
+
+_SITE = deferred.site("swa_insert", "positions")

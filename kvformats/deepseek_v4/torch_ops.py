@@ -36,6 +36,7 @@ import inspect
 import torch
 
 from kvformats import deepseek_v4 as dsv4
+from kvformats import deferred
 from kvformats.deepseek_v4.indices import ALIGN
 from kvformats.errors import InputError, InputTypeError, describe
 from kvformats.oplib import NAMESPACE, define
@@ -46,7 +47,7 @@ PREFIX = "dsv4_"
 _WINDOW_ARGS = "Tensor positions, Tensor req_indices, Tensor state_slots, Tensor block_table, Tensor rms_weight, " \
                "float rms_eps, Tensor cos_sin_cache"
 _Q_ARGS = "Tensor index_q, Tensor positions, Tensor cos_sin_cache, Tensor weights, float softmax_scale, " \
-          "float head_scale, str backend"
+          "float head_scale, str backend, bool check"
 SCHEMAS = {
     # transforms and pooling
     "hadamard_transform": ("Tensor x, float? scale, str backend", "Tensor"),
@@ -69,7 +70,7 @@ SCHEMAS = {
     "prepare_indexer_q_mxfp4": (_Q_ARGS, "(Tensor, Tensor, Tensor)"),
     "prepare_indexer_q_fp8": (_Q_ARGS, "(Tensor, Tensor)"),
     "inv_rope_fp8_quant": ("Tensor o, Tensor positions, Tensor cos_sin_cache, int n_groups, int heads_per_group, "
-                           "int quant_group_size, bool tma_aligned_scales, str backend", "(Tensor, Tensor)"),
+                           "int quant_group_size, bool tma_aligned_scales, str backend, bool check", "(Tensor, Tensor)"),
     # index helpers
     "table_slot_mapping": ("Tensor positions, Tensor req_indices, Tensor block_table, int page_size, "
                            "int entry_stride, Tensor? block_table_base_offsets, Tensor? is_valid_token, "
@@ -104,7 +105,7 @@ def _i32(like, *shape):
     return like.new_empty(shape, dtype=torch.int32)
 
 
-def _fake_inv_rope(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned, backend):
+def _fake_inv_rope(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned, *_):
     t, _, d = o.shape
     q = o.new_empty((n_groups, t, heads_per_group * d), dtype=torch.float8_e4m3fn).transpose(0, 1)
     per_group = heads_per_group * (1 if tma_aligned else d // group)
@@ -232,7 +233,11 @@ def op_arguments(name: str, *args, **kwargs) -> dict:
         if n not in values:
             raise TypeError(f"{name}() missing argument {n!r}")
         v = values[n]
-        if kind == "bool":  # the Python functions take any truth value
+        if n == "check":  # the schema's bool carries True / False; "strict" is applied around the call
+            if v is not True and v is not False and v != "strict":
+                raise InputTypeError(f"check must be True, False or 'strict', got {describe(v)}")
+            values[n] = v is not False
+        elif kind == "bool":  # the Python functions take any truth value
             values[n] = bool(v)
         elif not (v is None and optional) and not (isinstance(v, _PY_TYPES[kind]) and not isinstance(v, bool)):
             raise InputTypeError(f"{n} must be {_TYPE_NAMES[kind]}, got {describe(v)}")
@@ -265,6 +270,9 @@ def _wrapper(name: str):
     @functools.wraps(getattr(dsv4, name))
     def call(*args, **kwargs):
         arguments = op_arguments(name, *args, **kwargs)
+        if kwargs.get("check") == "strict":  # a bool in the schema: strict mode around the call instead
+            with deferred.strict_checks():
+                return results(name, arguments, op(*arguments.values()))
         return results(name, arguments, op(*arguments.values()))
 
     return call

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from kvformats import deferred
 from kvformats_kernels import _common as cm
 from kvformats_kernels import state
 from kvformats_kernels.dsv4 import compress_jit as jit
@@ -48,11 +49,16 @@ CONFIG: dict[tuple[str, int], dict[str, int]] = {
 ONE_TOKEN_MAX_T = 2048  # calls with at most this many tokens run one token per program (decode)
 SPLIT_MAX_T = 2048  # ... and spread a token's feature chunks over programs (workspace T x HP float32)
 MODES = {"pool": 0, "fp8_ds_mla": 1, "fp8_indexer": 2, "mxfp4_indexer": 3}
+_SITES = {"save": deferred.site("save_compressor_state", "slots"),
+          "fp8_ds_mla": (deferred.site("compress_kv_insert", "kv_slots"),
+                         deferred.site("compress_kv_insert", "rope positions")),
+          "index": (deferred.site("indexer_compress_insert", "index_slots"),
+                    deferred.site("indexer_compress_insert", "rope positions"))}
 
 
 def save_compressor_state(layout, kv, score, ape, state_cache, positions, slots) -> None:
     """``[kv | score + ape[p % ratio]]`` at ``slots``: the compressor_state encode kernel."""
-    state.encode(layout, (kv, score), state_cache, slots, positions=positions, ape=ape)
+    state.encode(layout, (kv, score), state_cache, slots, positions=positions, ape=ape, site=_SITES["save"])
 
 
 def _plan(what: str, ratio: int, h: int, n: int) -> dict:
@@ -128,9 +134,11 @@ def _launch(mode: str, what: str, state_cache, ratio, positions, req, table, bas
         cs, rope = (cos_sin if cos_sin.stride(1) == 1 else cos_sin.contiguous()), cos_sin.shape[1]
     sslot = positions if state_slots is None else state_slots
     tslot = positions if target_slots is None else target_slots
+    sites = _SITES["fp8_ds_mla" if mode == "fp8_ds_mla" else "index"] if mode != "pool" else (0, 0)
+    err = cnt if mode == "pool" else deferred.error_record(dev)  # pool mode records nothing
     fast(jit.compress_kernel)[(cm.grid_rows(n, plan["BLOCK_T"]), plan["NSPLIT"])](
         state_cache, table, table if base is None else base, positions, req, sslot, tslot,
-        weight.view(torch.int16) if weight.dtype == torch.bfloat16 else weight, cs, dst, ws, cnt,
+        weight.view(torch.int16) if weight.dtype == torch.bfloat16 else weight, cs, dst, ws, cnt, err,
         n, state_cache.stride(0), state_cache.shape[0], table.stride(0), table.stride(1), table.shape[0],
         table.shape[1], 0 if base is None else base.stride(0), positions.stride(0), req.stride(0), sslot.stride(0),
         tslot.stride(0), weight.stride(0), cs.stride(0), cs.shape[0] if rope else 0, dst_stride, capacity,
@@ -139,7 +147,7 @@ def _launch(mode: str, what: str, state_cache, ratio, positions, req, table, bas
         BD=plan["BD"], NCHUNK=plan["NCHUNK"], NSPLIT=plan["NSPLIT"], BLOCK_T=plan["BLOCK_T"],
         HAS_BASE=base is not None, W_BF16=weight.dtype == torch.bfloat16, GPU=dev.type == "cuda",
         FAST_DIV=plan["FAST_DIV"], ROPE=rope, HW=dev.type == "cuda" and cm.hw_cvt(cfg),
-        EARLY_INPUTS=plan["EARLY_INPUTS"],
+        EARLY_INPUTS=plan["EARLY_INPUTS"], SLOT_SITE=sites[0], POS_SITE=sites[1],
         LOG2_H=h.bit_length() - 1, **geo, **cm.launch_opts(plan), enable_fp_fusion=False)
     return out
 

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
+from kvformats_kernels import record_jit as rec
 from kvformats_kernels.dsv4 import pool_jit as pj
 from kvformats_kernels.dsv4 import transforms_jit as tj
 
@@ -121,7 +122,7 @@ def store_indexer(y, had_scale, cache_ptr, base, row, LOG2_H: tl.constexpr, MXFP
 
 @triton.jit
 def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr, tslot_ptr, weight_ptr, cs_ptr,
-                    out_ptr, ws_ptr, cnt_ptr, n_tokens, page_stride, num_pages, t_stride0, t_stride1, table_rows,
+                    out_ptr, ws_ptr, cnt_ptr, err_ptr, n_tokens, page_stride, num_pages, t_stride0, t_stride1, table_rows,
                     table_cols, base_stride, pos_stride, req_stride, sslot_stride, tslot_stride, w_stride, cs_stride,
                     cs_rows, out_stride, capacity, eps, had_scale,
                     MODE: tl.constexpr, RATIO: tl.constexpr, H: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
@@ -135,14 +136,23 @@ def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr,
                     FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                     E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
                     POW2: tl.constexpr, E2M1_RNE: tl.constexpr, E2M1_SIGNED_ZERO: tl.constexpr,
-                    HW: tl.constexpr = False, EARLY_INPUTS: tl.constexpr = False):
+                    HW: tl.constexpr = False, EARLY_INPUTS: tl.constexpr = False,
+                    SLOT_SITE: tl.constexpr = 0, POS_SITE: tl.constexpr = 0):
     """Tokens pid * BLOCK_T .. + BLOCK_T; program axis 1 is the feature chunk when NSPLIT > 1.
     Rows are worked on as HP = NCHUNK * BD (a power of two) features, the head dim H first.
 
     MODE 0 (pool): every token; out float32 [T, H] (row stride out_stride). MODE 1-3
     (inserts): a token writes iff p >= 0, (p + 1) % RATIO == 0, its state slot >= 0, its
     target slot in [0, capacity) and its rope position (p // RATIO) * RATIO is a row of
-    cos_sin; out is the target cache's bytes (page stride out_stride). ws: float32 [T, HP]."""
+    cos_sin; out is the target cache's bytes (page stride out_stride). ws: float32 [T, HP].
+    A group end whose target slot is >= capacity, or whose rope position is beyond cos_sin, is
+    recorded (kvformats.deferred; SLOT_SITE, POS_SITE) after the stores, by axis-1 program 0: a
+    store to the record ahead of them would hold the row loads back.
+
+    HW: the GPU's float8 / bf16 conversions in the fp8_ds_mla row. EARLY_INPUTS (unsplit
+    programs): the finisher's inputs load before the window loads, so that their latency
+    overlaps (a decode program is one dependent chain), at the cost of registers held through
+    the pooling."""
     HP: tl.constexpr = NCHUNK * BD
     pid = tl.program_id(0).to(tl.int64)
     ar = tl.arange(0, BLOCK_T)
@@ -217,3 +227,11 @@ def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr,
                                   SCALE_OFF, SCALE_STRIDE, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX,
                                   FLOOR_MODE, ELEM_EMAX, POW2, E2M1_RNE, E2M1_SIGNED_ZERO)
         i = tl.min(tl.where(go & (ar > i), ar, BLOCK_T), axis=0)
+    if MODE != 0:
+        if tl.program_id(1) == 0:
+            ends = live & (pos >= 0) & ((pos + 1) % RATIO == 0) & (sslot >= 0) & (tslot >= 0)
+            over = ends & (tslot >= capacity)
+            rec.record_violation(err_ptr, over, tt, tslot, capacity, 1, SLOT_SITE)
+            rope_pos = (pos // RATIO) * RATIO
+            rec.record_violation(err_ptr, ends & (tslot < capacity) & (rope_pos >= cs_rows), tt, rope_pos, cs_rows,
+                                 2, POS_SITE)

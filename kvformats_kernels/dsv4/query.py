@@ -10,6 +10,7 @@ import os
 
 import torch
 
+from kvformats import deferred
 from kvformats.deepseek_v4 import query as ref
 from kvformats.deepseek_v4.transforms import hadamard_reference
 from kvformats_kernels import _common as cm
@@ -99,12 +100,14 @@ def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, 
         cs = _unit_last(cos_sin)
         cfg = CONFIG["indexer_q"]
         jit.indexer_q_kernel[(t, cm.grid_rows(h, cfg["block_h"]))](
-            qk, positions, cs, w, out.view(torch.int32) if mxfp4 else out, scales, w_out, h, qk.stride(0),
-            qk.stride(1), positions.stride(0), cs.stride(0), w.stride(0), w.stride(1), cm.f32(d ** -0.5),
+            qk, positions, cs, w, out.view(torch.int32) if mxfp4 else out, scales, w_out, deferred.error_record(dev),
+            h, qk.stride(0), qk.stride(1), positions.stride(0), cs.stride(0), cs.shape[0], w.stride(0), w.stride(1),
+            cm.f32(d ** -0.5),
             cm.f32(softmax_scale), cm.f32(head_scale), ROPE=cs.shape[1], MXFP4=mxfp4, **_mxfp4_rule(),
             IS_BF16=is_bf16, PAIRS=pairs, W_BF16=w_bf16,
             HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], EVEN_H=mxfp4 and h % cfg["block_h"] == 0,
-            **_lanes(cfg), **cm.launch_opts(cfg), enable_fp_fusion=False)
+            **_lanes(cfg), SITE=ref.SITES["prepare_indexer_q_mxfp4" if mxfp4 else "prepare_indexer_q_fp8"],
+            **cm.launch_opts(cfg), enable_fp_fusion=False)
     if mxfp4:
         return (out, scales), w_out
     return out.view(torch.float8_e4m3fn), w_out
@@ -159,10 +162,10 @@ def inv_rope_fp8_quant(o, positions, cos_sin, n_groups, heads_per_group, group, 
         nqp = cm.next_pow2(nq)
         block_t = max(1, cfg["lanes"] // nqp)  # a group per lane
         jit.inv_rope_kernel[(cm.grid_rows(t_pad, block_t), heads)](
-            x, positions, cs, buf, store, t, t_pad, heads_per_group, x.stride(0), x.stride(1), positions.stride(0),
-            cs.stride(0), buf.stride(0), D=d, ROPE=rope, GS=group, NQP2=nqp, **cm.rule_constants(ref.OUT_SCALE_RULE),
+            x, positions, cs, buf, store, deferred.error_record(dev), t, t_pad, heads_per_group, x.stride(0),
+            x.stride(1), positions.stride(0), cs.stride(0), cs.shape[0], buf.stride(0), D=d, ROPE=rope, GS=group, NQP2=nqp, **cm.rule_constants(ref.OUT_SCALE_RULE),
             TMA=bool(tma_aligned), IS_BF16=is_bf16, PAIRS=pairs, HW_E4M3=_hw_e4m3(dev), BLOCK_T=block_t,
-            **_lanes(cfg), **cm.launch_opts(cfg), enable_fp_fusion=False)
+            **_lanes(cfg), SITE=ref.SITES["inv_rope_fp8_quant"], **cm.launch_opts(cfg), enable_fp_fusion=False)
     return buf.view(torch.float8_e4m3fn).transpose(0, 1), store.permute(2, 0, 1)[:t]
 
 

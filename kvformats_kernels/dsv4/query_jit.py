@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
+from kvformats_kernels import record_jit as rec
 from kvformats_kernels.dsv4 import transforms_jit as tj
 
 
@@ -98,27 +99,25 @@ def bf16_value(x, SAFE: tl.constexpr, HW: tl.constexpr = False, PAIRED: tl.const
 
 
 @triton.jit
-def rope_pairs(ev, od, cs_row, FIRST: tl.constexpr, ROPE: tl.constexpr):
+def rope_pairs(ev, od, cs_row, pos_ok, FIRST: tl.constexpr, ROPE: tl.constexpr):
     """GPT-J RoPE of the pairs (ev, od) [BM, P] of one position (``cs_row``: its cos_sin row),
     in rope_rows's float32 order; pair i is rope pair FIRST + i (outside [0, ROPE / 2): NoPE,
-    passed through). cos and sin are loaded once, as vectors, for the whole tile."""
+    passed through). cos and sin are loaded once, as vectors, for the whole tile. ``pos_ok``
+    (scalar): the position is a row of the table; else nothing is read and the pairs pass
+    through (the reference's unrotated row of an invalid position)."""
     P: tl.constexpr = ev.shape[1]
     k = tl.arange(0, P) + FIRST
-    if FIRST >= 0 and FIRST + P <= ROPE // 2:
-        cos = tl.load(cs_row + k)[None, :]
-        sin = tl.load(cs_row + ROPE // 2 + k)[None, :]
-        return ev * cos - od * sin, ev * sin + od * cos
-    else:
-        inside = (k >= 0) & (k < ROPE // 2)
-        kk = tl.where(inside, k, 0)
-        cos = tl.load(cs_row + kk, mask=inside, other=1.0)[None, :]
-        sin = tl.load(cs_row + ROPE // 2 + kk, mask=inside, other=0.0)[None, :]
-        return (tl.where(inside[None, :], ev * cos - od * sin, ev),
-                tl.where(inside[None, :], ev * sin + od * cos, od))
+    inside = (k >= 0) & (k < ROPE // 2)
+    kk = tl.where(inside, k, 0)
+    on = inside & ((k * 0 + pos_ok.to(tl.int32)) != 0)  # a vector mask (see pool_jit.spread)
+    cos = tl.load(cs_row + kk, mask=on, other=1.0)[None, :]
+    sin = tl.load(cs_row + ROPE // 2 + kk, mask=on, other=0.0)[None, :]
+    return (tl.where(on[None, :], ev * cos - od * sin, ev),
+            tl.where(on[None, :], ev * sin + od * cos, od))
 
 
 @triton.jit
-def _half(row, live, cs_row, HALF_IDX: tl.constexpr, ROPE: tl.constexpr, IS_BF16: tl.constexpr,
+def _half(row, live, cs_row, pos_ok, HALF_IDX: tl.constexpr, ROPE: tl.constexpr, IS_BF16: tl.constexpr,
           PAIRS: tl.constexpr, SAFE: tl.constexpr, LANE: tl.constexpr, HW: tl.constexpr,
           PAIRED: tl.constexpr = False):
     """Half HALF_IDX (64 dims) of 128-dim rows, RoPE'd where it holds RoPE dims and rounded to
@@ -138,7 +137,7 @@ def _half(row, live, cs_row, HALF_IDX: tl.constexpr, ROPE: tl.constexpr, IS_BF16
         check = tl.sum(ev + od)
     FIRST: tl.constexpr = HALF_IDX * 32 - (128 - ROPE) // 2  # rope pair of this half's pair 0
     if FIRST + 32 > 0:
-        ev, od = rope_pairs(ev, od, cs_row, FIRST, ROPE)
+        ev, od = rope_pairs(ev, od, cs_row, pos_ok, FIRST, ROPE)
         return bf16_value(tl.reshape(tl.join(ev, od), (BM, 64)), SAFE, HW, PAIRED), check
     x = tl.reshape(tl.join(ev, od), (BM, 64))
     return (x if IS_BF16 else bf16_value(x, SAFE, HW)), check
@@ -178,7 +177,7 @@ def _mxfp4_fast(u, had_scale, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR
 
 
 @triton.jit
-def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.constexpr,
+def _indexer_rows(row, live, cs_row, pos_ok, had_scale, ROPE: tl.constexpr, MXFP4: tl.constexpr,
                   FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                   E_MIN: tl.constexpr, E_MAX: tl.constexpr,
                   IS_BF16: tl.constexpr, PAIRS: tl.constexpr, HW_E4M3: tl.constexpr, SAFE: tl.constexpr,
@@ -203,8 +202,8 @@ def _indexer_rows(row, live, cs_row, had_scale, ROPE: tl.constexpr, MXFP4: tl.co
     H_128 = H_64 on each half, then one stage (a, b) -> (a + b, a - b) across the halves: the
     reference's butterfly stage for stage, with the RoPE tail (the second half) alone."""
     FAST_MX: tl.constexpr = MXFP4 and HW_E4M3 and not SAFE
-    xa, check_a = _half(row, live, cs_row, 0, ROPE, IS_BF16, PAIRS, SAFE, LANE, HW_E4M3, FAST_MX)
-    xb, check_b = _half(row, live, cs_row, 1, ROPE, IS_BF16, PAIRS, SAFE, LANE, HW_E4M3, FAST_MX)
+    xa, check_a = _half(row, live, cs_row, pos_ok, 0, ROPE, IS_BF16, PAIRS, SAFE, LANE, HW_E4M3, FAST_MX)
+    xb, check_b = _half(row, live, cs_row, pos_ok, 1, ROPE, IS_BF16, PAIRS, SAFE, LANE, HW_E4M3, FAST_MX)
     a = tj.hadamard_rows(xa, 6)
     b = tj.hadamard_rows(xb, 6)
     BM: tl.constexpr = a.shape[0]
@@ -257,8 +256,8 @@ def _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4: tl.conste
 
 
 @triton.jit
-def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_out_ptr,
-                     heads, q_stride_t, q_stride_h, pos_stride, cs_stride, w_stride_t, w_stride_h,
+def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_out_ptr, err_ptr,
+                     heads, q_stride_t, q_stride_h, pos_stride, cs_stride, cs_rows, w_stride_t, w_stride_h,
                      had_scale, softmax_scale, head_scale,
                      ROPE: tl.constexpr, MXFP4: tl.constexpr,
                      FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
@@ -266,22 +265,26 @@ def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_ou
                      IS_BF16: tl.constexpr, PAIRS: tl.constexpr, W_BF16: tl.constexpr, HW_E4M3: tl.constexpr,
                      BLOCK_H: tl.constexpr, LANE_LOAD: tl.constexpr, LANE_STORE: tl.constexpr,
                      EVEN_H: tl.constexpr = False, SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0,
-                     EM_CARRY: tl.constexpr = 0, EM_FIELD: tl.constexpr = 0):
+                     EM_CARRY: tl.constexpr = 0, EM_FIELD: tl.constexpr = 0, SITE: tl.constexpr = 0):
     """Token program_id(0), heads BLOCK_H * program_id(1) + i of q [T, H, 128] (strides in
     q_ptr's units): MXFP4 nibbles [T * H, 16] (int32 words) and one int32 of the four ue8m0 bytes per row, or
-    e4m3 bytes [T * H, 128]; w_out[t * H + h] = (w[t, h] * softmax_scale) * head_scale."""
+    e4m3 bytes [T * H, 128]; w_out[t * H + h] = (w[t, h] * softmax_scale) * head_scale.
+    A position outside [0, cs_rows) leaves the rows unrotated and is recorded (SITE) by the
+    token's first head block, after its stores."""
     t = tl.program_id(0).to(tl.int64)  # axis 0: up to 2^31 - 1 tokens (axis 1 stops at 65535)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     live = h < heads
     if EVEN_H:  # every head of the program exists: unmasked loads need no zeroed registers (the
         live = tl.full((BLOCK_H,), 1, tl.int1)  # MXFP4 prep; the FP8 prep measured 73 -> 71 % so)
-    cs_row = cs_ptr + tl.load(pos_ptr + t * pos_stride).to(tl.int64) * cs_stride
+    pos = tl.load(pos_ptr + t * pos_stride).to(tl.int64)
+    pos_ok = (pos >= 0) & (pos < cs_rows)
+    cs_row = cs_ptr + tl.where(pos_ok, pos, 0) * cs_stride
     row = q_ptr + t * q_stride_t + h.to(tl.int64) * q_stride_h
     r = t * heads + h
     # the head weights are loaded before any store: a load cannot move above a store that may
     # alias it, so loading them last cost a second wait on memory
     w = nj.load_f32(w_ptr + t * w_stride_t + h * w_stride_h, live, W_BF16)
-    out0, out1, word, check = _indexer_rows(row, live, cs_row, had_scale, ROPE, MXFP4, FLOOR, ELEM_MAX,
+    out0, out1, word, check = _indexer_rows(row, live, cs_row, pos_ok, had_scale, ROPE, MXFP4, FLOOR, ELEM_MAX,
                                             FLOOR_ON_SCALE, E_MIN, E_MAX, IS_BF16, PAIRS, HW_E4M3, False, LANE_LOAD,
                                             SHORT_E, E_FLOOR, EM_CARRY, EM_FIELD)
     _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4, LANE_STORE)
@@ -289,10 +292,11 @@ def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_ou
         # stored first and redone here, so that no result of the fast path stays live (in
         # registers) through this rarely taken branch; the barrier orders the two stores
         tl.debug_barrier()
-        out0, out1, word, check = _indexer_rows(row, live, cs_row, had_scale, ROPE, MXFP4, FLOOR, ELEM_MAX,
+        out0, out1, word, check = _indexer_rows(row, live, cs_row, pos_ok, had_scale, ROPE, MXFP4, FLOOR, ELEM_MAX,
                                                 FLOOR_ON_SCALE, E_MIN, E_MAX, IS_BF16, PAIRS, HW_E4M3, True, LANE_LOAD)
         _store_q(out_ptr, scale_out_ptr, r, live, out0, out1, word, MXFP4, LANE_STORE)
     tl.store(w_out_ptr + r, (w * softmax_scale) * head_scale, mask=live)
+    rec.record_scalar(err_ptr, (tl.program_id(1) == 0) & (pos_ok == 0), t, pos, cs_rows, 2, SITE)
 
 
 @triton.jit
@@ -319,13 +323,14 @@ def e4m3_fast(y, HW: tl.constexpr):
 
 
 @triton.jit
-def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, heads_per_group,
-                    o_stride_t, o_stride_h, pos_stride, cs_stride, out_stride_g,
+def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, err_ptr, n_tok, t_pad, heads_per_group,
+                    o_stride_t, o_stride_h, pos_stride, cs_stride, cs_rows, out_stride_g,
                     D: tl.constexpr, ROPE: tl.constexpr, GS: tl.constexpr, NQP2: tl.constexpr,
                     FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                     E_MIN: tl.constexpr, E_MAX: tl.constexpr,
                     TMA: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr, HW_E4M3: tl.constexpr,
-                    BLOCK_T: tl.constexpr, LANE_LOAD: tl.constexpr, LANE_STORE: tl.constexpr):
+                    BLOCK_T: tl.constexpr, LANE_LOAD: tl.constexpr, LANE_STORE: tl.constexpr,
+                    SITE: tl.constexpr = 0):
     """BLOCK_T tokens of one head (program axis 1): inverse RoPE of o[t, head] in float32, e4m3
     bytes per GS-group with a power-of-two scale, into out [G, T, Hg * D] (contiguous); scales
     token-fastest into [heads (* D / GS), t_pad], zero for the padding tokens.
@@ -333,7 +338,8 @@ def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, he
     One lane holds one GS-group (GS a power of two, the RoPE tail inside the last group): the
     group maximum, its exponent and the codes need no other lane. The lanes of last groups
     rotate their tail at their token's position. PAIRS: bf16 read as int32 words (o_ptr and its
-    strides in words)."""
+    strides in words). A token whose position is outside [0, cs_rows) is quantized unrotated
+    and recorded (SITE) by head 0's program, after its stores."""
     NQ: tl.constexpr = D // GS
     NQP: tl.constexpr = NQP2  # NQ rounded up to a power of two (rows g >= NQ are idle)
     R: tl.constexpr = BLOCK_T * NQP
@@ -357,7 +363,9 @@ def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, he
     FIRST: tl.constexpr = (GS - ROPE) // 2
     last = live & (g == NQ - 1)
     pos = tl.load(pos_ptr + t * pos_stride, mask=last, other=0).to(tl.int64)
-    cs = cs_ptr + pos * cs_stride - FIRST
+    pos_bad = last & ((pos < 0) | (pos >= cs_rows))
+    last = last & ~pos_bad  # an invalid position: no table read, the tail passes through
+    cs = cs_ptr + tl.where(last, pos, 0) * cs_stride - FIRST
     cos = thread_rows(cs, last, HP, VW, FIRST, 1.0, LANE_LOAD)
     # inverse: the conjugate rotation. Times -1, not unary minus: compiled for the GPU that was
     # 0 - sin, +0 for sin = +0, where the reference's -sin is -0 (other signs of zero; seen on the H200)
@@ -385,6 +393,7 @@ def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, n_tok, t_pad, he
     else:
         v = tl.where(live, nj.pow2(e), 0.0)
         tl.store(scale_ptr + (head * NQ + g) * t_pad + t, v, mask=(t < t_pad) & (g < NQ))
+    rec.record_violation(err_ptr, pos_bad & (head == 0), t, pos, cs_rows, 2, SITE)
 
 
 @triton.jit

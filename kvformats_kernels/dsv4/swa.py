@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from kvformats import deferred
 from kvformats_kernels import _common as cm
 from kvformats_kernels.dsv4 import swa_jit as jit
 from kvformats_kernels.dsv4.query import bf16_words
@@ -50,11 +51,13 @@ def swa_insert(q, kv, kv_cache, layout, slots, positions, cos_sin, eps) -> None:
     cs = cos_sin if cos_sin.shape[1] <= 1 or cos_sin.stride(1) == 1 else cos_sin.contiguous()
     rope = cs.shape[1]
     jit.swa_kernel[(q_programs + kv_programs,)](
-        qk, kvk, slots, positions, cs, u8, heads, head_blocks, q_programs, n_kv, qk.stride(0), qk.stride(1),
-        cm.row_stride(kvk), slots.stride(0), positions.stride(0), cs.stride(0), cm.capacity(layout, kv_cache),
+        qk, kvk, slots, positions, cs, u8, deferred.error_record(q.device), heads, head_blocks, q_programs, n_kv,
+        qk.stride(0), qk.stride(1), cm.row_stride(kvk), slots.stride(0), positions.stride(0), cs.stride(0), cs.shape[0],
+        cm.capacity(layout, kv_cache),
         page_stride, cm.f32(eps), D=d, DT=cm.next_pow2(d), ROPE=rope, RT=cm.next_pow2(rope), **_geometry(layout),
         **cm.rule_constants(layout.scale_rule), Q_BF16=q_bf16, Q_PAIRS=words is not None, KV_BF16=kv_bf16,
-        BLOCK_H=cfg["block_h"], BLOCK_KV=cfg["block_kv"], **cm.launch_opts(cfg), enable_fp_fusion=False)
+        BLOCK_H=cfg["block_h"], BLOCK_KV=cfg["block_kv"], SITE=_SITE, **cm.launch_opts(cfg), enable_fp_fusion=False)
 
 
+_SITE = deferred.site("swa_insert", "positions")
 OPS = {"swa_insert": swa_insert}

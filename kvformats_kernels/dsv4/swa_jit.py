@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
+from kvformats_kernels import record_jit as rec
 from kvformats_kernels.dsv4 import transforms_jit as tj
 from kvformats_kernels.dsv4.query_jit import abs_max_nan, rope_pairs, words_f32
 from kvformats_kernels.rows_jit import locate
@@ -65,7 +66,8 @@ def _store_pairs(row, live, ev, od, START: tl.constexpr, LO: tl.constexpr, HI: t
 
 
 @triton.jit
-def _q_rows(q_ptr, pos_ptr, cs_ptr, t, hb, heads, q_stride_t, q_stride_h, pos_stride, cs_stride, eps,
+def _q_rows(q_ptr, pos_ptr, cs_ptr, err_ptr, t, hb, heads, q_stride_t, q_stride_h, pos_stride, cs_stride, cs_rows,
+            eps, SITE: tl.constexpr,
             D: tl.constexpr, DT: tl.constexpr, ROPE: tl.constexpr, RT: tl.constexpr, IS_BF16: tl.constexpr,
             PAIRS: tl.constexpr, BLOCK_H: tl.constexpr):
     """q[t, h] <- rope_p(rms(q[t, h])) for heads h of block hb, written back in q's dtype.
@@ -81,17 +83,20 @@ def _q_rows(q_ptr, pos_ptr, cs_ptr, t, hb, heads, q_stride_t, q_stride_h, pos_st
     # a load cannot move above a store that may alias it, so each load after one waits on memory.
     ev, od = _load_pairs(row, live, D - DT, DT, 0, D, IS_BF16, PAIRS)
     te, to = _load_pairs(row, live, D - RT, RT, D - ROPE, D, IS_BF16, PAIRS)
-    cs_row = cs_ptr + tl.load(pos_ptr + t * pos_stride).to(tl.int64) * cs_stride
+    pos = tl.load(pos_ptr + t * pos_stride).to(tl.int64)
+    pos_ok = (pos >= 0) & (pos < cs_rows)  # else no table read: the tail is normalised, not rotated
+    cs_row = cs_ptr + tl.where(pos_ok, pos, 0) * cs_stride
     var = tl.math.div_rn(tl.sum(ev * ev + od * od, axis=1), tl.full((BLOCK_H,), D, tl.float32))
     r = tl.math.rsqrt(var + eps)[:, None]
-    te, to = rope_pairs(te * r, to * r, cs_row, -((RT - ROPE) // 2), ROPE)  # one position per program
+    te, to = rope_pairs(te * r, to * r, cs_row, pos_ok, -((RT - ROPE) // 2), ROPE)  # one position per program
     _store_pairs(row, live, ev * r, od * r, D - DT, 0, D - ROPE, IS_BF16, PAIRS)
     _store_pairs(row, live, te, to, D - RT, D - ROPE, D, IS_BF16, PAIRS)
+    rec.record_scalar(err_ptr, (hb == 0) & (pos_ok == 0), t, pos, cs_rows, 2, SITE)  # after the stores
 
 
 @triton.jit
 def _kv_rows(kv_ptr, slots_ptr, pos_ptr, cs_ptr, cache_ptr, blk_id, n_kv, kv_stride, slot_stride, pos_stride,
-             cs_stride, capacity, page_stride,
+             cs_stride, cs_rows, capacity, page_stride,
              PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
              ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
              PAD_OFF: tl.constexpr, PAD_STRIDE: tl.constexpr, PAD_BYTES: tl.constexpr, PAD_P2: tl.constexpr,
@@ -116,7 +121,9 @@ def _kv_rows(kv_ptr, slots_ptr, pos_ptr, cs_ptr, cache_ptr, blk_id, n_kv, kv_str
     mt = in_range[:, None] & (j >= 0)[None, :]
     tail = nj.load_f32(x_row[:, None] + (NB * QB) + j[None, :], mt, IS_BF16)
     pos = tl.load(pos_ptr + rows * pos_stride, mask=in_range, other=0).to(tl.int64)
-    h = nj.bf16_rne_bits(tj.rope_rows(tail, pos, cs_ptr, cs_stride, RT, ROPE, False))
+    pos_ok = (pos >= 0) & (pos < cs_rows)
+    ok = ok & pos_ok  # an invalid position writes no row (the q programs record it)
+    h = nj.bf16_rne_bits(tj.rope_rows(tail, tl.where(pos_ok, pos, 0), cs_ptr, cs_stride, RT, ROPE, False))
     if not IS_BF16:
         xq = nj.bf16_round(xq)
     e = nj.block_exponent(abs_max_nan(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
@@ -142,9 +149,9 @@ def _kv_rows(kv_ptr, slots_ptr, pos_ptr, cs_ptr, cache_ptr, blk_id, n_kv, kv_str
 
 
 @triton.jit
-def swa_kernel(q_ptr, kv_ptr, slots_ptr, pos_ptr, cs_ptr, cache_ptr,
+def swa_kernel(q_ptr, kv_ptr, slots_ptr, pos_ptr, cs_ptr, cache_ptr, err_ptr,
                heads, head_blocks, q_programs, n_kv, q_stride_t, q_stride_h, kv_stride, slot_stride, pos_stride,
-               cs_stride, capacity, page_stride, eps,
+               cs_stride, cs_rows, capacity, page_stride, eps,
                D: tl.constexpr, DT: tl.constexpr, ROPE: tl.constexpr, RT: tl.constexpr,
                PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
                ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
@@ -152,15 +159,16 @@ def swa_kernel(q_ptr, kv_ptr, slots_ptr, pos_ptr, cs_ptr, cache_ptr,
                PAD_BYTES: tl.constexpr, PAD_P2: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr,
                QB: tl.constexpr, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                E_MIN: tl.constexpr, E_MAX: tl.constexpr, Q_BF16: tl.constexpr, Q_PAIRS: tl.constexpr,
-               KV_BF16: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr):
-    """Programs [0, q_programs): (token, head block) of q; the rest: blocks of kv rows."""
+               KV_BF16: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, SITE: tl.constexpr = 0):
+    """Programs [0, q_programs): (token, head block) of q; the rest: blocks of kv rows. A
+    position outside [0, cs_rows): q normalised but not rotated, no kv row, recorded (SITE)."""
     pid = tl.program_id(0)
     if pid < q_programs:
         t = pid // head_blocks
-        _q_rows(q_ptr, pos_ptr, cs_ptr, t.to(tl.int64), pid - t * head_blocks, heads, q_stride_t, q_stride_h,
-                pos_stride, cs_stride, eps, D, DT, ROPE, RT, Q_BF16, Q_PAIRS, BLOCK_H)
+        _q_rows(q_ptr, pos_ptr, cs_ptr, err_ptr, t.to(tl.int64), pid - t * head_blocks, heads, q_stride_t,
+                q_stride_h, pos_stride, cs_stride, cs_rows, eps, SITE, D, DT, ROPE, RT, Q_BF16, Q_PAIRS, BLOCK_H)
     else:
         _kv_rows(kv_ptr, slots_ptr, pos_ptr, cs_ptr, cache_ptr, pid - q_programs, n_kv, kv_stride, slot_stride,
-                 pos_stride, cs_stride, capacity, page_stride, PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF,
+                 pos_stride, cs_stride, cs_rows, capacity, page_stride, PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF,
                  ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE, PAD_OFF, PAD_STRIDE, PAD_BYTES, PAD_P2, NB, NB_P2, QB,
                  ROPE, RT, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, KV_BF16, BLOCK_KV)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import deferred, registry
+from kvformats import deferred
 from kvformats.strategies import storage_bytes
 
 pytest.importorskip("triton")
@@ -31,22 +31,6 @@ BYTE_FORMATS = [f for f in FORMATS if f != "compressor_state"]
 PAGES, PAGE_SIZE = 3, 4
 CAPACITY = PAGES * PAGE_SIZE
 CHECK = deferred.Check
-
-
-@pytest.fixture
-def routed(monkeypatch):
-    """The default GPU check path for CPU tensors, and ``backend="triton"`` resolving to the
-    Triton launchers whatever the device (after the public op validated its arguments)."""
-    if not CUDA:
-        monkeypatch.setattr(deferred, "HOST_CHECKED", set())
-        real = registry.resolve
-
-        def resolve(fmt, op, backend, device):
-            if backend == "triton":
-                return registry._OPS[(fmt, op)]["triton"]
-            return real(fmt, op, backend, device)
-
-        monkeypatch.setattr(registry, "resolve", resolve)
 
 
 def take_record() -> list[int]:
