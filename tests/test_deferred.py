@@ -265,3 +265,18 @@ def test_decreasing_query_start_loc_is_recorded_off_the_host(op, device_mode):
         kvf.raise_pending(CPU)
     with pytest.raises(kvf.InputError, match="never decrease"):
         call(backend="reference", check="strict")
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "reference"])
+def test_no_public_call_reads_values_on_the_host_by_default(kernel, monkeypatch):
+    """Every prepared call of kvformats.calls (each codec and paged op of every format, each
+    deepseek_v4 operation) on meta tensors: any host read of a value would raise, so the
+    default mode's checks on a device read none."""
+    from kvformats.calls import public_calls
+
+    noop = _NoOps(monkeypatch, kernel)
+    calls = public_calls("meta", rows=8)
+    assert len(calls) >= 40
+    for name, call in calls.items():
+        call()
+    assert len(noop.calls) == len(calls)
