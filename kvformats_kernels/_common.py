@@ -12,6 +12,7 @@ import types
 import torch
 
 from kvformats import deferred
+from kvformats_kernels.launch import fast
 
 # Rows per program and warps per program of each kernel, by (family, op); maxnreg caps the
 # registers per thread (0: the compiler's choice; see launch_opts). Benchmarks may override
@@ -253,7 +254,7 @@ def launch_paged(kernel, caches: tuple, out: torch.Tensor, table: torch.Tensor, 
     base = seq_lens if base is None else base
     for r0 in range(0, requests, MAX_GRID_Y):
         grid = (max(1, grid_rows(width, block_m)), min(requests - r0, MAX_GRID_Y))
-        kernel[grid](*caches, table, seq_lens, glen, base, target, err, table.stride(0), table.stride(1),
+        fast(kernel)[grid](*caches, table, seq_lens, glen, base, target, err, table.stride(0), table.stride(1),
                      table.shape[1], num_pages, *strides, target.stride(0), target.stride(1), offset, width, r0,
                      **consts)
     if target is not out and width > 0:

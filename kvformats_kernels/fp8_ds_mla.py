@@ -9,6 +9,7 @@ import torch
 
 from kvformats_kernels import _common as cm
 from kvformats_kernels import fp8_ds_mla_jit as jit
+from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
 
@@ -78,7 +79,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     u8, stride = cm.byte_cache(layout, cache)
     cfg = cm.config("fp8_ds_mla", "encode", n)
     block_m, consts = _encode_plan(layout, is_bf16, tuple(cfg.items()), cm.hw_cvt(cfg))
-    jit.encode_kernel[(cm.grid_rows(n, block_m),)](
+    fast(jit.encode_kernel)[(cm.grid_rows(n, block_m),)](
         x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cache.shape[0] * layout.page_size,
         stride, **consts)
 
@@ -102,7 +103,7 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITE
         alias, stride16, rope16 = _rope_alias(layout, u8, stride)
         cfg = cm.config("fp8_ds_mla", "decode", n)
         block_m, consts = _decode_plan(layout, rope16, tuple(cfg.items()), cm.hw_cvt(cfg), site)
-        jit.decode_kernel[(cm.grid_rows(n, block_m),)](
+        fast(jit.decode_kernel)[(cm.grid_rows(n, block_m),)](
             u8, alias, slots, out, cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size,
             stride, stride16, **consts)
     return out.view(torch.bfloat16)

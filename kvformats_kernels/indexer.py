@@ -8,6 +8,7 @@ import torch
 
 from kvformats_kernels import _common as cm
 from kvformats_kernels import indexer_jit as jit
+from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
 _KERNELS = {  # format -> (encode kernel, decode kernel, values region, scales region)
@@ -83,7 +84,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     cfg = cm.config("mxfp4" if mxfp4 else "indexer", "encode", n)
     words = mxfp4 and _words_aligned(layout, u8, stride)
     block_m, consts = _encode_plan(layout, is_bf16, tuple(cfg.items()), cm.hw_cvt(cfg), words)
-    _KERNELS[layout.name][0][(cm.grid_rows(n, block_m),)](
+    fast(_KERNELS[layout.name][0])[(cm.grid_rows(n, block_m),)](
         x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cache.shape[0] * layout.page_size,
         stride, **consts)
 
@@ -105,7 +106,7 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITE
         u8, stride = cm.byte_cache(layout, cache)
         cfg = cm.config("indexer", "decode", n)
         block_m, consts = _decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site)
-        _KERNELS[layout.name][1][(cm.grid_rows(n, block_m),)](
+        fast(_KERNELS[layout.name][1])[(cm.grid_rows(n, block_m),)](
             u8, slots, out, cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size, stride,
             **consts)
     return out

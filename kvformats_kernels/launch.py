@@ -20,11 +20,15 @@ here calls them. Under the interpreter, with launch hooks set (profilers), or wi
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
 
 _INT32 = 1 << 31
+# Tests set this: a call site that passes a runtime argument by keyword raises on every path
+# (on the GPU it would silently keep Triton's slower launch).
+STRICT_CALL_SITES = os.environ.get("KVFORMATS_STRICT_CALL_SITES", "0") == "1"
 
 
 def _arg_key(a):
@@ -43,7 +47,7 @@ class FastKernel:
         self.fn = fn
         self.names = tuple(fn.arg_names) if hasattr(fn, "arg_names") else ()
         self.defaults = {p.name: p.default for p in getattr(fn, "params", ()) if p.has_default}
-        self.runtime = {p.name for p in getattr(fn, "params", ()) if not p.is_constexpr}
+        self.runtime = _runtime_names(fn)
         self.compiled: dict[tuple, tuple] = {}
         self.direct = (type(fn).__name__ == "JITFunction" and os.environ.get("TRITON_INTERPRET", "0") != "1"
                        and os.environ.get("KVFORMATS_TRITON_LAUNCH", "0") in ("", "0") and torch.cuda.is_available())
@@ -53,6 +57,9 @@ class FastKernel:
 
     def launch(self, grid, args: tuple, kwargs: dict) -> None:
         if not self.direct or _hooks_set():
+            if STRICT_CALL_SITES and not self.runtime.isdisjoint(kwargs):
+                raise TypeError(f"{self.fn.__name__}: runtime arguments {sorted(self.runtime & set(kwargs))} passed "
+                                f"by keyword (the direct path would never be taken for this call site)")
             self.fn[grid](*args, **kwargs)
             return
         device = torch.cuda.current_device()
@@ -78,6 +85,16 @@ class FastKernel:
             return
         tail = tuple(kwargs[n] if n in kwargs else self.defaults[n] for n in rest)
         self.compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata, tail)
+
+
+def _runtime_names(fn) -> set[str]:
+    """The parameters of a jit function that are not constexprs (from Triton's params, or under
+    the interpreter, which keeps none, from the annotations)."""
+    params = getattr(fn, "params", None)
+    if params is not None:
+        return {p.name for p in params if not p.is_constexpr}
+    sig = inspect.signature(getattr(fn, "fn", fn))
+    return {n for n, p in sig.parameters.items() if "constexpr" not in str(p.annotation)}
 
 
 def _hook_set(hook) -> bool:

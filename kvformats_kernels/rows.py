@@ -18,6 +18,7 @@ import torch
 from kvformats.errors import LayoutError
 from kvformats_kernels import _common as cm
 from kvformats_kernels import rows_jit as jit
+from kvformats_kernels.launch import fast
 
 UNITS = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
@@ -95,7 +96,7 @@ def gather(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     src, stride = unit_cache(layout, cache, unit)
     block_m, consts = _gather_plan(layout, unit, tuple(cm.config("gather", "bytes", n).items()),
                                    cm.CONFIG[("gather", "bytes")]["evict_first_rows"])
-    jit.gather_bytes_kernel[(cm.grid_rows(n, block_m),)](
+    fast(jit.gather_bytes_kernel)[(cm.grid_rows(n, block_m),)](
         src, slots, out.view(unit), cm.error_record(cache), n, slots.stride(0), pages * layout.page_size, stride,
         **consts)
     return out
@@ -135,7 +136,7 @@ def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, 
         outs.append(outs[0])
     cfg = cm.CONFIG[("gather", "paged")]
     block_m, consts = _paged_plan(layout, unit, tuple(cfg.items()), requests)
-    jit.gather_paged_kernel[(max(1, cm.grid_rows(t_rows, block_m)),)](
+    fast(jit.gather_paged_kernel)[(max(1, cm.grid_rows(t_rows, block_m)),)](
         src, block_table, cu_seq_lens, outs[0], outs[1], cm.error_record(cache), t_rows, requests,
         cu_seq_lens.stride(0), block_table.stride(0), block_table.stride(1), block_table.shape[1], pages, stride,
         outs[0].stride(0), outs[1].stride(0), **consts)

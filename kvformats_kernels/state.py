@@ -8,6 +8,7 @@ import torch
 
 from kvformats_kernels import _common as cm
 from kvformats_kernels import state_jit as jit
+from kvformats_kernels.launch import fast
 
 _WORD = 4  # bytes per float32 element of the cache
 
@@ -57,7 +58,7 @@ def encode(layout, x, cache: torch.Tensor, slots: torch.Tensor, *, positions: to
         return
     block_m, cols, consts = _encode_plan(layout, (kv_bf16, score_bf16, ape_bf16),
                                          tuple(cm.config("state", "copy", n).items()), site)
-    jit.encode_kernel[(cm.grid_rows(n, block_m), cols)](
+    fast(jit.encode_kernel)[(cm.grid_rows(n, block_m), cols)](
         kv, score, positions, ape, slots, cache, cm.error_record(cache), n, cm.row_stride(kv), cm.row_stride(score),
         positions.stride(0), cm.row_stride(ape), slots.stride(0), cache.shape[0] * layout.page_size, cache.stride(0),
         **consts)
@@ -75,7 +76,7 @@ def _gather_words(layout, cache: torch.Tensor, slots: torch.Tensor, split: int, 
     outs = [torch.empty((n, w), dtype=dtype, device=cache.device) for w in widths]
     if n > 0:
         block_m, cols, consts = _gather_plan(layout, split, tuple(cm.config("state", "copy", n).items()), site)
-        jit.gather_kernel[(cm.grid_rows(n, block_m), cols)](
+        fast(jit.gather_kernel)[(cm.grid_rows(n, block_m), cols)](
             cache.view(torch.int32), slots, outs[0].view(torch.int32), outs[-1].view(torch.int32),
             cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size, cache.stride(0), **consts)
     return outs

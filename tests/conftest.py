@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, settings
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("KVFORMATS_STRICT_CALL_SITES", "1")  # kvformats_kernels.launch: no runtime argument by keyword
 
 from kvformats import deferred  # noqa: E402  (after the interpreter choice)
 

@@ -12,6 +12,7 @@ from kvformats import deferred
 from kvformats.deepseek_v4.indices import ALIGN, INT32_MAX, INT64_MAX, max_page_entry
 from kvformats_kernels import _common as cm
 from kvformats_kernels.dsv4 import indices_jit as jit
+from kvformats_kernels.launch import fast
 
 _SITES = {"compressed": deferred.site("compressed_slot_mapping", "query_start_loc"),
           "combine": deferred.site("combine_topk_swa_indices", "query_start_loc")}
@@ -74,7 +75,7 @@ def table_slot_mapping(positions, req, table, page_size, stride, base, is_valid)
     base_t, base_stride, has_base = _optional(base, positions)
     requests, cols, ts0, ts1 = _table(table)
     grid, meta = _rows("table_slot_mapping", n)
-    jit.table_slot_mapping_kernel[grid](
+    fast(jit.table_slot_mapping_kernel)[grid](
         positions, req, valid, table, base_t, out, n, requests, cols, stride, positions.stride(0), req.stride(0),
         valid_stride, ts0, ts1, base_stride, max_page_entry(page_size, INT64_MAX), HAS_VALID=has_valid,
         HAS_BASE=has_base, PAGE_SIZE=page_size, **meta)
@@ -89,7 +90,7 @@ def compressed_slot_mapping(num_tokens, qsl, seq_lens, table, page_size, ratio, 
     base_t, base_stride, has_base = _optional(base, seq_lens)
     requests, cols, ts0, ts1 = _table(table)
     grid, meta = _rows("compressed_slot_mapping", total)
-    jit.compressed_slot_mapping_kernel[grid](
+    fast(jit.compressed_slot_mapping_kernel)[grid](
         deferred.error_record(qsl.device), qsl, seq_lens, table, base_t, dest, num_tokens, total, requests, cols, ratio, qsl.stride(0),
         seq_lens.stride(0), ts0, ts1, base_stride, dest.stride(0), _steps(requests),
         max_page_entry(page_size, INT64_MAX), HAS_BASE=has_base, PAGE_SIZE=page_size, SITE=_SITES["compressed"], **meta)
@@ -110,7 +111,7 @@ def global_topk_indices_and_lens(topk, req, table, page_size, is_valid):
     valid, valid_stride, has_valid = _optional(is_valid, req)
     requests, cols, ts0, ts1 = _table(table)
     grid, meta = _rows("global_topk_indices_and_lens", n, width)
-    jit.global_topk_kernel[grid](
+    fast(jit.global_topk_kernel)[grid](
         topk, req, valid, table, glob, lens, n, width, requests, cols, topk.stride(0), topk.stride(1),
         req.stride(0), valid_stride, ts0, ts1, max_page_entry(page_size, INT32_MAX), HAS_VALID=has_valid,
         PAGE_SIZE=page_size, **meta)
@@ -125,7 +126,7 @@ def combine_topk_swa_indices(topk_idx, qsl, seq_lens, gather_lens, window, ratio
         return out, lens
     requests = seq_lens.shape[0]
     grid, meta = _rows("combine_topk_swa_indices", n, width)
-    jit.combine_topk_swa_kernel[grid](
+    fast(jit.combine_topk_swa_kernel)[grid](
         deferred.error_record(qsl.device), topk_idx, qsl, seq_lens, gather_lens, out, lens, n, width, requests, topk, ratio, window, ww, cb,
         topk_idx.stride(0), topk_idx.stride(1), qsl.stride(0), seq_lens.stride(0), gather_lens.stride(0),
         _steps(requests), SITE=_SITES["combine"], **meta)
@@ -140,7 +141,7 @@ def combine_dense_swa_indices(positions, req, seq_lens, compressed_lens, gather_
         return out, lens
     requests = seq_lens.shape[0]
     grid, meta = _rows("combine_dense_swa_indices", n, width)
-    jit.combine_dense_swa_kernel[grid](
+    fast(jit.combine_dense_swa_kernel)[grid](
         positions, req, seq_lens, compressed_lens, gather_lens, out, lens, n, width, requests, ratio, window, ww,
         cb, positions.stride(0), req.stride(0), seq_lens.stride(0), compressed_lens.stride(0),
         gather_lens.stride(0), HAS_COMPRESSED=ratio > 1 and requests > 0, **meta)
@@ -158,7 +159,7 @@ def decode_swa_indices_and_lens(qsl, seq_lens, req, table, window, page_size, ba
     base_t, base_stride, has_base = _optional(base, req)
     requests, cols, ts0, ts1 = _table(table)
     grid, meta = _rows("decode_swa_indices_and_lens", n, window)
-    jit.decode_swa_kernel[grid](
+    fast(jit.decode_swa_kernel)[grid](
         qsl, seq_lens, req, valid, table, base_t, idx, lens, n, requests, cols, window, qsl.stride(0),
         seq_lens.stride(0), req.stride(0), valid_stride, ts0, ts1, base_stride, idx.stride(0), idx.stride(1),
         lens.stride(0), max_page_entry(page_size, INT32_MAX), HAS_VALID=has_valid, HAS_BASE=has_base,
@@ -172,7 +173,7 @@ def dense_prefill_local_compressed_indices(positions, ratio, width, out):
     if n == 0 or width == 0:
         return idx
     grid, meta = _rows("dense_prefill_local_compressed_indices", n, width)
-    jit.dense_local_kernel[grid](positions, idx, n, ratio, width, positions.stride(0), idx.stride(0),
+    fast(jit.dense_local_kernel)[grid](positions, idx, n, ratio, width, positions.stride(0), idx.stride(0),
                                  idx.stride(1), **meta)
     return idx
 

@@ -15,6 +15,7 @@ from kvformats.deepseek_v4 import query as ref
 from kvformats.deepseek_v4.transforms import hadamard_reference
 from kvformats_kernels import _common as cm
 from kvformats_kernels.dsv4 import query_jit as jit
+from kvformats_kernels.launch import fast
 
 # Program sizes (benchmarks may override). indexer_q: heads per program (a row per lane);
 # hadamard: warps per program (a row per lane up to ROW_IN_LANE_MAX_D; wider rows: tile elements
@@ -99,7 +100,7 @@ def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, 
         w, w_bf16 = _bits(weights)
         cs = _unit_last(cos_sin)
         cfg = CONFIG["indexer_q"]
-        jit.indexer_q_kernel[(t, cm.grid_rows(h, cfg["block_h"]))](
+        fast(jit.indexer_q_kernel)[(t, cm.grid_rows(h, cfg["block_h"]))](
             qk, positions, cs, w, out.view(torch.int32) if mxfp4 else out, scales, w_out, deferred.error_record(dev),
             h, qk.stride(0), qk.stride(1), positions.stride(0), cs.stride(0), cs.shape[0], w.stride(0), w.stride(1),
             cm.f32(d ** -0.5),
@@ -161,7 +162,7 @@ def inv_rope_fp8_quant(o, positions, cos_sin, n_groups, heads_per_group, group, 
         cfg = CONFIG["inv_rope"]
         nqp = cm.next_pow2(nq)
         block_t = max(1, cfg["lanes"] // nqp)  # a group per lane
-        jit.inv_rope_kernel[(cm.grid_rows(t_pad, block_t), heads)](
+        fast(jit.inv_rope_kernel)[(cm.grid_rows(t_pad, block_t), heads)](
             x, positions, cs, buf, store, deferred.error_record(dev), t, t_pad, heads_per_group, x.stride(0),
             x.stride(1), positions.stride(0), cs.stride(0), cs.shape[0], buf.stride(0), D=d, ROPE=rope, GS=group, NQP2=nqp, **cm.rule_constants(ref.OUT_SCALE_RULE),
             TMA=bool(tma_aligned), IS_BF16=is_bf16, PAIRS=pairs, HW_E4M3=_hw_e4m3(dev), BLOCK_T=block_t,
@@ -195,7 +196,7 @@ def hadamard_transform(x, scale):
             block_m, vec, opts = 32 * cfg["num_warps"], min(8, d), cm.launch_opts(cfg)
         else:  # the compiler's layout, 4 warps
             block_m, vec, opts = max(1, cfg["tile"] // d), d, {"num_warps": 4}
-        jit.hadamard_kernel[(cm.grid_rows(n, block_m),)](
+        fast(jit.hadamard_kernel)[(cm.grid_rows(n, block_m),)](
             src, out, n, cm.row_stride(src), cm.f32(scale), LOG2_D=d.bit_length() - 1, V=vec, IS_BF16=is_bf16,
             BLOCK_M=block_m, **_lanes(cfg), **opts, enable_fp_fusion=False)
     return out.view(torch.bfloat16).reshape(shape)

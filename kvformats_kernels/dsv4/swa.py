@@ -10,6 +10,7 @@ from kvformats import deferred
 from kvformats_kernels import _common as cm
 from kvformats_kernels.dsv4 import swa_jit as jit
 from kvformats_kernels.dsv4.query import bf16_words
+from kvformats_kernels.launch import fast
 
 # q: heads per program (a [BLOCK_H, D] tile); kv: rows per program. Benchmarks may override.
 CONFIG = {"block_h": 8, "block_kv": 8, "num_warps": 4}
@@ -50,7 +51,7 @@ def swa_insert(q, kv, kv_cache, layout, slots, positions, cos_sin, eps) -> None:
     u8, page_stride = cm.byte_cache(layout, kv_cache)
     cs = cos_sin if cos_sin.shape[1] <= 1 or cos_sin.stride(1) == 1 else cos_sin.contiguous()
     rope = cs.shape[1]
-    jit.swa_kernel[(q_programs + kv_programs,)](
+    fast(jit.swa_kernel)[(q_programs + kv_programs,)](
         qk, kvk, slots, positions, cs, u8, deferred.error_record(q.device), heads, head_blocks, q_programs, n_kv,
         qk.stride(0), qk.stride(1), cm.row_stride(kvk), slots.stride(0), positions.stride(0), cs.stride(0), cs.shape[0],
         cm.capacity(layout, kv_cache),

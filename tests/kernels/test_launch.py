@@ -57,7 +57,16 @@ def test_fast_is_one_wrapper_per_kernel_and_launches_like_triton():
         assert len(fk.compiled) == 3
 
 
-def test_runtime_arguments_by_keyword_are_never_kept():
+def test_runtime_arguments_by_keyword_are_refused_in_tests():
+    assert launch._runtime_names(axpy_kernel) == {"x", "y", "out", "n", "shift"}
+    fk = launch.FastKernel(axpy_kernel)
+    x = torch.randn(300, device=DEV)
+    with pytest.raises(TypeError, match=r"runtime arguments \['shift'\] passed by keyword"):
+        fk[(3,)](x, x, torch.zeros_like(x), 300, shift=2, BLOCK=128, K=3)
+
+
+def test_runtime_arguments_by_keyword_are_never_kept(monkeypatch):
+    monkeypatch.setattr(launch, "STRICT_CALL_SITES", False)
     fk = launch.FastKernel(axpy_kernel)
     x, y = torch.randn(300, device=DEV), torch.randn(300, device=DEV)
     want, got = torch.zeros_like(x), torch.zeros_like(x)
