@@ -56,14 +56,14 @@ class FastKernel:
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args: tuple, kwargs: dict) -> None:
+        if STRICT_CALL_SITES and not self.runtime.isdisjoint(kwargs):
+            raise TypeError(f"{self.fn.__name__}: runtime arguments {sorted(self.runtime & set(kwargs))} passed "
+                            f"by keyword (the direct path would never be taken for this call site)")
         if not self.direct or _hooks_set():
-            if STRICT_CALL_SITES and not self.runtime.isdisjoint(kwargs):
-                raise TypeError(f"{self.fn.__name__}: runtime arguments {sorted(self.runtime & set(kwargs))} passed "
-                                f"by keyword (the direct path would never be taken for this call site)")
             self.fn[grid](*args, **kwargs)
             return
         device = torch.cuda.current_device()
-        key = (device, len(args), tuple(map(_arg_key, args)), tuple(kwargs.items()))
+        key = (device, tuple(map(_arg_key, args)), tuple(kwargs), tuple(kwargs.values()))
         entry = self.compiled.get(key)
         if entry is None:
             self._first(key, grid, args, kwargs)
