@@ -49,6 +49,25 @@ def markdown(data: dict, floors: dict | None) -> str:
     return "\n".join(lines)
 
 
+def host_table(host: dict) -> str:
+    """Every public op's host µs per call (bench_host_gpu.py): default checks, check=False and
+    the torch.library custom op, at each row count."""
+    sizes = sorted({r["rows"] for r in host["ops"]})
+    head = " | ".join(f"{n} rows: default / check=False / custom op" for n in sizes)
+    lines = [f"| op | {head} |", "| --- |" + " ---: |" * len(sizes)]
+    by_op: dict[str, dict] = {}
+    for r in host["ops"]:
+        by_op.setdefault(r["op"], {})[r["rows"]] = r
+
+    def cell(r):
+        vals = [r.get(k) for k in ("default_us", "nocheck_us", "custom_op_us")] if r else []
+        return " / ".join("-" if v is None else f"{v:.0f}" for v in vals) or "-"
+
+    for op, rows in by_op.items():
+        lines.append(f"| {op} | " + " | ".join(cell(rows.get(n)) for n in sizes) + " |")
+    return "\n".join(lines)
+
+
 def svg(data: dict, floors: dict | None) -> str:
     rows, seen = [], set()
     for op, size, ts, kvf in _rows(data["results"], "host"):
@@ -97,6 +116,9 @@ def main(argv=None) -> int:
         floors = {k: v for k, v in all_floors.items() if "20 args" not in k}
     if args.markdown:
         print(markdown(data, floors))
+        if args.host:
+            print()
+            print(host_table(json.loads(Path(args.host).read_text())))
     if args.svg:
         Path(args.svg).parent.mkdir(parents=True, exist_ok=True)
         Path(args.svg).write_text(svg(data, floors))
