@@ -25,22 +25,10 @@ from dsv4_scenarios import make_batch, sentinel_cache, writers  # noqa: E402
 
 pytest.importorskip("triton")
 import kvformats_kernels.dsv4  # noqa: E402,F401  (registers the kernels)
+from recording import DEV, expect, take_record  # noqa: E402
 
-CUDA = torch.cuda.is_available()
-DEV = torch.device("cuda" if CUDA else "cpu")
 BACKENDS = ["reference", "triton"]
 CHECK = deferred.Check
-
-
-def take_record() -> list[int]:
-    rec = deferred.error_record(DEV)
-    words = rec.tolist()
-    rec.zero_()
-    return words
-
-
-def expect(check, op: str, arg: str, index: int, value: int, bound: int) -> list[int]:
-    return [1, int(check), deferred.site(op, arg), index, value, bound, 0, 0]
 
 
 def to_dev(batch):

@@ -21,28 +21,15 @@ from kvformats.strategies import storage_bytes
 pytest.importorskip("triton")
 
 import kvformats_kernels as kk  # noqa: E402  (after conftest chose interpreter or GPU)
+from recording import DEV, check_words, expect, take_record  # noqa: E402
 from kvformats_kernels import state  # noqa: E402
 
-CUDA = torch.cuda.is_available()
-DEV = torch.device("cuda" if CUDA else "cpu")
 SENTINEL = 0xA5
 FORMATS = ["fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer", "compressor_state"]
 BYTE_FORMATS = [f for f in FORMATS if f != "compressor_state"]
 PAGES, PAGE_SIZE = 3, 4
 CAPACITY = PAGES * PAGE_SIZE
 CHECK = deferred.Check
-
-
-def take_record() -> list[int]:
-    """The record's words, then clear it."""
-    rec = deferred.error_record(DEV)
-    words = rec.tolist()
-    rec.zero_()
-    return words
-
-
-def expect(check, op: str, arg: str, index: int, value: int, bound: int) -> list[int]:
-    return [1, int(check), deferred.site(op, arg), index, value, bound, 0, 0]
 
 
 def raw(t) -> torch.Tensor:
@@ -243,12 +230,7 @@ def test_dequantize_gather_records_like_the_reference(fmt, case, routed):
         return out
 
     (ref_words, ref_out), (kern_words, kern_out) = both(call)
-    assert kern_words == ref_words
-    if want is None:
-        assert kern_words == [0] * deferred.WORDS
-    else:
-        check, arg, index, value, bound = want
-        assert kern_words == expect(check, "dequantize_gather", arg, index, value, bound)
+    check_words(kern_words, ref_words, want, "dequantize_gather")
     assert same(kern_out, ref_out)
     for r in silent:
         assert torch.equal(raw(kern_out[r]), raw(start[r])), f"request {r} must write no row"
@@ -296,12 +278,7 @@ def test_gather_paged_records_like_the_reference(fmt, case, routed):
         return out
 
     (ref_words, ref_out), (kern_words, kern_out) = both(call)
-    assert kern_words == ref_words
-    if want is None:
-        assert kern_words == [0] * deferred.WORDS
-    else:
-        check, index, value, bound = want
-        assert kern_words == expect(check, "gather_paged", "cu_seq_lens", index, value, bound)
+    check_words(kern_words, ref_words, want, "gather_paged", "cu_seq_lens")
     t_rows = kern_out[0].shape[0]
     ordered = all(b >= a for a, b in zip(cu, cu[1:])) and cu[0] == 0
     if ordered:  # every row is specified: the reference's bytes
