@@ -18,8 +18,9 @@ string, e.g. ``fmt="fp8_ds_mla", params='{"head_dim":512,...,"profile":"tokenspe
 
 ``inputs`` is ``[x]``, or ``[kv, score, positions, ape]`` for compressor_state. Decode-like ops
 return a list (one tensor; two for compressor_state). Every op validates and dispatches exactly
-like the layout method it wraps (same errors, same bytes; ``check`` as there: False skips the
-host-side slot checks, which read the slots on the host); the fake (meta)
+like the layout method it wraps (same errors, same bytes; ``check`` a bool with the meaning
+it has there, spec/checks.md; strict mode through ``kvformats.strict_checks()`` or
+``KVFORMATS_STRICT=1``); the fake (meta)
 implementations only compute output shapes, so ``torch.compile(fullgraph=True)`` traces through
 them without a graph break. ``gather_paged`` takes preallocated workspaces (an output whose size
 depends on ``cu_seq_lens[-1]`` would need a data-dependent shape).
