@@ -1,7 +1,7 @@
 """GPT-J (interleaved-pair) rotary embedding on the tail dims, as DeepSeek V4 applies it.
 
 The cache formats store the RoPE tail already rotated; these helpers make that input (and the
-golden vectors) reproducible. Math in float32, like every writer in formats.md §0.
+golden vectors) reproducible. Math in float32, like every writer in spec/upstream.md §0.
 """
 
 from __future__ import annotations

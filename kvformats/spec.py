@@ -27,7 +27,7 @@ ADDRESSING = ("page = slot // page_size; row = slot % page_size; byte of a regio
               ">= page_bytes allowed); slot < 0 = no row")
 EXAMPLE_SLOT = 70
 
-# Element rounding rules by element type (formats.md §2.2, §3.2, §4.3).
+# Element rounding rules by element type (spec/upstream.md §2.2, §3.2, §4.3).
 ELEMENT_RULES = {
     "float8_e4m3fn": "round-to-nearest-even after clamp to +-448",
     "float4_e2m1fn_x2": ("e2m1 thresholds on a = min(|y|, 6): a <= 0.25 -> 0, <= 0.75 -> 0.5, "
@@ -39,14 +39,14 @@ SCALE_STORAGE = {
     "float8_e8m0fnu": "ue8m0 byte s = clamp(e + 127, 0, 255); scale = 2^(s - 127)",
     "float32": "float32 little-endian multiplier 2^e (an exact power of two)",
 }
-# Per-element bounds of formats.md §11 / spec/README.md, written against the value the element
+# Per-element bounds of spec/upstream.md §11 / spec/README.md, written against the value the element
 # codec sees (x_bf16 for fp8_ds_mla, the float32 input for the indexers); e = block exponent.
 ERROR_BOUNDS = {
     "float8_e4m3fn": "|x - x_hat| <= max(|x|/16, 2^(e-10)) per element, x = the value quantized",
     "float4_e2m1fn_x2": ("|x - x_hat| <= 2^e per element (<= 2^(e-2) where |x| <= 2^(e+1), "
                          "<= 2^(e-1) where |x| <= 2^(e+2)), x = float32 input"),
 }
-# What encode rounds its input to before the element codec (formats.md §2.2 step 1). Layouts
+# What encode rounds its input to before the element codec (spec/upstream.md §2.2 step 1). Layouts
 # declare it as ``quant_input_dtype``; the table covers layouts that predate that attribute.
 INPUT_ROUNDING = {"fp8_ds_mla": "bfloat16"}
 

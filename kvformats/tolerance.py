@@ -1,5 +1,5 @@
 """How far two encodings of the same rows are apart, in codes: the bar for outputs that are
-not bit-exact by design (the deepseek_v4 pooling path, formats.md §2.5 and §13.1: scale and
+not bit-exact by design (the deepseek_v4 pooling path, spec/upstream.md §2.5 and §13.1: scale and
 pad bytes equal, every value code equal or one code apart, few of them apart).
 
 Codes are compared in value order: a sign-magnitude code maps to an integer so that adjacent

@@ -16,7 +16,7 @@ from kvformats.vectors import load_vector, run_vector, vector_paths
 ROOT = Path(__file__).resolve().parents[1]
 VECTOR_DIR = ROOT / "spec" / "vectors"
 PATHS = vector_paths(VECTOR_DIR)
-# SHA-256 values printed in formats.md §12, repeated here so a regenerated vector cannot move them.
+# SHA-256 values printed in spec/upstream.md §12, repeated here so a regenerated vector cannot move them.
 LITERAL_SHA = {
     ("A", 0, 576): "8075d1de2b83808191639b525156199e17469a88dfd20372d006a03848471c97",
     ("A", 576, 584): "e2ef21ffc4ee0e5a6a4fe466bc32a8a579789ef8fcc4e30d7549c1a0c1cfdb77",
@@ -50,7 +50,7 @@ def test_vector_set_covers_formats_md_examples_and_every_format():
 
 @pytest.mark.parametrize("key", sorted(LITERAL_SHA), ids=lambda k: f"{k[0]}[{k[1]}:{k[2]}]")
 def test_literal_sha256_of_encoded_bytes(key):
-    """The SHA-256 values of formats.md §12, asserted on freshly encoded rows (A2 is given only as
+    """The SHA-256 values of spec/upstream.md §12, asserted on freshly encoded rows (A2 is given only as
     a digest, so this is its one literal check)."""
     vid, start, stop = key
     vec = load_vector(VECTOR_DIR / f"{vid}.json")
@@ -64,7 +64,7 @@ def test_literal_sha256_of_encoded_bytes(key):
 
 def test_a_and_d_addresses_match_formats_md():
     """Slot 70: fp8_ds_mla data at 40896 / scales at 74352, FP8 indexer values 9216 / scale 16664;
-    HCA slot 3: 2304 / 2888 (formats.md §2.1, §12)."""
+    HCA slot 3: 2304 / 2888 (spec/upstream.md §2.1, §12)."""
     want = {"A": {40896: 576, 74352: 8}, "A_hca": {2304: 576, 2888: 8}, "D": {9216: 128, 16664: 4}}
     for vid, spans in want.items():
         vec = load_vector(VECTOR_DIR / f"{vid}.json")

@@ -82,7 +82,7 @@ def test_check_passes_written_caches_and_flags_each_rule(name):
 
 
 def test_scale_ranges_follow_the_rules():
-    assert scale_exponent_range(kvf.Fp8DsMla()) == (-22, 120)  # bytes 105..247, formats.md §2.2
+    assert scale_exponent_range(kvf.Fp8DsMla()) == (-22, 120)  # bytes 105..247, spec/upstream.md §2.2
     assert scale_exponent_range(kvf.Mxfp4Indexer()) == (-15, 126)
     assert scale_exponent_range(kvf.Fp8Indexer()) == (-33, 120)
     assert scale_exponent_range(kvf.CompressorState()) is None

@@ -1,4 +1,4 @@
-"""Layout geometry: row and page bytes, region offsets, views, allocation (formats.md §1-§5)."""
+"""Layout geometry: row and page bytes, region offsets, views, allocation (spec/upstream.md §1-§5)."""
 
 import pytest
 import torch
@@ -152,7 +152,7 @@ def test_impossible_params_are_layout_errors_via_get_format():
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_fp8_ds_mla_odd_row_bytes_round_trip(n):
-    """head 192 / rope 64 (formats.md §12 B) has 259-byte rows: the bf16 RoPE tail sits at an odd
+    """head 192 / rope 64 (spec/upstream.md §12 B) has 259-byte rows: the bf16 RoPE tail sits at an odd
     row stride, so it must be moved as bytes, not through a bf16 view of the row tensor."""
     lay = kvf.Fp8DsMla(head_dim=192, rope_dim=64, page_size=1)
     x = (((torch.arange(192) * 13) % 29 - 14) * 0.125).repeat(n, 1)

@@ -1,5 +1,5 @@
 """Element codecs and scale rules against independent oracles (ml_dtypes, torch dtypes, float64
-math). formats.md §0, §2.2, §3.2, §4.2-§4.3, §7."""
+math). spec/upstream.md §0, §2.2, §3.2, §4.2-§4.3, §7."""
 
 import math
 
@@ -114,7 +114,7 @@ def test_nibble_packing_order():
     assert packed.tolist() == [[0x21, 0x43, 0x7F]]
     assert torch.equal(nx.unpack_nibbles(packed), codes)
     x = torch.zeros(1, 128)
-    x[0, :2] = torch.tensor([6.0, -6.0])  # formats.md §12 E: byte 0 = f7
+    x[0, :2] = torch.tensor([6.0, -6.0])  # spec/upstream.md §12 E: byte 0 = f7
     row = kvf.Mxfp4Indexer().encode_rows(x)
     assert int(row[0, 0]) == 0xF7 and int(row[0, 64]) == 127
 
@@ -173,7 +173,7 @@ def test_ceil_log2_random_fp32_matches_oracle():
     assert torch.equal(nx.ceil_log2(q), _ceil_log2_oracle(q))
 
 
-# ----- scale rules (formats.md §2.2, §3.2, §4.3, §7) --------------------------------------------
+# ----- scale rules (spec/upstream.md §2.2, §3.2, §4.3, §7) --------------------------------------------
 def _exponent(layout_cls, values, block):
     blocks = torch.zeros(1, block)
     blocks[0, :len(values)] = torch.tensor(values, dtype=torch.float32)

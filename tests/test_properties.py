@@ -1,4 +1,4 @@
-"""Hypothesis properties of every registered format (formats.md §11): round-trip error bounds,
+"""Hypothesis properties of every registered format (spec/upstream.md §11): round-trip error bounds,
 value idempotence, slot isolation on sentinel-filled padded caches, gather/decode agreement with
 an independent byte reader, slot dtype independence, accepted input dtypes.
 
@@ -50,7 +50,7 @@ def encode_decode(layout, x, kwargs, dtype=torch.int64):
     return cache, slots, layout.decode(cache, slots)
 
 
-# ----- round-trip error bounds (formats.md §11) -------------------------------------------------
+# ----- round-trip error bounds (spec/upstream.md §11) -------------------------------------------------
 def _exact_exponent(amax: torch.Tensor, floor: float, element_max: float, floor_on: str) -> torch.Tensor:
     """ceil(log2(.)) in float64 exact math, the float32 floor constant as the format uses it."""
     f = float(torch.tensor(floor, dtype=torch.float32))
@@ -289,7 +289,7 @@ def test_negative_slots_are_skipped_and_decode_to_zero(fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_empty_slots(fmt, dtype):
-    """N = 0 is a valid call (formats.md §6.1: empty input -> empty output)."""
+    """N = 0 is a valid call (spec/upstream.md §6.1: empty input -> empty output)."""
     layout = kvf.get_format(fmt)
     cache = layout.allocate(1)
     before = cache.clone()

@@ -55,7 +55,7 @@ def test_spec_fields_come_from_the_layout(name):
 
 
 def test_known_numbers():
-    """formats.md §1.2, §1.3: row/page bytes and quant blocks of the default layouts."""
+    """spec/upstream.md §1.2, §1.3: row/page bytes and quant blocks of the default layouts."""
     got = {n: format_spec(kvf.get_format(n)) for n in FORMATS}
     want = {"fp8_ds_mla": (584, 37440, 64, "float8_e4m3fn"), "fp8_indexer": (132, 8448, 128, "float8_e4m3fn"),
             "mxfp4_indexer": (68, 4352, 32, "float4_e2m1fn_x2")}

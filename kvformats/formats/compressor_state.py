@@ -1,4 +1,4 @@
-"""compressor_state: DeepSeek V4 compressor residual state (formats.md §5).
+"""compressor_state: DeepSeek V4 compressor residual state (spec/upstream.md §5).
 
 float32 cache ``[pages, page_size, 2W]``; one row per token position holds
 ``[kv (W) | score + ape[p % ratio] (W)]`` with ``W = coff * head_dim``, coff = 2 for the

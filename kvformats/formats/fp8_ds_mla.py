@@ -2,7 +2,7 @@
 
 Row = 576 B token record (448 float8_e4m3fn NoPE values scaled per 64-block, then 64 bf16 RoPE
 values) + 8 B scale record (7 ue8m0 exponents, 1 zero pad byte). Token records of a page come
-first, then its scale records; pages round up to a multiple of the token record (formats.md §2).
+first, then its scale records; pages round up to a multiple of the token record (spec/upstream.md §2).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="abs
 PROFILES = declare(
     "fp8_ds_mla",
     Profile(name="tokenspeed", scale_rule=SCALE_RULE, engine="tokenspeed V4 writers (python, Triton, CUDA)",
-            source="formats.md §2.2; peers.md §5 'vLLM / tokenspeed V4 584 B'"),
+            source="spec/upstream.md §2.2; spec/peers.md §5 'vLLM / tokenspeed V4 584 B'"),
     Profile(name="vllm", scale_rule=SCALE_RULE, engine="vLLM V4 fused compress/insert writers (584 B)",
-            source="peers.md §5 'vLLM / tokenspeed V4 584 B': same rule as tokenspeed, so the same bytes"),
+            source="spec/peers.md §5 'vLLM / tokenspeed V4 584 B': same rule as tokenspeed, so the same bytes"),
     Profile(name="flashmla-ref",
             scale_rule=nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="scale"),
             engine="FlashMLA tests/quant.py quantize_k_cache, MODEL1 layout",
-            source="peers.md §2 FlashMLA, §5 'FlashMLA ref, MODEL1 584 B': 2^ceil(log2(max(amax/448, 1e-4)))"),
+            source="spec/peers.md §2 FlashMLA, §5 'FlashMLA ref, MODEL1 584 B': 2^ceil(log2(max(amax/448, 1e-4)))"),
 )
 
 

@@ -1,4 +1,4 @@
-"""mxfp4_indexer: DeepSeek V4 CSA indexer keys in MXFP4 (formats.md §4).
+"""mxfp4_indexer: DeepSeek V4 CSA indexer keys in MXFP4 (spec/upstream.md §4).
 
 Page = ``page_size`` value records (head_dim/2 bytes of e2m1 nibbles, element 2k in the low
 nibble) then ``page_size`` scale records (one ue8m0 byte per 32 dims; read as a little-endian
@@ -23,22 +23,22 @@ SCALE_RULE = nx.ScaleRule(element_max=nx.E2M1_MAX, floor=1e-4, floor_on="absmax"
 PROFILES = declare(
     "mxfp4_indexer",
     Profile(name="tokenspeed", scale_rule=SCALE_RULE, e2m1_rounding="threshold",
-            engine="tokenspeed MXFP4 indexer writers", source="formats.md §4.3; peers.md §5 'tokenspeed MXFP4 indexer'"),
+            engine="tokenspeed MXFP4 indexer writers", source="spec/upstream.md §4.3; spec/peers.md §5 'tokenspeed MXFP4 indexer'"),
     Profile(name="vllm",
             scale_rule=nx.ScaleRule(element_max=nx.E2M1_MAX, floor=6 * 2.0**-126, floor_on="absmax",
                                     exponent_min=-127, exponent_max=127),
             e2m1_rounding="rne", e2m1_signed_zero=True,
             engine="vLLM V4 MXFP4 indexer (PTX cvt.rn.satfinite.e2m1x2.f32)",
-            source="peers.md §2 vLLM V4, §5 'vLLM V4 MXFP4 indexer': amax >= 6*2^-126, round-half-even"),
+            source="spec/peers.md §2 vLLM V4, §5 'vLLM V4 MXFP4 indexer': amax >= 6*2^-126, round-half-even"),
     Profile(name="deepgemm-ref", scale_rule=SCALE_RULE, e2m1_rounding="threshold",
             engine="DeepGEMM deep_gemm/utils/math.py per_token_cast_to_fp4 (head_dim 128: 4 scales = 1 int32)",
-            source="peers.md §2 DeepGEMM, §5 'DeepGEMM FP4 ref': ceil_ue8m0(amax/6), amax >= 1e-4, ties down"),
+            source="spec/peers.md §2 DeepGEMM, §5 'DeepGEMM FP4 ref': ceil_ue8m0(amax/6), amax >= 1e-4, ties down"),
     Profile(name="ocp",
             scale_rule=nx.ScaleRule(element_max=nx.E2M1_MAX, floor=0.0, floor_on="absmax", exponent_min=-127,
                                     exponent_max=127, exponent_mode="floor_minus_emax", element_emax=2),
             e2m1_rounding="rne", e2m1_signed_zero=True,
             engine="OCP MX v1.0 reference rule (torchao ScaleCalculationMode.FLOOR)",
-            source="peers.md §2 'OCP MX v1.0 rules': 2^(floor(log2 amax) - 2), RNE, saturating",
+            source="spec/peers.md §2 'OCP MX v1.0 rules': 2^(floor(log2 amax) - 2), RNE, saturating",
             error_bound="|x - x_hat| <= 2^(e+1) per element (elements above 6 * 2^e, up to the block maximum "
                         "< 8 * 2^e, clip to 6 * 2^e); <= 2^e where |x| <= 6 * 2^e, <= 2^(e-2) where "
                         "|x| <= 2^(e+1)"),

@@ -1,5 +1,5 @@
-"""Adversarial golden vectors: edge cases of formats.md §2.2, §3.2, §4.3 and §7, with expected
-bytes from the independent oracle (``oracle.py``). Each case also asserts the bytes formats.md
+"""Adversarial golden vectors: edge cases of spec/upstream.md §2.2, §3.2, §4.3 and §7, with expected
+bytes from the independent oracle (``oracle.py``). Each case also asserts the bytes spec/upstream.md
 states for it (zero blocks, -0.0, 448·2^k, RNE ties, the float32 log2 quirk), so the oracle
 cannot silently drift from the document."""
 
@@ -77,7 +77,7 @@ def ds_mla_edges(vector) -> dict:
     slots = [5, -1, 130]
     rows, decoded = slot_rows(enc, slots, 584, 1024, "bfloat16")
     x = b"".join(o.bf16_bytes(r) for r in rows_in)
-    return vector("adv_fp8_ds_mla_edges", "independent oracle (spec/vectors/oracle.py); formats.md §2.2, §7",
+    return vector("adv_fp8_ds_mla_edges", "independent oracle (spec/vectors/oracle.py); spec/upstream.md §2.2, §7",
                   "bf16 rows: zero and -0.0 blocks (scale 0x69; 0x00 / 0x80), max exactly 448*2^-3 "
                   "(0x7E), RNE ties at 2^-11 (-400 -> -384 = 0xFC, 432 -> 448, subnormal ties), the "
                   "1e-4 absmax floor, a 2^100 block, 225*2^-4 -> 224, max 224*2^-5 (e = -6), a value "
@@ -101,7 +101,7 @@ def ds_mla_fp32(vector) -> dict:
     assert enc[0][0][448:452] == bytes.fromhex("803f823f")  # bf16 ties to even: 1.0, 1.015625
     x = o.f32_bytes([v for r in rows_in for v in r])
     decoded = [{"row": i, "start": 0, "dtype": "bfloat16", "hex": e[1].hex()} for i, e in enumerate(enc)]
-    return vector("adv_fp8_ds_mla_fp32", "independent oracle; formats.md §2.2 step 1",
+    return vector("adv_fp8_ds_mla_fp32", "independent oracle; spec/upstream.md §2.2 step 1",
                   "float32 input: NoPE values are rounded to bf16 before the absmax (56*(1+2^-9) -> 56, "
                   "e = -3; 112*(1+2^-10) -> 112, e = -2), rope values round to bf16 with ties to even "
                   "(1+2^-8 -> 1.0, 1+3*2^-8 -> 1+2^-6) including a float32 subnormal",
@@ -137,7 +137,7 @@ def fp8_indexer_edges(vector) -> dict:
     slots = [0, 1, 64, 65, 127, 128, -1, 200]
     rows, decoded = slot_rows(enc, slots, 132, 512)
     x = o.f32_bytes([v for r in rows_in for v in r])
-    return vector("adv_fp8_indexer_edges", "independent oracle; formats.md §3.2, §7",
+    return vector("adv_fp8_indexer_edges", "independent oracle; spec/upstream.md §3.2, §7",
                   "float32 rows: zero and -0.0 (scale 2^-33 = 00 00 00 2f), max 448*2^3 (scale 2^3, "
                   "0x7E), RNE ties, amax one float32 ulp above 448*2^10 and 448*2^-20 (float32 log2 "
                   "rounds down: scale 2^10 / 2^-20, value clamps to 448 = 0x7E), the 1e-10 scale floor, "
@@ -173,7 +173,7 @@ def mxfp4_edges(vector) -> dict:
     slots = [3, 64, -1, 127]
     rows, decoded = slot_rows(enc, slots, 68, 512)
     x = o.f32_bytes([v for r in rows_in for v in r])
-    return vector("adv_mxfp4_edges", "independent oracle; formats.md §4.2, §4.3, §7",
+    return vector("adv_mxfp4_edges", "independent oracle; spec/upstream.md §4.2, §4.3, §7",
                   "float32 rows: zero block (0x70), -0.0 and tiny negatives (nibble 0), max exactly "
                   "6*2^3 (code 7), threshold ties toward the smaller magnitude and one ulp above each, "
                   "amax one float32 ulp above 6*2^10 and 6*2^-12 (float32 log2 rounds down: e = 10 / -12, "

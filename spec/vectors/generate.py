@@ -4,7 +4,7 @@
     python spec/vectors/generate.py --check  # exit 1 if a committed file differs
 
 Nothing here imports kvformats: inputs are built with Python floats / numpy float32, expected
-bytes are either copied from formats.md §12 (the "literal" vectors A..E) or derived by the
+bytes are either copied from spec/upstream.md §12 (the "literal" vectors A..E) or derived by the
 independent scalar oracle in ``oracle.py`` (the adversarial vectors in ``adversarial.py``).
 Before writing, the oracle is cross-checked against every literal byte and SHA-256 of §12, so
 a transcription slip here or an oracle bug fails generation rather than producing a wrong
@@ -26,7 +26,7 @@ import oracle as o  # noqa: E402
 
 SENTINEL = 0xA5
 
-# ----- formats.md §12, copied verbatim --------------------------------------------------------
+# ----- spec/upstream.md §12, copied verbatim --------------------------------------------------------
 A_DATA = """
 fc ed 74 fa dc 78 f7 66 7b f2 70 fc ea 76 f9 00 79 f6 6a 7c f0 72 fb e6 77 f8 5c 7a f4 6d 7c ee
 74 fa e0 78 f8 64 7b f2 70 fc eb 75 fa d0 79 f6 69 7c f1 72 fb e8 76 f9 58 7a f4 6c 7c ef 73 fa
@@ -85,7 +85,7 @@ def int64s(values) -> dict:
 
 
 def row_spans(slot: int, page_size: int, page_stride: int, records: list[int]) -> list[tuple[int, int]]:
-    """Absolute (offset, length) of each segment record of a slot (formats.md §2.1, §3.1, §4.1)."""
+    """Absolute (offset, length) of each segment record of a slot (spec/upstream.md §2.1, §3.1, §4.1)."""
     page, row = divmod(slot, page_size)
     spans, seg_at = [], 0
     for rec in records:
@@ -112,7 +112,7 @@ def vector(vid, source, description, fmt, params, inputs, slots, num_pages, page
            records, rows, decoded=None, **extra) -> dict:
     """A vector whose expected gathered rows are fully known (zero rows for slot < 0)."""
     page_size = params["page_size"]
-    if page_stride is None:  # contiguous: the allocated page width (formats.md §1.3 padding rule)
+    if page_stride is None:  # contiguous: the allocated page width (spec/upstream.md §1.3 padding rule)
         stride_bytes = page_size * sum(records)
         if fmt == "fp8_ds_mla":
             stride_bytes = -(-stride_bytes // records[0]) * records[0]
@@ -138,7 +138,7 @@ def decoded_entry(row: int, start: int, dtype: str, values) -> dict:
     return {"row": row, "start": start, "dtype": dtype, "hex": raw.hex()}
 
 
-# ----- formats.md §12 vectors ---------------------------------------------------------------
+# ----- spec/upstream.md §12 vectors ---------------------------------------------------------------
 def kv_a() -> list[float]:
     kv = [(((37 * d) % 101) - 50) * 2.0 ** (d // 64 - 8) for d in range(512)]
     return [0.0 if 128 <= d < 192 else v for d, v in enumerate(kv)]
@@ -154,19 +154,19 @@ def vectors_a() -> list[dict]:
     assert (sha(data), sha(scales)) == (A_DATA_SHA, A_SCALES_SHA), "A transcription"
     inputs, x = ds_mla_input(kv_a(), 5)
     row, dec = o.ds_mla_row(x, 512, 64)
-    assert row == data + scales, "oracle disagrees with formats.md §12 A"
+    assert row == data + scales, "oracle disagrees with spec/upstream.md §12 A"
     assert dec[:16] == o.bf16_bytes(A_DECODED)
     params = {"head_dim": 512, "rope_dim": 64, "page_size": 64}
     sums = [{"row": 0, "start": 0, "stop": 576, "sha256": A_DATA_SHA},
             {"row": 0, "start": 576, "stop": 584, "sha256": A_SCALES_SHA}]
     offsets = [{"slot": 70, "page_stride": 37440, "region": "nope", "offset": 40896},
                {"slot": 70, "page_stride": 37440, "region": "scale", "offset": 74352}]
-    a = vector("A", "formats.md §12 A", "fp8_ds_mla SWA row: x = bf16(rope_gptj(kv, position 5)); "
+    a = vector("A", "spec/upstream.md §12 A", "fp8_ds_mla SWA row: x = bf16(rope_gptj(kv, position 5)); "
                "slot 70 of 64-row pages, stride 37440 -> data at 40896, scales at 74352",
                "fp8_ds_mla", params, inputs, [70], 2, 37440, [576, 8], [data + scales],
                [decoded_entry(0, 0, "bfloat16", A_DECODED)], sha256=sums, slot_offsets=offsets)
     hca = dict(params, page_size=2)
-    a_hca = vector("A_hca", "formats.md §12 A (HCA offsets)", "the row of A in an HCA cache (2 rows "
+    a_hca = vector("A_hca", "spec/upstream.md §12 A (HCA offsets)", "the row of A in an HCA cache (2 rows "
                    "per page, page bytes 1728): slot 3 -> data at 2304, scales at 2888",
                    "fp8_ds_mla", hca, inputs, [3], 2, 1728, [576, 8], [data + scales],
                    slot_offsets=[{"slot": 3, "page_stride": 1728, "region": "nope", "offset": 2304},
@@ -174,7 +174,7 @@ def vectors_a() -> list[dict]:
     inputs2, x2 = ds_mla_input(kv_a(), 4)
     row2, _ = o.ds_mla_row(x2, 512, 64)
     assert sha(row2[:576]) == A2_DATA_SHA and row2[:448] == data[:448] and row2[576:] == scales
-    a2 = vector("A2", "formats.md §12 A2", "A's kv as a compressed row completed at p = 7, ratio 4: "
+    a2 = vector("A2", "spec/upstream.md §12 A2", "A's kv as a compressed row completed at p = 7, ratio 4: "
                 "rope position 4. Literal: SHA-256 of the data bytes; NoPE and scale bytes equal A's. "
                 "Full row bytes from the independent oracle (matching that SHA-256).",
                 "fp8_ds_mla", params, inputs2, [0], 1, 37440, [576, 8], [row2],
@@ -191,7 +191,7 @@ def vector_b() -> dict:
     spans = [{"row": 0, "start": s, "hex": hx(h).hex()} for s, h in B_SPANS]
     for s in spans:
         assert row[s["start"]:].startswith(bytes.fromhex(s["hex"])), "oracle disagrees with §12 B"
-    return vector("B", "formats.md §12 B", "generic geometry head 192 / rope 64 (nope 128, token "
+    return vector("B", "spec/upstream.md §12 B", "generic geometry head 192 / rope 64 (nope 128, token "
                   "record 256, scale record 3), rope position 3. Literal: scale bytes, first data "
                   "bytes, start of the rope bytes; full row from the independent oracle.",
                   "fp8_ds_mla", {"head_dim": 192, "rope_dim": 64, "page_size": 64}, inputs, [1], 1, None,
@@ -212,7 +212,7 @@ def vector_c() -> dict:
     inputs = {"x": [tensor("float32", [2, 4], flat(kv)), tensor("float32", [2, 4], flat(score))],
               "positions": int64s(positions), "ape": tensor("float32", [4, 4], flat(ape))}
     decoded = [{"row": i, "start": 0, "dtype": "float32", "hex": r.hex()} for i, r in enumerate(rows)]
-    return vector("C", "formats.md §12 C", "compressor state, ratio 4 (overlap), head_dim 2 -> W = 4; "
+    return vector("C", "spec/upstream.md §12 C", "compressor state, ratio 4 (overlap), head_dim 2 -> W = 4; "
                   "ape in checkpoint order; state rows for p = 0 and p = 5 (score + ape[p % 4]). "
                   "The pooling numbers of §12 C belong to the compress op and are not covered here.",
                   "compressor_state", {"head_dim": 2, "ratio": 4, "page_size": 4}, inputs, positions, 2,
@@ -225,7 +225,7 @@ def vector_d() -> dict:
     assert sha(values) == D_VALUES_SHA, "D transcription"
     row, _ = o.fp8_indexer_row(x)
     assert row == values + scale, "oracle disagrees with §12 D"
-    return vector("D", "formats.md §12 D", "FP8 indexer row (bf16 input, amax 0.75 -> scale 2^-9); "
+    return vector("D", "spec/upstream.md §12 D", "FP8 indexer row (bf16 input, amax 0.75 -> scale 2^-9); "
                   "slot 70 of 64-row pages of 8448 B -> values at 9216, scale at 16664",
                   "fp8_indexer", {"head_dim": 128, "page_size": 64},
                   {"x": tensor("bfloat16", [1, 128], o.bf16_bytes(x))}, [70], 2, 8448, [128, 4],
@@ -245,7 +245,7 @@ def vector_e() -> dict:
     row, dec = o.mxfp4_row(x)
     assert row == values + scales, "oracle disagrees with §12 E"
     assert dec[:64] == o.f32_bytes(E_DECODED)
-    return vector("E", "formats.md §12 E", "MXFP4 indexer row (bf16 input): scales 7f 80 70 75 "
+    return vector("E", "spec/upstream.md §12 E", "MXFP4 indexer row (bf16 input): scales 7f 80 70 75 "
                   "(DeepGEMM int32 0x7570807f); slot 67 in pages of stride 4480 (> 4352)",
                   "mxfp4_indexer", {"head_dim": 128, "page_size": 64},
                   {"x": tensor("bfloat16", [1, 128], o.bf16_bytes(x))}, [67], 2, 4480, [64, 4],

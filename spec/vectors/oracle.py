@@ -4,7 +4,7 @@ Python scalars, numpy float32 arithmetic and ml_dtypes casts, one element at a t
 It deliberately shares no code with ``kvformats`` (no torch, no bit tables): exponents come from
 ``math.log2`` in float64 rounded once to float32, which is what a correctly rounded float32
 ``log2`` returns except within ~1e-16 of a float32 rounding midpoint (never hit by these cases).
-Checked against the literal bytes of formats.md §12 by ``generate.py`` before anything is written.
+Checked against the literal bytes of spec/upstream.md §12 by ``generate.py`` before anything is written.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def ceil_log2_f32(q: float) -> int:
 
 
 def exponent(amax: float, element_max: float, floor: float, floor_on: str) -> int:
-    """The block exponent with float32 division and flooring (formats.md §2.2, §3.2, §4.3)."""
+    """The block exponent with float32 division and flooring (spec/upstream.md §2.2, §3.2, §4.3)."""
     if floor_on == "absmax":
         q = F32(max(F32(amax), F32(floor))) / F32(element_max)
     else:

@@ -1,4 +1,4 @@
-"""Golden vector F (formats.md §12 F), built like the others in generate.py: it imports no
+"""Golden vector F (spec/upstream.md §12 F), built like the others in generate.py: it imports no
 kvformats, builds the input with Python floats, derives the bytes with the independent oracle
 (float32 GPT-J RoPE, an exact float64 Hadamard sum, the MXFP4 row oracle) and asserts them
 against the literal bytes of §12 F before returning the vector.
@@ -25,7 +25,7 @@ F_SCALE_INT32 = 0x7E7D7C7C
 
 def hadamard_bf16(x) -> list[float]:
     """Natural-order Hadamard of bf16 values: exact float64 sum, times float32(128^-0.5), rounded
-    to float32 then to bf16 (formats.md §4.4)."""
+    to float32 then to bf16 (spec/upstream.md §4.4)."""
     n = len(x)
     scale = o.f32(n ** -0.5)
     sums = [sum(v if bin(i & j).count("1") % 2 == 0 else -v for i, v in enumerate(x)) for j in range(n)]
@@ -39,7 +39,7 @@ def build(vector, tensor, hx, int64s) -> dict:
     x = hadamard_bf16(rotated)
     row, decoded = o.mxfp4_row(x)
     packed, scales = hx(F_PACKED.replace("\n", " ")), hx(F_SCALES)
-    assert row == packed + scales, "oracle disagrees with formats.md §12 F"
+    assert row == packed + scales, "oracle disagrees with spec/upstream.md §12 F"
     assert struct.unpack("<i", scales)[0] == F_SCALE_INT32
     softmax_scale = 128 ** -0.5
     pipeline = {
@@ -52,7 +52,7 @@ def build(vector, tensor, hx, int64s) -> dict:
         "expected": {"q_packed": packed.hex(), "q_scale": tensor("int32", [1, 1], scales),
                      "weights": o.f32_bytes([o.f32(o.f32(1.0 * softmax_scale) * 1.0)]).hex()},
     }
-    vec = vector("F", "formats.md §12 F", "indexer query MXFP4 (1 token, 1 head, position 5): q -> "
+    vec = vector("F", "spec/upstream.md §12 F", "indexer query MXFP4 (1 token, 1 head, position 5): q -> "
                    "RoPE(dims 64..127) -> bf16 -> Hadamard-128 -> bf16 -> MXFP4; x is the bf16 Hadamard "
                    "output, so the row is the query's packed bytes + scales 7c 7c 7d 7e (int32 0x7e7d7c7c). "
                    "'pipeline' holds the raw query for deepseek_v4.prepare_indexer_q_mxfp4.",

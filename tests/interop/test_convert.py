@@ -97,7 +97,7 @@ def test_convert_slots_writes_nothing_on_error():
 def test_ue8m0_pack_unpack():
     s = torch.tensor([[0x7F, 0x80, 0x70, 0x75], [1, 2, 3, 4]], dtype=torch.uint8)
     w = cv.pack_ue8m0(s)
-    assert w[0, 0].item() == 0x7570807F  # formats.md §12 E: DeepGEMM int32
+    assert w[0, 0].item() == 0x7570807F  # spec/upstream.md §12 E: DeepGEMM int32
     assert torch.equal(cv.unpack_ue8m0(w, 4), s)
     w5 = cv.pack_ue8m0(torch.arange(5, dtype=torch.uint8).reshape(1, 5))
     assert w5.shape == (1, 2) and w5.view(torch.uint8)[0, 5:].tolist() == [127] * 3

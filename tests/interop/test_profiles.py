@@ -35,7 +35,7 @@ def test_default_rules_keep_their_constants():
 
 
 def test_default_bytes_equal_the_golden_vectors():
-    """Vectors A..F (formats.md §12) still reproduce: see tests/test_golden.py; here one more
+    """Vectors A..F (spec/upstream.md §12) still reproduce: see tests/test_golden.py; here one more
     direct check that the ue8m0 / float32 scale paths did not move."""
     x = torch.zeros(1, 512)
     row = kvf.Fp8DsMla().encode_rows(x)
