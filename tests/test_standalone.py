@@ -98,3 +98,18 @@ def test_pages_link_only_inside_the_repository(top):
                 outside.append(f"{page.relative_to(REPO)} -> {target}")
     assert checked > 0
     assert outside == []
+
+
+# The private notes the facts were first collected in: their two file names without the "spec/"
+# directory in front (also the old "reference/" form), or a path into the shared folder next to
+# the repository. This file spells the names in pieces so that it does not match itself.
+NOTES = re.compile(r"(?:^|[^/\w.-])(?:formats|peers)\.md|reference/(?:formats|peers)\.md|\.\./shared")
+
+
+def test_no_tracked_file_cites_the_private_notes():
+    # Every tracked file, none excepted: a reader of the repository cannot open those notes.
+    hits = [f"{name}:{text.count(chr(10), 0, m.start()) + 1}"
+            for name, text in tracked_text_files() for m in NOTES.finditer(text)]
+    old = "see " + "formats" + ".md §2.2"
+    assert NOTES.search(old) and not NOTES.search("see spec/upstream.md §2.2")
+    assert hits == []
