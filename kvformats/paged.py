@@ -2,7 +2,7 @@
 
 * ``dequantize_gather``: per request, the last ``gather_len`` positions of a sequence of
   ``seq_len`` tokens, decoded into a workspace ``out[b, offset + i]`` (tokenspeed's
-  dequantize-and-gather of fp8_ds_mla for sparse prefill, formats.md §6.1). Missing pages
+  dequantize-and-gather of fp8_ds_mla for sparse prefill, spec/upstream.md §6.1). Missing pages
   (table entry < 0, page index out of the table, page beyond the cache) give zero rows; rows at
   or beyond ``gather_len`` are left untouched.
 * ``gather_paged``: the raw records of the positions ``[cu[r], cu[r+1])`` of each request, in

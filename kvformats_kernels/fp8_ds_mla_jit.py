@@ -1,4 +1,4 @@
-"""Triton kernels of fp8_ds_mla (formats.md §2) and its V3.2 form: encode and decode of whole rows.
+"""Triton kernels of fp8_ds_mla (spec/upstream.md §2) and its V3.2 form: encode and decode of whole rows.
 
 A row is NB NoPE blocks of QB values (float8_e4m3fn) with one scale each — a ue8m0 byte (V4) or,
 with SCALE_F32, a little-endian float32 (V3.2, 656 B rows; arbitrary scales when not POW2) —

@@ -1,4 +1,4 @@
-"""Triton kernels of the indexer key formats: fp8_indexer (formats.md §3) and mxfp4_indexer
+"""Triton kernels of the indexer key formats: fp8_indexer (spec/upstream.md §3) and mxfp4_indexer
 (§4). Rows are NB blocks of QB values; offsets arrive as constexprs read off the layout."""
 
 import triton

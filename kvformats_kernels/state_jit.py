@@ -1,4 +1,4 @@
-"""Triton kernels of compressor_state (formats.md §5): float32 rows [kv | score + ape]."""
+"""Triton kernels of compressor_state (spec/upstream.md §5): float32 rows [kv | score + ape]."""
 
 import triton
 import triton.language as tl

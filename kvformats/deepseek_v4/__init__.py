@@ -1,5 +1,5 @@
 """DeepSeek V4 attention operations: the pure-torch reference of tokenspeed's op boundary
-(formats.md §4.4-§6), built on the layouts' codecs (``encode_rows`` + row I/O).
+(spec/upstream.md §4.4-§6), built on the layouts' codecs (``encode_rows`` + row I/O).
 
     from kvformats import deepseek_v4 as dsv4
     dsv4.save_compressor_state(kv, score, ape, state, ratio=4, positions=pos, slots=state_slots)

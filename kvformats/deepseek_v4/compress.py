@@ -1,4 +1,4 @@
-"""Compressor state and the compressed caches it fills (formats.md §5, §2.4, §3.4, §4.5).
+"""Compressor state and the compressed caches it fills (spec/upstream.md §5, §2.4, §3.4, §4.5).
 
 * ``save_compressor_state``: one state row per token, ``[kv | score + ape[p % ratio]]``, through
   the compressor_state codec (ape in checkpoint order).
@@ -221,7 +221,7 @@ def indexer_compress_insert(state_cache: torch.Tensor, index_cache: torch.Tensor
     and norm), with ``index_format`` "mxfp4_indexer" or "fp8_indexer" and ``index_cache`` of
     that format (head_dim ``h``, ``index_page_size`` rows per page). Row written:
     ``encode(hadamard_transform(rope_tail(pool(window), (p // 4) * 4)))`` — the rotation takes
-    bf16 in and gives bf16 out (formats.md §3.4, §4.5). ``h`` must be a power of two.
+    bf16 in and gives bf16 out (spec/upstream.md §3.4, §4.5). ``h`` must be a power of two.
     """
     if ratio != 4:
         raise InputError(f"the CSA indexer compresses with ratio 4, got {ratio!r}")

@@ -1,4 +1,4 @@
-"""Index helpers of the sparse attention path (formats.md §6.3, §1.3): slot mappings and the
+"""Index helpers of the sparse attention path (spec/upstream.md §6.3, §1.3): slot mappings and the
 index rows FlashMLA reads. Pure tensor arithmetic, no host synchronisation in the references.
 
 Where tokenspeed leaves a result undefined this module defines it (see each docstring):
@@ -77,7 +77,7 @@ def _valid_tokens(req, requests: int, is_valid_token):
 # ----- slot mappings ----------------------------------------------------------------------------
 def table_slot_mapping(*, positions, req_indices, block_table, page_size: int, entry_stride: int = 1,
                        block_table_base_offsets=None, is_valid_token=None, backend: str = "auto"):
-    """int64 ``[T]`` slots of a cache group (formats.md §1.3): logical row ``p // entry_stride``
+    """int64 ``[T]`` slots of a cache group (spec/upstream.md §1.3): logical row ``p // entry_stride``
     (1 for SWA/state groups, ``ratio`` for compressed groups), page ``table[r, row // page_size
     - base[r]]``, slot ``page * page_size + row % page_size``; −1 for missing pages and invalid
     tokens, and for pages whose slots would pass int64 (entries above

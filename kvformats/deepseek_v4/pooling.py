@@ -1,4 +1,4 @@
-"""Softmax pooling of compressor-state windows + RMSNorm (formats.md §5.3), shared by the CSA /
+"""Softmax pooling of compressor-state windows + RMSNorm (spec/upstream.md §5.3), shared by the CSA /
 HCA compressed-KV inserts and the CSA indexer insert.
 
 For a token at position p the window is the ``L`` positions ``p - L + 1 .. p`` with ``L = ratio``
@@ -74,7 +74,7 @@ def pool_compressor_state(state_cache: torch.Tensor, *, ratio: int, positions: t
             ``[R]``: logical page of column 0 (sliding-window groups).
         rms_weight: ``[h]`` norm weight (any float dtype, used in float32); ``rms_eps``: its epsilon.
 
-    Generic in ``h`` (formats.md §12 C uses h = 2). Every token is pooled, group end or not.
+    Generic in ``h`` (spec/upstream.md §12 C uses h = 2). Every token is pooled, group end or not.
     """
     device = state_cache.device if isinstance(state_cache, torch.Tensor) else None
     C.check_tensor("rms_weight", rms_weight, dtypes=C.FLOAT_DTYPES, shape=(None,), device=device)

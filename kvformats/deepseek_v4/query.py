@@ -1,4 +1,4 @@
-"""Query-side and output-side transforms (formats.md §4.6, §6.2).
+"""Query-side and output-side transforms (spec/upstream.md §4.6, §6.2).
 
 * ``prepare_indexer_q_mxfp4`` / ``prepare_indexer_q_fp8``: RoPE at each token's own position ->
   bf16 -> Hadamard-128 -> bf16 -> MXFP4 (through the mxfp4_indexer codec) or plain FP8, and the

@@ -1,4 +1,4 @@
-"""SWA insert (tokenspeed's ``fused_qnorm_rope_kv_insert``, formats.md §2.4, §6.1).
+"""SWA insert (tokenspeed's ``fused_qnorm_rope_kv_insert``, spec/upstream.md §2.4, §6.1).
 
 For every token t: ``q[t, h] <- rope_p(q[t, h] * rsqrt(mean(q[t, h]^2) + eps))`` in float32,
 written back in q's dtype (weightless RMSNorm per head). For tokens t < len(slots) with
@@ -36,7 +36,7 @@ def swa_insert(q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, slots:
         positions: int ``[T]``; cos_sin_cache: float32 ``[max_pos, rope_dim]``.
 
     fp16 activations are refused: tokenspeed's fp16 variant stores the RoPE tail as fp16, which is
-    not the fp8_ds_mla format (formats.md §13.3).
+    not the fp8_ds_mla format (spec/upstream.md §13.3).
 
     ``check`` (True, False or "strict"; ``spec/checks.md``): on CPU tensors and in strict mode,
     positions outside the cos/sin table and repeated non-negative slots raise before anything is

@@ -41,7 +41,7 @@ def hadamard_transform(x: torch.Tensor, scale: float | None = None, *, backend: 
     """Natural-order (Sylvester) Walsh-Hadamard transform of the last dim -> bfloat16, same shape.
 
     ``y_j = scale * sum_i (-1)^popcount(i & j) * bf16(x)_i`` with ``scale = D^-0.5`` by default
-    (formats.md §4.4). The input is rounded to bf16 first; the sums run in float32 as an in-place
+    (spec/upstream.md §4.4). The input is rounded to bf16 first; the sums run in float32 as an in-place
     butterfly (stages h = 1, 2, 4, ... D/2, each ``(a, b) -> (a + b, a - b)``), the product with
     the float32 scale follows, and the result is rounded to bf16. ``D`` must be a power of two.
     The Triton kernel takes rows of up to 1024 elements: wider rows run the reference under

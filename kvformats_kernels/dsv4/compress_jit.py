@@ -1,4 +1,4 @@
-"""Triton kernel of DeepSeek V4's compressor path (formats.md §5.3, §2.4, §3.4, §4.5): softmax
+"""Triton kernel of DeepSeek V4's compressor path (spec/upstream.md §5.3, §2.4, §3.4, §4.5): softmax
 pooling of state windows + RMSNorm (pool_jit), then by MODE the float32 row itself (0), or RoPE
 and an fp8_ds_mla row (1), or RoPE, the Hadamard rotation and an fp8_indexer (2) / mxfp4_indexer
 (3) row.

@@ -1,4 +1,4 @@
-"""Device functions of the compressor-state pooling (formats.md §5.3): window rows through the
+"""Device functions of the compressor-state pooling (spec/upstream.md §5.3): window rows through the
 block table, the softmax-weighted sum over the window, and the RMSNorm sum of squares.
 
 Numerics follow the torch reference operation by operation: libdevice exp and rsqrt and
@@ -10,7 +10,7 @@ correctly rounded divisions on the GPU (GPU=True), plain products (launch with
   * the RMSNorm sum of squares, on the GPU, is torch's reduce over the last dim for >= 16 rows
     (32 lanes of 4-wide vectors, then a shuffle tree) when h is 128, 256 or 512;
   * HCA windows (128 rows) reduce as tiles in the compiler's order, so an fp32 sum may differ
-    from torch's in the last bit (rare one-code flips after rounding, formats.md §2.5).
+    from torch's in the last bit (rare one-code flips after rounding, spec/upstream.md §2.5).
 """
 
 import triton

@@ -1,4 +1,4 @@
-"""Triton kernels of the DeepSeek V4 query / output transforms (formats.md §4.6, §6.2): the
+"""Triton kernels of the DeepSeek V4 query / output transforms (spec/upstream.md §4.6, §6.2): the
 indexer query preps (MXFP4 and FP8), the inverse-RoPE FP8 output quantization and the
 Hadamard transform. Every rounding is an integer bit operation (numerics_jit) and every sum
 the reference's own, so the bytes equal the reference's; launch with ``enable_fp_fusion=False``

@@ -1,5 +1,5 @@
 """Triton kernel of the DeepSeek V4 SWA insert (tokenspeed's fused_qnorm_rope_kv_insert,
-formats.md §2.4, §6.1): one launch whose first programs normalise and rotate q in place and
+spec/upstream.md §2.4, §6.1): one launch whose first programs normalise and rotate q in place and
 whose last programs rotate the kv rows' RoPE tail and write them as fp8_ds_mla rows. Launch with
 ``enable_fp_fusion=False``: RoPE's and the RMS sum's products must not fuse into their adds.
 """

@@ -44,7 +44,7 @@ def test_pooling_matches_float64_oracle(case):
 
 
 def test_first_csa_group_uses_only_the_newer_half():
-    """p = 3: the 4 older window positions are negative and drop out (formats.md §5.3)."""
+    """p = 3: the 4 older window positions are negative and drop out (spec/upstream.md §5.3)."""
     b = make_batch(4, 128, 4, seq_lens=(4,), new_tokens=(4,), base=(0,), missing=())
     got = dsv4.pool_compressor_state(b.state, ratio=4, positions=torch.tensor([3]), req_indices=torch.tensor([0]),
                                      block_table=b.state_table, rms_weight=b.weight, rms_eps=b.eps)

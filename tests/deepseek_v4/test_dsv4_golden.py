@@ -1,4 +1,4 @@
-"""Golden examples of formats.md §12 for the DeepSeek V4 operations: F (indexer query MXFP4) byte
+"""Golden examples of spec/upstream.md §12 for the DeepSeek V4 operations: F (indexer query MXFP4) byte
 for byte, and the pooling numbers of C."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dsv4_scenarios import state_c
 
 ROOT = Path(__file__).resolve().parents[2]
 F_PATH = ROOT / "spec" / "vectors" / "F.json"
-F_PACKED = (  # formats.md §12 F, literal
+F_PACKED = (  # spec/upstream.md §12 F, literal
     "1c b1 09 1c 64 02 3c be 1c 11 c1 ae f7 ba e0 1b ee bc ec 1c 1f 02 c4 be 65 11 4d ae b3 ba 0e 1b "
     "63 00 a4 b0 19 ab c0 92 f9 aa 0b 92 c0 09 2a b0 53 00 10 90 3a 99 0a 01 61 99 a1 01 c2 00 91 90")
 

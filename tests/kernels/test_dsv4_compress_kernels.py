@@ -2,7 +2,7 @@
 
 Without CUDA the launchers run under the Triton interpreter on CPU tensors (small head dims);
 with CUDA the same tests run compiled, and the ``gpu`` tests add production sizes through the
-public API and CUDA-graph capture. Compressed rows are held to tokenspeed's bar (formats.md
+public API and CUDA-graph capture. Compressed rows are held to tokenspeed's bar (spec/upstream.md
 §2.5, §13.1): scale (and pad) bytes equal, every value code equal or one code apart, fewer than
 1e-4 of the values apart (on the GPU; a few-thousand-value interpreter sample allows 1e-3);
 bytes outside the written rows equal, and the same rows written.
@@ -175,7 +175,7 @@ def test_pool_matches_reference(case, plan):
 
 
 def test_pool_golden_c():
-    """formats.md §12 C (ratio 4, head_dim 2) through the kernel."""
+    """spec/upstream.md §12 C (ratio 4, head_dim 2) through the kernel."""
     out = K.pool_compressor_state(state_c().to(DEV), 4, torch.tensor([3, 7], device=DEV),
                                   torch.tensor([0, 0], device=DEV), torch.tensor([[0, 1]], device=DEV), None,
                                   torch.tensor([1.0, 0.5], device=DEV), 1e-6)
@@ -266,7 +266,7 @@ def _golden_insert(fmt, h, kv_half, cos_sin):
 
 
 def test_golden_a2_compressed_row_through_kernel():
-    """formats.md §12 A2: example A's vector completed at p = 7 (ratio 4) rotates at 4."""
+    """spec/upstream.md §12 A2: example A's vector completed at p = 7 (ratio 4) rotates at 4."""
     import hashlib
 
     d = torch.arange(512)
@@ -279,7 +279,7 @@ def test_golden_a2_compressed_row_through_kernel():
 
 
 def test_golden_f_indexer_row_through_kernel():
-    """formats.md §12 F (query MXFP4 at position 5) as a compressed indexer row: the window's
+    """spec/upstream.md §12 F (query MXFP4 at position 5) as a compressed indexer row: the window's
     pooled row is F's q, and cos_sin row 4 (the rope position of p = 7) holds row 5."""
     q = torch.tensor([(((11 * i) % 23) - 11) * 0.0625 for i in range(128)])
     cs = dsv4.cos_sin_cache(64, 8)
