@@ -71,6 +71,11 @@ class LayerStep:
         self.weights = weights or LayerWeights.random(cfg, device=self.device, seed=seed)
         self.caches = LayerCaches(cfg, device=self.device, seed=seed)
         self.cos_sin = dsv4.cos_sin_cache(cfg.rope_dim, cfg.max_context + 1).to(self.device)
+        self.phase_hook = None  # called with a phase name at the end of each phase (benchmarks)
+
+    def _mark(self, name: str) -> None:
+        if self.phase_hook is not None:
+            self.phase_hook(name)
 
     def check_batch(self, x, positions, req) -> None:
         """Shapes and ranges of a step's inputs (host reads: call before capture, not inside)."""
@@ -91,6 +96,7 @@ class LayerStep:
         xf = x.float()
         q = (xf @ w.q).view(t, cfg.heads, cfg.head_dim).to(torch.bfloat16).contiguous()
         kv = (xf @ w.kv).to(torch.bfloat16)
+        self._mark("projections")
 
         # slots of this step's tokens in every group
         swa_slots = dsv4.table_slot_mapping(positions=positions, req_indices=req, block_table=c.swa_table,
@@ -102,15 +108,18 @@ class LayerStep:
                                             page_size=cfg.page_size, entry_stride=CSA_RATIO, backend=b)
         hca_slots = dsv4.table_slot_mapping(positions=positions, req_indices=req, block_table=c.hca_table,
                                             page_size=cfg.page_size, entry_stride=HCA_RATIO, backend=b)
+        self._mark("slots")
 
         # writes
         dsv4.swa_insert(q, kv, c.swa, swa_slots, positions, cs, cfg.rms_eps, page_size=cfg.page_size, backend=b)
+        self._mark("swa_insert")
         dsv4.save_compressor_state(xf @ w.csa_kv, xf @ w.csa_score, w.csa_ape, c.csa_state, ratio=CSA_RATIO,
                                    positions=positions, slots=csa_state_slots, backend=b)
         dsv4.save_compressor_state(xf @ w.idx_kv, xf @ w.idx_score, w.idx_ape, c.idx_state, ratio=CSA_RATIO,
                                    positions=positions, slots=idx_state_slots, backend=b)
         dsv4.save_compressor_state(xf @ w.hca_kv, xf @ w.hca_score, w.hca_ape, c.hca_state, ratio=HCA_RATIO,
                                    positions=positions, slots=hca_state_slots, backend=b)
+        self._mark("save_state")
         common = dict(positions=positions, req_indices=req, rms_eps=cfg.rms_eps, cos_sin_cache=cs, backend=b)
         dsv4.csa_compress_kv_insert(c.csa_state, c.csa, state_slots=csa_state_slots, block_table=c.csa_state_table,
                                     rms_weight=w.csa_norm, kv_slots=csa_slots, kv_page_size=cfg.page_size, **common)
@@ -120,9 +129,11 @@ class LayerStep:
                                      **common)
         dsv4.hca_compress_kv_insert(c.hca_state, c.hca, state_slots=hca_state_slots, block_table=c.hca_state_table,
                                     rms_weight=w.hca_norm, kv_slots=hca_slots, kv_page_size=cfg.page_size, **common)
+        self._mark("compress")
 
         # indexer: queries, scores over every visible compressed row, top-k
         topk, scores = self.index_topk(xf, positions, req)
+        self._mark("indexer")
 
         # reads
         csa_rows_slots, _ = dsv4.global_topk_indices_and_lens(topk_indices=topk, req_indices=req,
@@ -141,6 +152,7 @@ class LayerStep:
         swa_rows = s_layout.decode_topk(c.swa, swa_read, backend=b).float()
         csa_rows = c_layout.decode_topk(c.csa, csa_rows_slots, backend=b).float()
         hca_rows = c_layout.decode_topk(c.hca, hca_rows_slots, backend=b).float()
+        self._mark("reads")
 
         # attention in float32 over the decoded rows (K = V: the MLA latent)
         qf = q.float()
@@ -152,9 +164,11 @@ class LayerStep:
         o_all = sparse_attention(qf, torch.cat([swa_rows, csa_rows, hca_rows], 1),
                                  torch.cat([swa_read >= 0, csa_rows_slots >= 0, hca_rows_slots >= 0], 1),
                                  scale, sink)
+        self._mark("attention")
         out = dsv4.inv_rope_fp8_quant(o_all.to(torch.bfloat16), positions, cs, n_groups=cfg.out_groups,
                                       heads_per_group=cfg.heads // cfg.out_groups,
                                       tma_aligned_scales=cfg.head_dim == 512, backend=b)
+        self._mark("out_quant")
         reads = {"swa": swa_read, "csa": csa_rows_slots, "hca": hca_rows_slots}
         return StepOutput(o_swa, o_csa, o_hca, o_all, topk, scores, out, reads)
 

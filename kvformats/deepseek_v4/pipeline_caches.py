@@ -15,9 +15,13 @@ from kvformats.deepseek_v4.pipeline_config import CSA_RATIO, HCA_RATIO, LayerCon
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 
 
-def _table(requests: int, pages: int, gen: torch.Generator, device) -> torch.Tensor:
-    """int64 ``[requests, pages]``: a random permutation of ``requests * pages`` page ids."""
-    return torch.randperm(requests * pages, generator=gen).view(requests, pages).to(device)
+def _table(requests: int, pages: int, gen: torch.Generator, device, ring: int = 0) -> torch.Tensor:
+    """int64 ``[requests, pages]``: a random permutation of ``requests * pages`` page ids, or of
+    ``requests * ring`` ids with column j holding the request's page ``j % ring``."""
+    if not ring:
+        return torch.randperm(requests * pages, generator=gen).view(requests, pages).to(device)
+    phys = torch.randperm(requests * ring, generator=gen).view(requests, ring)
+    return phys[:, torch.arange(pages) % ring].contiguous().to(device)
 
 
 class LayerCaches:
@@ -39,17 +43,19 @@ class LayerCaches:
         self.swa_table = _table(r, ctx_pages, g, device)
         self.csa_table = _table(r, csa_pages, g, device)  # shared by the CSA rows and the indexer rows
         self.hca_table = _table(r, hca_pages, g, device)
-        self.csa_state_table = _table(r, ctx_pages, g, device)
-        self.idx_state_table = _table(r, ctx_pages, g, device)
-        self.hca_state_table = _table(r, ctx_pages, g, device)
+        ring = cfg.state_ring_pages
+        state_pages = ring or ctx_pages
+        self.csa_state_table = _table(r, ctx_pages, g, device, ring)
+        self.idx_state_table = _table(r, ctx_pages, g, device, ring)
+        self.hca_state_table = _table(r, ctx_pages, g, device, ring)
 
         self.swa = self.kv_layout.allocate(r * ctx_pages, device=device)
         self.csa = self.kv_layout.allocate(r * csa_pages, device=device)
         self.hca = self.kv_layout.allocate(r * hca_pages, device=device)
         self.index = self.index_layout.allocate(r * csa_pages, device=device)
-        self.csa_state = self.csa_state_layout.allocate(r * ctx_pages, device=device)
-        self.idx_state = self.idx_state_layout.allocate(r * ctx_pages, device=device)
-        self.hca_state = self.hca_state_layout.allocate(r * ctx_pages, device=device)
+        self.csa_state = self.csa_state_layout.allocate(r * state_pages, device=device)
+        self.idx_state = self.idx_state_layout.allocate(r * state_pages, device=device)
+        self.hca_state = self.hca_state_layout.allocate(r * state_pages, device=device)
         self.page_size = ps
 
     def state_slots(self, positions, req, which: str, backend: str) -> torch.Tensor:

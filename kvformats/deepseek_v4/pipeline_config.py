@@ -34,6 +34,10 @@ class LayerConfig:
     out_groups: int = 8
     sink: bool = True
     rms_eps: float = 1e-6
+    # Compressor-state pages per request: 0 keeps the whole context (any chunk size); a small
+    # ring (page j at table column j % ring) holds only the windows decode needs, for steps of
+    # one token per request (the decode benchmark at large batch x context).
+    state_ring_pages: int = 0
 
     @property
     def csa_rows(self) -> int:
@@ -66,6 +70,10 @@ class LayerConfig:
         if self.heads % self.out_groups or self.head_dim % 128:
             raise InputError(f"heads ({self.heads}) must split into out_groups ({self.out_groups}) and "
                              f"head_dim ({self.head_dim}) into 128-wide quantization groups")
+        need = -(-HCA_RATIO // self.page_size) + 2
+        if self.state_ring_pages and not need <= self.state_ring_pages <= self.max_context // self.page_size:
+            raise InputError(f"state_ring_pages must be 0 or in [{need}, max_context / page_size] (the HCA window "
+                             f"of {HCA_RATIO} positions plus the current page), got {self.state_ring_pages}")
         if self.window > self.max_context:
             raise InputError(f"window ({self.window}) is larger than max_context ({self.max_context})")
         return self

@@ -151,3 +151,19 @@ def test_both_indexer_formats_run(fmt):
     x, pos, req = _batch(cfg, lens=(64,))
     out = LayerStep(cfg).step(x, pos, req)
     assert torch.isfinite(out.layer).all() and out.out_fp8[0].dtype == torch.float8_e4m3fn
+
+
+def test_state_ring_decode_matches_whole_context_states():
+    """Decode with compressor states in a ring of 6 pages of 32 rows equals full-context states
+    (the prefill chunk of 120 positions stays shorter than the ring's 192)."""
+    outs = []
+    for ring in (0, 6):
+        cfg = tiny_config(requests=1, page_size=32, state_ring_pages=ring)
+        step = LayerStep(cfg, seed=4)
+        x, pos, req = _batch(cfg, lens=(200,))
+        step.step(x[:120], pos[:120], req[:120])
+        outs.append(torch.cat([step.step(x[i:i + 1], pos[i:i + 1], req[i:i + 1]).layer for i in range(120, 200)]))
+    assert outs[0].abs().sum() > 0
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+    with pytest.raises(InputError, match="state_ring_pages"):
+        tiny_config(page_size=32, state_ring_pages=5).check()
