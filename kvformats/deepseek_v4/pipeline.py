@@ -131,6 +131,23 @@ class LayerStep:
                                     rms_weight=w.hca_norm, kv_slots=hca_slots, kv_page_size=cfg.page_size, **common)
         self._mark("compress")
 
+        # reads and attention, a fixed number of query tokens at a time (bounded workspaces at
+        # long prefill; a decode batch up to query_chunk tokens is one chunk)
+        parts = [self.read_attend(q[i:i + cfg.query_chunk], xf[i:i + cfg.query_chunk],
+                                  positions[i:i + cfg.query_chunk], req[i:i + cfg.query_chunk])
+                 for i in range(0, t, cfg.query_chunk)]
+        o = {k: torch.cat([p_[k] for p_ in parts]) if parts[0][k] is not None else None for k in parts[0]}
+        o_all = o["layer"]
+        out = dsv4.inv_rope_fp8_quant(o_all.to(torch.bfloat16), positions, cs, n_groups=cfg.out_groups,
+                                      heads_per_group=cfg.heads // cfg.out_groups,
+                                      tma_aligned_scales=cfg.head_dim == 512, backend=b)
+        self._mark("out_quant")
+        reads = {"swa": o["swa_read"], "csa": o["csa_read"], "hca": o["hca_read"]}
+        return StepOutput(o["swa"], o["csa"], o["hca"], o_all, o["topk"], o["scores"], out, reads)
+
+    def read_attend(self, q, xf, positions, req) -> dict:
+        """Indexer, reads and float32 sparse attention for a chunk of query tokens."""
+        cfg, w, c, b = self.cfg, self.weights, self.caches, self.backend
         # indexer: queries, scores over every visible compressed row, top-k
         topk, scores = self.index_topk(xf, positions, req)
         self._mark("indexer")
@@ -165,12 +182,9 @@ class LayerStep:
                                  torch.cat([swa_read >= 0, csa_rows_slots >= 0, hca_rows_slots >= 0], 1),
                                  scale, sink)
         self._mark("attention")
-        out = dsv4.inv_rope_fp8_quant(o_all.to(torch.bfloat16), positions, cs, n_groups=cfg.out_groups,
-                                      heads_per_group=cfg.heads // cfg.out_groups,
-                                      tma_aligned_scales=cfg.head_dim == 512, backend=b)
-        self._mark("out_quant")
-        reads = {"swa": swa_read, "csa": csa_rows_slots, "hca": hca_rows_slots}
-        return StepOutput(o_swa, o_csa, o_hca, o_all, topk, scores, out, reads)
+        return {"swa": o_swa, "csa": o_csa, "hca": o_hca, "layer": o_all, "topk": topk,
+                "scores": scores if cfg.keep_scores else None, "swa_read": swa_read, "csa_read": csa_rows_slots,
+                "hca_read": hca_rows_slots}
 
     def index_topk(self, xf, positions, req):
         """Indexer: (local top-k int32 ``[T, K]`` (−1 = none), float32 scores ``[T, rows]``)."""

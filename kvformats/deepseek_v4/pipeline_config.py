@@ -38,6 +38,8 @@ class LayerConfig:
     # ring (page j at table column j % ring) holds only the windows decode needs, for steps of
     # one token per request (the decode benchmark at large batch x context).
     state_ring_pages: int = 0
+    query_chunk: int = 256  # query tokens per read/attention chunk (bounds the workspaces)
+    keep_scores: bool = True  # return the indexer scores [T, csa_rows] (tests, quality report)
 
     @property
     def csa_rows(self) -> int:
@@ -50,7 +52,7 @@ class LayerConfig:
 
     def check(self) -> "LayerConfig":
         for name in ("heads", "head_dim", "rope_dim", "index_heads", "index_dim", "window", "topk",
-                     "page_size", "requests", "max_context", "hidden", "out_groups"):
+                     "page_size", "requests", "max_context", "hidden", "out_groups", "query_chunk"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(f"{name} must be a positive int, got {v!r}")

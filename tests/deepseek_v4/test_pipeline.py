@@ -167,3 +167,12 @@ def test_state_ring_decode_matches_whole_context_states():
     torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
     with pytest.raises(InputError, match="state_ring_pages"):
         tiny_config(page_size=32, state_ring_pages=5).check()
+
+
+def test_query_chunks_do_not_change_the_result():
+    cfg = tiny_config()
+    x, pos, req = _batch(cfg)
+    one = LayerStep(cfg, seed=5).step(x, pos, req)
+    many = LayerStep(tiny_config(query_chunk=50, keep_scores=False), seed=5).step(x, pos, req)
+    torch.testing.assert_close(many.layer, one.layer, rtol=1e-6, atol=1e-6)
+    assert torch.equal(many.topk, one.topk) and many.index_scores is None
