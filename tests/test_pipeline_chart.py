@@ -32,3 +32,13 @@ def test_update_doc_replaces_between_markers(tmp_path):
     page.write_text(f"a\n{pc.BEGIN}\nold\n{pc.END}\nb\n")
     pc.update_doc(page, "NEW")
     assert page.read_text() == f"a\n{pc.BEGIN}\nNEW\n{pc.END}\nb\n"
+
+
+def test_quality_chart_table_and_svg():
+    import quality_chart as qc
+
+    rep = {"rows": [{"run": "a", "swa": 0.05, "csa": 0.2, "hca": 0.01, "layer": 0.05, "recall": 0.9},
+                    {"run": "b", "swa": None, "csa": None, "hca": None, "layer": None, "recall": 0.5}]}
+    assert "| b | — | — | — | — | 0.5000 |" in qc.markdown_table(rep)
+    dom = xml.dom.minidom.parseString(qc.svg_chart(rep))
+    assert len(dom.getElementsByTagName("rect")) == 4 + 2
