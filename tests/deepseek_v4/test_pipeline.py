@@ -176,3 +176,19 @@ def test_query_chunks_do_not_change_the_result():
     many = LayerStep(tiny_config(query_chunk=50, keep_scores=False), seed=5).step(x, pos, req)
     torch.testing.assert_close(many.layer, one.layer, rtol=1e-6, atol=1e-6)
     assert torch.equal(many.topk, one.topk) and many.index_scores is None
+
+
+def test_every_path_matches_unquantized_recomputation():
+    """SWA, CSA, HCA and the layer against bf16 rows from the same float32 states (no fp8),
+    attending the rows the step's indexer chose: only the fp8_ds_mla row error remains, within
+    the same 0.1 bound as the SWA test (measured 0.02-0.03 here)."""
+    from kvformats.deepseek_v4.synthetic import activations
+    from kvformats.quality import PATHS, Exact, Run, _queries, attention, rel
+
+    cfg = tiny_config(requests=1, max_context=384)
+    run = Run(cfg, activations(cfg.hidden, [300], seed=1), 296, 4)
+    exact = Exact(run)
+    q, _, _ = _queries(run)
+    want = attention(run, q, exact.swa, exact.csa, exact.hca, run.out["topk"])
+    errs = {p: rel(run.out[p], want[p]) for p in PATHS}
+    assert all(0 < e < 0.1 for e in errs.values()), errs
