@@ -165,10 +165,9 @@ class LayerStep:
                                            req_indices=req[:, None].expand_as(swa_pos).flatten(),
                                            block_table=c.swa_table, page_size=cfg.page_size, backend=b)
         swa_read = torch.where(swa_pos >= 0, swa_read.view_as(swa_pos), -1)
-        c_layout, s_layout = c.kv_layout, c.kv_layout
-        swa_rows = s_layout.decode_topk(c.swa, swa_read, backend=b).float()
-        csa_rows = c_layout.decode_topk(c.csa, csa_rows_slots, backend=b).float()
-        hca_rows = c_layout.decode_topk(c.hca, hca_rows_slots, backend=b).float()
+        swa_rows = c.kv_layout.decode_topk(c.swa, swa_read, backend=b).float()
+        csa_rows = c.kv_layout.decode_topk(c.csa, csa_rows_slots, backend=b).float()
+        hca_rows = c.kv_layout.decode_topk(c.hca, hca_rows_slots, backend=b).float()
         self._mark("reads")
 
         # attention in float32 over the decoded rows (K = V: the MLA latent)
