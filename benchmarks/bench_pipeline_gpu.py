@@ -141,6 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="8k prefill and decode at 8k only, fewer repetitions")
     ap.add_argument("--chunk", type=int, default=8 * K, help="prefill tokens per step")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--only", choices=("prefill", "decode"), help="run one kind of case (split a long run)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -149,6 +150,7 @@ def main(argv=None) -> int:
     prefill = [8 * K] if args.quick else [8 * K, 64 * K, 128 * K]
     decode = [(b, c) for c in ([8 * K] if args.quick else [8 * K, 64 * K]) for b in (1, 64, 256)]
     cases = [("prefill", n) for n in prefill] + [("decode", bc) for bc in decode]
+    cases = [c for c in cases if args.only in (None, c[0])]
     results = []
     for kind, arg in cases:
         label = f"prefill {arg // K}k" if kind == "prefill" else f"decode batch {arg[0]} @ {arg[1] // K}k"
