@@ -6,6 +6,7 @@
     kvformats demo [--rows N] [--device D]      round-trip every format, check its error bound
     kvformats docs --write | --check [--root R] write or check the generated docs pages
     kvformats dump | diff | check | diagram     look inside cache files (kvformats.cli_inspect)
+    kvformats quality [--json] [--activations F]  DeepSeek V4 formats' accuracy (kvformats.cli_quality)
 
 Exit status: 0 success, 1 spec/docs drift found (or a demo bound violated, or its file round
 trip changed a cache), 2 usage error (unknown format, bad parameter, unreadable input,
@@ -248,8 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     docs = _write_or_check(sub, "docs", "write or check the generated pages under docs/", cmd_docs)
     docs.add_argument("--root", default=".", help="repository root (default .)")
     from kvformats.cli_inspect import add_parsers
+    from kvformats.cli_quality import add_parser as add_quality
 
     add_parsers(sub)
+    add_quality(sub)
     return p
 
 

@@ -1,0 +1,99 @@
+"""``kvformats quality``: the accuracy report of the DeepSeek V4 cache formats (kvformats.quality).
+
+    kvformats quality [--json] [--out FILE] [--activations FILE.safetensors] [--topk K] [--tiny]
+
+Inputs: synthetic activations (kvformats.deepseek_v4.synthetic) by default, or a safetensors
+file holding one float tensor ``x`` of shape ``[requests, tokens, hidden]`` (a layer's input
+activations per request); the layer's weights are random with that ``hidden``. Each request is
+prefilled with its first ``tokens - decode`` tokens, then decoded one token at a time; the
+decode tokens are the ones measured.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvformats.deepseek_v4.pipeline_config import HCA_RATIO, LayerConfig
+from kvformats.errors import KVFormatError
+
+DEFAULTS = dict(heads=4, head_dim=512, rope_dim=64, index_heads=8, index_dim=128, window=128, page_size=64,
+                out_groups=2, hidden=256)
+
+
+def _usage(msg: str):
+    from kvformats.cli import UsageError
+
+    return UsageError(msg)
+
+
+def add_parser(sub) -> None:
+    q = sub.add_parser("quality", help="attention error and indexer recall@k of the DeepSeek V4 formats")
+    q.add_argument("--json", action="store_true", help="print the report as JSON")
+    q.add_argument("--out", type=Path, help="also write the JSON report to this file")
+    q.add_argument("--activations", type=Path, help="safetensors file with x [requests, tokens, hidden]")
+    q.add_argument("--topk", type=int, default=64, help="indexer top-k (default 64 at the default shapes)")
+    q.add_argument("--requests", type=int, default=2)
+    q.add_argument("--tokens", type=int, default=1000, help="tokens per request (synthetic input)")
+    q.add_argument("--decode", type=int, default=16, help="decode steps measured after the prefill")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--tiny", action="store_true", help="tiny shapes (tests; seconds)")
+    q.set_defaults(fn=cmd_quality)
+
+
+def _load(path: Path):
+    try:
+        from safetensors.torch import load_file
+    except ImportError as e:
+        raise _usage("--activations needs the safetensors package (pip install safetensors)") from e
+    try:
+        x = load_file(str(path)).get("x")
+    except Exception as e:  # a missing or malformed file is a usage error, reported in one line
+        raise _usage(f"cannot read {path}: {e}") from e
+    if x is None or x.dim() != 3 or not x.dtype.is_floating_point:
+        raise _usage(f"{path}: needs a float tensor 'x' [requests, tokens, hidden]")
+    return x.float()
+
+
+def cmd_quality(args, out) -> int:
+    import torch
+
+    from kvformats.deepseek_v4.synthetic import activations
+    from kvformats.quality import report
+
+    shapes = dict(DEFAULTS)
+    if args.tiny:
+        shapes.update(head_dim=128, index_heads=4, window=16, page_size=16, hidden=64)
+    if args.activations:
+        x3 = _load(args.activations)
+        requests, tokens, hidden = x3.shape
+        shapes["hidden"] = hidden
+        x = x3.reshape(-1, hidden)
+    else:
+        requests, tokens = args.requests, (200 if args.tiny else args.tokens)
+        x = None
+    if tokens <= args.decode or args.decode < 1:
+        raise _usage(f"need 1 <= decode ({args.decode}) < tokens per request ({tokens})")
+    ctx = -(-tokens // HCA_RATIO) * HCA_RATIO
+    try:
+        cfg = LayerConfig(topk=(8 if args.tiny and args.topk == 64 else args.topk), requests=requests,
+                          max_context=ctx, **shapes).check()
+    except KVFormatError as e:
+        raise _usage(str(e)) from e
+    if x is None:
+        x = activations(cfg.hidden, [tokens] * requests, seed=args.seed)
+    torch.manual_seed(args.seed)
+    rep = report(cfg, x, tokens - args.decode, args.decode)
+    rep["input"] = str(args.activations) if args.activations else "synthetic"
+    if args.out:
+        args.out.write_text(json.dumps(rep, indent=1))
+    if args.json:
+        out(json.dumps(rep, indent=1))
+        return 0
+    out(f"{rep['tokens_measured']} decode tokens, top-k {cfg.topk}, input {rep['input']} "
+        f"(relative error of the attention output against bf16 caches; recall@k of the indexer)")
+    out(f"{'run':48s} {'SWA':>8s} {'CSA':>8s} {'HCA':>8s} {'layer':>8s} {'recall':>8s}")
+    for row in rep["rows"]:
+        cells = [("—" if row[k] is None else f"{row[k]:.4f}") for k in ("swa", "csa", "hca", "layer", "recall")]
+        out(f"{row['run']:48s} " + " ".join(f"{c:>8s}" for c in cells))
+    return 0
