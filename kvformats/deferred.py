@@ -207,7 +207,9 @@ def record_where(bad: torch.Tensor, values: torch.Tensor, bound, check: Check, w
         bound_t = bound.reshape(-1).to(torch.int64).gather(0, first)
     else:
         bound_t = torch.full((1,), int(bound), dtype=torch.int64, device=bad.device)
-    head = torch.tensor([1, int(check), where], dtype=torch.int64, device=bad.device)
+    # made by fill kernels, not copied from a host tensor: a copy from pageable host memory is
+    # refused inside CUDA-graph capture
+    head = torch.cat([torch.full((1,), v, dtype=torch.int64, device=bad.device) for v in (1, int(check), where)])
     new = torch.cat([head, first, value, bound_t, rec[6:]])
     take = flat.any() & (rec[STATE] == 0)
     rec.copy_(torch.where(take, new, rec))

@@ -88,10 +88,11 @@ def test_decode_step_does_not_synchronize():
     prefill(step, lens)
     x, pos, req = decode_inputs(cfg, lens, 0, 0)
     step.step(x, pos, req)  # warm-up: kernel compilation and caching may synchronize
+    inputs = decode_inputs(cfg, lens, 1, 1)  # built first: a copy from pageable host memory synchronizes
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        out = step.step(*decode_inputs(cfg, lens, 1, 1))
+        out = step.step(*inputs)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert out.layer.is_cuda
