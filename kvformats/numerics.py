@@ -125,7 +125,8 @@ class ScaleRule:
         # Divide by a tensor, not a Python number: on CUDA, torch turns division by a host scalar
         # into a product with its float32 reciprocal, which differs from the correctly rounded
         # quotient (the definition, and what every kernel computes) in the last bit.
-        element_max = torch.tensor(_f32(self.element_max), dtype=torch.float32, device=amax.device)
+        # (made by a fill kernel: a copy from a host tensor is refused inside CUDA-graph capture)
+        element_max = torch.full((), _f32(self.element_max), dtype=torch.float32, device=amax.device)
         if self.floor_on == "absmax":
             return amax.clamp_min(_f32(self.floor)) / element_max
         return (amax / element_max).clamp_min(_f32(self.floor))
@@ -237,8 +238,11 @@ def e2m1_encode(y: torch.Tensor, rounding: str = "threshold", signed_zero: bool 
 
 def e2m1_decode(n: torch.Tensor) -> torch.Tensor:
     """e2m1 nibble codes (uint8, low 4 bits used) -> float32."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=n.device)
-    mag = table[(n & 7).long()]
+    # arithmetic rather than a table copied from the host (refused inside CUDA-graph capture):
+    # codes 0, 1 are 0 and 0.5; code 2e + m (e >= 1) is (1 + m / 2) * 2^(e - 1), all exact
+    c = (n & 7).to(torch.int32)
+    e, m = c >> 1, (c & 1).to(torch.float32)
+    mag = torch.where(e == 0, m * 0.5, (1 + m * 0.5) * torch.exp2((e - 1).to(torch.float32)))
     return torch.where((n & 8) != 0, -mag, mag)
 
 

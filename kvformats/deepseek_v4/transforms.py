@@ -75,6 +75,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     ``x * rsqrt(sum(x^2) / D + eps) * weight`` (``weight=None``: weightless) -> float32."""
     xf = x.float()
     # a tensor divisor: torch on CUDA would multiply by the reciprocal of a host scalar
-    var = xf.square().sum(dim=-1, keepdim=True) / torch.tensor(float(x.shape[-1]), device=xf.device)
+    # (made by a fill kernel: a copy from a host tensor is refused inside CUDA-graph capture)
+    var = xf.square().sum(dim=-1, keepdim=True) / torch.full((), float(x.shape[-1]), device=xf.device)
     out = xf * torch.rsqrt(var + eps)
     return out if weight is None else out * weight.float()
