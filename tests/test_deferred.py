@@ -247,7 +247,7 @@ def test_rope_tail_off_the_host_leaves_invalid_rows_unrotated_and_records(device
         rope_tail(x, torch.tensor([2, 40, -1]), cs, check="strict")
 
 
-@pytest.mark.parametrize("op", ["compressed_slot_mapping", "combine_topk_swa_indices"])
+@pytest.mark.parametrize("op", ["compressed_slot_mapping", "combine_topk_swa_indices", "decode_swa_indices_and_lens"])
 def test_decreasing_query_start_loc_is_recorded_off_the_host(op, device_mode):
     from kvformats import deepseek_v4 as dsv4
 
@@ -256,6 +256,10 @@ def test_decreasing_query_start_loc_is_recorded_off_the_host(op, device_mode):
         call = lambda **kw: dsv4.compressed_slot_mapping(num_tokens=3, query_start_loc=qsl, seq_lens=seq,  # noqa: E731
                                                          block_table=torch.zeros(2, 4, dtype=torch.int32),
                                                          page_size=4, ratio=4, **kw)
+    elif op == "decode_swa_indices_and_lens":
+        call = lambda **kw: dsv4.decode_swa_indices_and_lens(  # noqa: E731
+            query_start_loc=qsl, seq_lens=seq, req_indices=torch.tensor([0, 1, 1]),
+            block_table=torch.zeros(2, 4, dtype=torch.int32), window_size=4, page_size=4, **kw)
     else:
         call = lambda **kw: dsv4.combine_topk_swa_indices(  # noqa: E731
             topk_indices=torch.zeros(3, 8, dtype=torch.int32), query_start_loc=qsl, seq_lens=seq,

@@ -318,7 +318,7 @@ def combine_dense_swa_indices_reference(positions, req, seq_lens, compressed_len
 
 def decode_swa_indices_and_lens(*, query_start_loc, seq_lens, req_indices, block_table, window_size: int,
                                 page_size: int, block_table_base_offsets=None, is_valid_token=None, out_indices=None,
-                                out_lens=None, backend: str = "auto"):
+                                out_lens=None, backend: str = "auto", check=True):
     """SWA-cache slots of each decode token's window -> ``(int32 [T, window_size], lens int32 [T])``.
 
     Token t of request r = ``req_indices[t]`` is at ``p = seq_lens[r] - (qsl[r+1] - qsl[r]) +
@@ -326,7 +326,9 @@ def decode_swa_indices_and_lens(*, query_start_loc, seq_lens, req_indices, block
     = the slot of window position j through ``block_table`` (with base offsets), −1 for a
     missing page (or one whose slots would pass int32); entries >= swa_len are −1. Invalid tokens get an all −1 row and length 0
     (tokenspeed leaves their row unwritten). ``out_indices`` (int32 ``[>= T, window_size]``) and
-    ``out_lens`` (int32 ``[>= T]``) receive the first T rows when given.
+    ``out_lens`` (int32 ``[>= T]``) receive the first T rows when given. ``query_start_loc``
+    that decreases is checked as ``check`` says (spec/checks.md; on a GPU recorded, not raised;
+    the rows are then whatever the offsets give, never outside the outputs).
     """
     dev = _device(req_indices)
     n = C.check_index("req_indices", req_indices, None, dev)
@@ -345,6 +347,7 @@ def decode_swa_indices_and_lens(*, query_start_loc, seq_lens, req_indices, block
             if out.shape[0] < n:
                 raise InputError(f"{name} must have at least T = {n} rows, got {out.shape[0]}")
     fn = D.resolve("decode_swa_indices_and_lens", backend, dev)
+    _check_offsets(query_start_loc, check, fn, "decode_swa_indices_and_lens")
     return fn(query_start_loc, seq_lens, req_indices, block_table, window_size, page_size, block_table_base_offsets,
               is_valid_token, out_indices, out_lens)
 

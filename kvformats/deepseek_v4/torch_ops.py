@@ -89,7 +89,7 @@ SCHEMAS = {
     "decode_swa_indices_and_lens": ("Tensor query_start_loc, Tensor seq_lens, Tensor req_indices, "
                                     "Tensor block_table, int window_size, int page_size, "
                                     "Tensor? block_table_base_offsets, Tensor? is_valid_token, "
-                                    "Tensor(a!) out_indices, Tensor(b!) out_lens, str backend", "()"),
+                                    "Tensor(a!) out_indices, Tensor(b!) out_lens, str backend, bool check", "()"),
     "dense_prefill_local_compressed_indices": ("Tensor positions, int ratio, int width, Tensor(a!) out, "
                                                "str backend", "()"),
 }

@@ -15,7 +15,8 @@ from kvformats_kernels.dsv4 import indices_jit as jit
 from kvformats_kernels.launch import fast
 
 _SITES = {"compressed": deferred.site("compressed_slot_mapping", "query_start_loc"),
-          "combine": deferred.site("combine_topk_swa_indices", "query_start_loc")}
+          "combine": deferred.site("combine_topk_swa_indices", "query_start_loc"),
+          "decode_swa": deferred.site("decode_swa_indices_and_lens", "query_start_loc")}
 
 # 1-D mappings: tokens per program (block) and warps. Row kernels: a tile of block_m rows x
 # block_j index columns per step (widths are multiples of 128, so 128-column steps waste no
@@ -160,10 +161,10 @@ def decode_swa_indices_and_lens(qsl, seq_lens, req, table, window, page_size, ba
     requests, cols, ts0, ts1 = _table(table)
     grid, meta = _rows("decode_swa_indices_and_lens", n, window)
     fast(jit.decode_swa_kernel)[grid](
-        qsl, seq_lens, req, valid, table, base_t, idx, lens, n, requests, cols, window, qsl.stride(0),
+        deferred.error_record(dev), qsl, seq_lens, req, valid, table, base_t, idx, lens, n, requests, cols, window, qsl.stride(0),
         seq_lens.stride(0), req.stride(0), valid_stride, ts0, ts1, base_stride, idx.stride(0), idx.stride(1),
         lens.stride(0), max_page_entry(page_size, INT32_MAX), HAS_VALID=has_valid, HAS_BASE=has_base,
-        PAGE_SIZE=page_size, **meta)
+        PAGE_SIZE=page_size, SITE=_SITES["decode_swa"], **meta)
     return idx, lens
 
 

@@ -242,13 +242,14 @@ def combine_dense_swa_kernel(pos_ptr, req_ptr, seq_ptr, clens_ptr, glen_ptr, out
 
 
 @_kernel
-def decode_swa_kernel(qsl_ptr, seq_ptr, req_ptr, valid_ptr, table_ptr, base_ptr, out_ptr, lens_ptr, n, requests,
-                      cols, window, qsl_stride, seq_stride, req_stride, valid_stride, t_stride0, t_stride1,
+def decode_swa_kernel(err_ptr, qsl_ptr, seq_ptr, req_ptr, valid_ptr, table_ptr, base_ptr, out_ptr, lens_ptr, n,
+                      requests, cols, window, qsl_stride, seq_stride, req_stride, valid_stride, t_stride0, t_stride1,
                       base_stride, out_stride0, out_stride1, lens_stride, max_entry,
                       HAS_VALID: tl.constexpr, HAS_BASE: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, SITE: tl.constexpr):
     """Row t: slots of the window positions max(p - window + 1, 0) .. p of token t of request
-    req[t] (−1 for a missing page, −1 after the window); invalid tokens: all −1, length 0."""
+    req[t] (−1 for a missing page, −1 after the window); invalid tokens: all −1, length 0.
+    Program 0 also records query_start_loc that decreases, after its stores."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     live = t < n
     ok, r = token_request(req_ptr, req_stride, valid_ptr, valid_stride, t, live, requests, HAS_VALID)
@@ -269,6 +270,8 @@ def decode_swa_kernel(qsl_ptr, seq_ptr, req_ptr, valid_ptr, table_ptr, base_ptr,
         tl.store(out_ptr + t[:, None] * out_stride0 + j * out_stride1, slot.to(tl.int32),
                  mask=live[:, None] & (j < window))
     tl.store(lens_ptr + t * lens_stride, swa_len.to(tl.int32), mask=live)
+    if tl.program_id(0) == 0:
+        record_order(err_ptr, qsl_ptr, qsl_stride, requests + 1, False, SITE)
 
 
 @_kernel
