@@ -29,7 +29,7 @@ re-quantization (decode, map dims, encode; exact only where the target grid hold
   Exact both ways; ``unpack(strict=True)`` refuses padding that is not 127.
 * ``to_token_interleaved`` / ``to_page_planar``: a page's segments (e.g. the indexer's
   ``[P x values | P x scales]``) <-> one record per row (``[P x (values | scales)]``, the layout
-  vLLM's Ampere port read, spec/peers.md §3). Pure byte permutations: exact, any byte format.
+  vLLM's Ampere port read, spec/engines.md §3). Pure byte permutations: exact, any byte format.
 """
 
 from __future__ import annotations

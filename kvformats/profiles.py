@@ -1,4 +1,4 @@
-"""Numerics profiles: the same nominal format as another engine writes it (spec/peers.md §5).
+"""Numerics profiles: the same nominal format as another engine writes it (spec/engines.md §5).
 
 A profile is declared data, not a code path: a ``Profile`` names the ``ScaleRule`` to use, the
 e2m1 rounding, the sign of zero, and whose bytes it reproduces. Each quantized format declares

@@ -1,5 +1,5 @@
 """The repository stands on its own: every section that code, docs or vectors cite in
-spec/upstream.md or spec/peers.md exists, every worked example of §12 names the vector that
+spec/upstream.md or spec/engines.md exists, every worked example of §12 names the vector that
 holds its bytes, and no page under docs/ or spec/ links to a file outside the repository."""
 
 import json
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 # A citation is the file name, a section number, then optionally more numbers joined by
 # ", ", " and ", "/" or "-" ("spec/upstream.md §2.2, §3.2 and §4.3"). The trailing "." of a
 # sentence is not part of the number.
-CITATION = re.compile(r"spec/(upstream|peers)\.md((?:(?:,\s*| and | or |/|-)?\s*§[0-9][0-9.]*)*)")
+CITATION = re.compile(r"spec/(upstream|engines)\.md((?:(?:,\s*| and | or |/|-)?\s*§[0-9][0-9.]*)*)")
 NUMBER = re.compile(r"§([0-9]+(?:\.[0-9]+)*)")
 
 
@@ -45,13 +45,13 @@ def sections(text: str) -> set[str]:
     return found
 
 
-PAGES = {name: sections((REPO / "spec" / f"{name}.md").read_text()) for name in ("upstream", "peers")}
+PAGES = {name: sections((REPO / "spec" / f"{name}.md").read_text()) for name in ("upstream", "engines")}
 
 
 def test_section_parser_sees_the_numbering():
     # Guards the other tests against a parser that finds nothing and so accepts nothing.
     assert {"0", "1.3", "2.2", "5.3", "6.3", "12", "13.3"} <= PAGES["upstream"]
-    assert {"2", "3", "5"} <= PAGES["peers"]
+    assert {"2", "3", "5"} <= PAGES["engines"]
     assert "2.9" not in PAGES["upstream"]
 
 

@@ -22,13 +22,13 @@ SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="abs
 PROFILES = declare(
     "fp8_ds_mla",
     Profile(name="tokenspeed", scale_rule=SCALE_RULE, engine="tokenspeed V4 writers (python, Triton, CUDA)",
-            source="spec/upstream.md §2.2; spec/peers.md §5 'vLLM / tokenspeed V4 584 B'"),
+            source="spec/upstream.md §2.2; spec/engines.md §5 'vLLM / tokenspeed V4 584 B'"),
     Profile(name="vllm", scale_rule=SCALE_RULE, engine="vLLM V4 fused compress/insert writers (584 B)",
-            source="spec/peers.md §5 'vLLM / tokenspeed V4 584 B': same rule as tokenspeed, so the same bytes"),
+            source="spec/engines.md §5 'vLLM / tokenspeed V4 584 B': same rule as tokenspeed, so the same bytes"),
     Profile(name="flashmla-ref",
             scale_rule=nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="scale"),
             engine="FlashMLA tests/quant.py quantize_k_cache, MODEL1 layout",
-            source="spec/peers.md §2 FlashMLA, §5 'FlashMLA ref, MODEL1 584 B': 2^ceil(log2(max(amax/448, 1e-4)))"),
+            source="spec/engines.md §2 FlashMLA, §5 'FlashMLA ref, MODEL1 584 B': 2^ceil(log2(max(amax/448, 1e-4)))"),
 )
 
 

@@ -2,12 +2,12 @@
 
 Row = one token-interleaved 656 B record: 512 float8_e4m3fn NoPE values (the kv_lora_rank
 latent, scaled per 128-tile), four little-endian float32 scales (one per tile: the multiplier
-decode applies), then 64 bf16 RoPE values (spec/peers.md §2 FlashMLA and vLLM: "512 B values, 16 B
+decode applies), then 64 bf16 RoPE values (spec/engines.md §2 FlashMLA and vLLM: "512 B values, 16 B
 scales, 128 B rope"; FlashMLA ``get_meta() -> (d=576, d_nope=512, d_rope=64, tile=128,
 num_tiles=4)``). There is no scale segment at the page tail and no page pad: a page is
 ``page_size`` records back to back.
 
-Profiles (spec/peers.md §5): ``flashmla-ref`` (default; FlashMLA's reference quantizer: scale
+Profiles (spec/engines.md §5): ``flashmla-ref`` (default; FlashMLA's reference quantizer: scale
 ``2^ceil(log2(max(amax / 448, 1e-4)))``, exact power of two, values ``x * 2^-e``) and ``vllm``
 (``concat_and_cache_ds_mla``: arbitrary float32 scale ``max(amax / 448, FLT_MIN)``, values
 ``x / scale``). Both round the input to bf16 first and store the RoPE tail verbatim in bf16.
@@ -32,7 +32,7 @@ PROFILES = declare(
     Profile(name="flashmla-ref",
             scale_rule=nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="scale"),
             engine="FlashMLA tests/quant.py quantize_k_cache, V32_FP8Sparse layout",
-            source="spec/peers.md §2 FlashMLA, §5 'FlashMLA ref, V3.2 656 B': 2^ceil(log2(max(amax/448, 1e-4))), "
+            source="spec/engines.md §2 FlashMLA, §5 'FlashMLA ref, V3.2 656 B': 2^ceil(log2(max(amax/448, 1e-4))), "
                    "fp32 power of two",
             error_bound="|x_bf16 - x_hat| <= max(|x_bf16|/16, 2^(e-10)) per NoPE element (2^e = the tile's "
                         "scale); RoPE dims exact"),
@@ -40,7 +40,7 @@ PROFILES = declare(
             scale_rule=nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=FLT_MIN, floor_on="scale",
                                     power_of_two=False),
             engine="vLLM concat_and_cache_ds_mla (CUDA; e4m3fn, not the gfx942 fnuz variant)",
-            source="spec/peers.md §2 vLLM 'V3.2 writer', §5 'vLLM concat_and_cache_ds_mla 656 B': max(amax/448, "
+            source="spec/engines.md §2 vLLM 'V3.2 writer', §5 'vLLM concat_and_cache_ds_mla 656 B': max(amax/448, "
                    "FLT_MIN), arbitrary fp32",
             error_bound="|x_bf16 - x_hat| <= max(|x_bf16|/16, s*2^-10) + 2^-8*max(|x_bf16|, |x_hat|) per NoPE "
                         "element (s = the tile's float32 scale; the last term is decode's bf16 rounding of "

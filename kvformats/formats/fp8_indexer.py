@@ -22,16 +22,16 @@ SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-10, floor_on="sc
 PROFILES = declare(
     "fp8_indexer",
     Profile(name="tokenspeed", scale_rule=SCALE_RULE, engine="tokenspeed FP8 indexer torch writers",
-            source="spec/upstream.md §3.2; spec/peers.md §5 'tokenspeed FP8 indexer torch writers'"),
+            source="spec/upstream.md §3.2; spec/engines.md §5 'tokenspeed FP8 indexer torch writers'"),
     Profile(name="vllm", scale_rule=nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax"),
             engine="vLLM indexer_k_quant_and_cache with scale_fmt='ue8m0' (the V4 FP8 indexer)",
-            source="spec/peers.md §2 vLLM, §5 'vLLM indexer_k_quant_and_cache': amax >= 1e-4, amax/448 rounded "
+            source="spec/engines.md §2 vLLM, §5 'vLLM indexer_k_quant_and_cache': amax >= 1e-4, amax/448 rounded "
                    "up to a power of two"),
     Profile(name="deepgemm-ref",
             scale_rule=nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax",
                                     power_of_two=False),
             engine="DeepGEMM FP8 indexer test reference (and vLLM indexer_k_quant_and_cache without ue8m0)",
-            source="spec/peers.md §2 DeepGEMM, §5 'DeepGEMM FP8 indexer ref': scale max(amax, 1e-4)/448, arbitrary fp32",
+            source="spec/engines.md §2 DeepGEMM, §5 'DeepGEMM FP8 indexer ref': scale max(amax, 1e-4)/448, arbitrary fp32",
             error_bound="|x - x_hat| <= max(|x|/16, s*2^-10) + 2^-23*max(|x|, |x_hat|) per element (s = the "
                         "float32 scale; the last term covers the float32 division and product)"),
 )

@@ -4,8 +4,8 @@ profiles, and the non-default numerics profiles of the V4 formats.
     python spec/vectors/interop/generate_interop.py          # (re)write spec/vectors/interop/*.json
     python spec/vectors/interop/generate_interop.py --check  # exit 1 if a committed file differs
 
-Nothing here imports kvformats. The bytes come from the published layout facts only (spec/peers.md
-§2 FlashMLA / vLLM, §5 divergence matrix, OCP MX v1.0 as spec/peers.md summarises it), computed one
+Nothing here imports kvformats. The bytes come from the published layout facts only (spec/engines.md
+§2 FlashMLA / vLLM, §5 divergence matrix, OCP MX v1.0 as spec/engines.md summarises it), computed one
 element at a time with Python floats, numpy float32 and ml_dtypes casts, reusing only the
 kvformats-free helpers of ``../oracle.py`` (bf16 / e4m3 element casts, float32 rounding) and
 ``../generate.py`` (the vector JSON shape). A few hand-checked literals are asserted before
@@ -164,7 +164,7 @@ def v32_vector(profile: str) -> dict:
             "vllm": "V3.2 656 B row, vLLM concat_and_cache_ds_mla numerics: arbitrary float32 scales "
                     "max(amax/448, FLT_MIN), values x / scale"}[profile]
     params = {"head_dim": 576, "rope_dim": 64, "page_size": V32_PAGE, "profile": profile}
-    vec = g.vector(vid, "spec/peers.md §2 FlashMLA / vLLM, §5 (published V3.2 layout facts)",
+    vec = g.vector(vid, "spec/engines.md §2 FlashMLA / vLLM, §5 (published V3.2 layout facts)",
                    desc + "; tiles: mixed, zero (-0.0 at dim 133), max 28 with ties, tiny; slot 70 -> row at 45920",
                    "fp8_ds_mla_v32", params, inputs, [V32_SLOT], 2, None, [V32_ROW], [row],
                    [{"row": 0, "start": 0, "dtype": "bfloat16", "hex": dec.hex()}],
@@ -178,7 +178,7 @@ def mxfp4_vector(profile: str) -> dict:
     x = mxfp4_ties_input()
     row, dec = mxfp4_row_profile(x, profile)
     inputs = {"x": g.tensor("float32", [1, 128], o.f32_bytes(x))}
-    return g.vector(f"profile_mxfp4_{profile}", "spec/peers.md §5 (vLLM V4 MXFP4 indexer; OCP MX v1.0 in §2)",
+    return g.vector(f"profile_mxfp4_{profile}", "spec/engines.md §5 (vLLM V4 MXFP4 indexer; OCP MX v1.0 in §2)",
                     f"mxfp4_indexer, profile {profile}: e2m1 midpoints (RNE vs threshold), signed zero, "
                     "saturation, zero and tiny blocks", "mxfp4_indexer",
                     {"head_dim": 128, "page_size": 64, "profile": profile}, inputs, [3], 1, None, [64, 4],
@@ -189,7 +189,7 @@ def fp8_indexer_vector(profile: str) -> dict:
     x = fp8_indexer_input(2.0**-20 if profile == "vllm" else 1.0)
     row, dec = fp8_indexer_row_profile(x, profile)
     inputs = {"x": g.tensor("bfloat16", [1, 128], o.bf16_bytes(x))}
-    return g.vector(f"profile_fp8_indexer_{profile.replace('-', '_')}", "spec/peers.md §5 (vLLM / DeepGEMM FP8 indexer)",
+    return g.vector(f"profile_fp8_indexer_{profile.replace('-', '_')}", "spec/engines.md §5 (vLLM / DeepGEMM FP8 indexer)",
                     f"fp8_indexer, profile {profile}" + (" (amax ~8e-7: the absmax floor 1e-4 acts)"
                                                          if profile == "vllm" else " (arbitrary float32 scale)"),
                     "fp8_indexer", {"head_dim": 128, "page_size": 64,
@@ -207,7 +207,7 @@ def ds_mla_flashmla_vector() -> dict:
     xb = [o.bf16(v) for v in x]
     row = ds_mla_row_flashmla(xb)
     inputs = {"x": g.tensor("bfloat16", [1, 512], o.bf16_bytes(xb))}
-    return g.vector("profile_fp8_ds_mla_flashmla_ref", "spec/peers.md §2 FlashMLA tests/quant.py, §5 'MODEL1 584 B'",
+    return g.vector("profile_fp8_ds_mla_flashmla_ref", "spec/engines.md §2 FlashMLA tests/quant.py, §5 'MODEL1 584 B'",
                     "fp8_ds_mla (V4 584 B), profile flashmla-ref: zero and tiny blocks take e = -13 "
                     "(scale floor 1e-4), not tokenspeed's -22", "fp8_ds_mla",
                     {"head_dim": 512, "rope_dim": 64, "page_size": 64, "profile": "flashmla-ref"},
