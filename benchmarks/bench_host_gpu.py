@@ -6,7 +6,8 @@ For each prepared call of ``kvformats.calls.public_calls`` (through the API and 
 ``torch.library`` custom ops), the wall-clock µs per call of ``--calls`` back-to-back calls with
 no synchronization between them (the GPU work overlaps unless the launch queue fills; the
 queue is drained before each round), median of ``--rounds`` rounds; in the default check mode
-and with ``check=False``. Beside them, the floors of the same run: an empty Triton kernel
+and with ``check=False``, and in the default mode on the full path (``full``: every call
+validated and worked out anew, as before ``kvformats.replay`` keeps a plan). Beside them, the floors of the same run: an empty Triton kernel
 launch (one argument and twenty), a 1-element torch ``add_``, and the GPU time of each call
 (median of CUDA events over a replayed graph of 20 calls) so that host time can be read against
 the work it launches. Prints a table; ``--json`` writes every figure.
@@ -26,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kvformats as kvf  # noqa: E402
+from kvformats import replay  # noqa: E402
 from kvformats.calls import public_calls  # noqa: E402
 
 
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
     result["floors"] = floors(args.calls, args.rounds)
     for label, us in result["floors"].items():
         print(f"{label:<60} {us:8.1f} us")
-    print(f"\n{'op':<48} {'rows':>7} {'default':>8} {'nocheck':>8} {'op':>8} {'GPU us':>8}")
+    print(f"\n{'op':<48} {'rows':>7} {'default':>8} {'full':>8} {'nocheck':>8} {'op':>8} {'GPU us':>8}")
     for rows in (int(r) for r in args.rows.split(",")):
         default, nocheck = public_calls("cuda", rows), public_calls("cuda", rows, check=False)
         custom = public_calls("cuda", rows, custom=True)
@@ -104,18 +106,22 @@ def main(argv=None) -> int:
             if keep and not any(k in name for k in keep):
                 continue
             row = {"op": name, "rows": rows}
-            for key, fn in (("default_us", call), ("nocheck_us", nocheck[name]), ("custom_op_us", custom[name]),
-                            ("gpu_us", None if args.no_graph else call)):
+            for key, fn in (("default_us", call), ("full_us", call), ("nocheck_us", nocheck[name]),
+                            ("custom_op_us", custom[name]), ("gpu_us", None if args.no_graph else call)):
+                replay.ENABLED[0] = key != "full_us"  # the full path: what a call costs before it is replayed
                 try:
                     row[key] = None if fn is None else (graph_us(fn) if key == "gpu_us"
                                                         else host_us(fn, args.calls, args.rounds))
                 except Exception as err:  # a failing path is reported in its cell, the run goes on
                     row[key], row[key + "_error"] = None, f"{type(err).__name__}: {str(err)[:200]}"
+                finally:
+                    replay.ENABLED[0] = True
             result["ops"].append(row)
             cells = [("-" if row[k] is None else f"{row[k]:.1f}") for k in
-                     ("default_us", "nocheck_us", "custom_op_us")]
+                     ("default_us", "full_us", "nocheck_us", "custom_op_us")]
             gpu = "-" if row["gpu_us"] is None else f"{row['gpu_us']:.2f}"
-            print(f"{name:<48} {rows:>7} {cells[0]:>8} {cells[1]:>8} {cells[2]:>8} {gpu:>8}", flush=True)
+            print(f"{name:<48} {rows:>7} {cells[0]:>8} {cells[1]:>8} {cells[2]:>8} {cells[3]:>8} {gpu:>8}",
+                  flush=True)
         del default, nocheck, custom
         torch.cuda.empty_cache()
     if kvf.pending_error("cuda") is not None:

@@ -15,7 +15,7 @@ from typing import ClassVar
 import attrs
 import torch
 
-from kvformats import ops, paged
+from kvformats import ops, paged, replay
 from kvformats.checks import check_cache, check_float_rows
 from kvformats.errors import InputError, LayoutError
 
@@ -128,6 +128,7 @@ class Region:
         return self.nbytes if self.per_page else self.nbytes * self.rows
 
 
+@replay.by_id
 @attrs.frozen(kw_only=True)
 class Layout:
     """Base of every format. Subclasses add parameters and implement ``_segments``,

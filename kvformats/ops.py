@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred, registry
+from kvformats import deferred, registry, replay
 from kvformats.checks import check_cache, check_slots
 from kvformats.rowio import read_rows, write_rows
 
@@ -15,6 +15,7 @@ OPS = ("encode", "decode", "gather")
 _SITES = {op: deferred.site(op, "slots") for op in OPS}
 
 
+@replay.replayable
 def encode(layout, x, cache, slots, *, backend="auto", check=True, **kwargs) -> None:
     """Validate, then quantize rows of ``x`` into ``cache`` at ``slots`` with ``backend``."""
     check_cache(layout, cache)
@@ -25,6 +26,7 @@ def encode(layout, x, cache, slots, *, backend="auto", check=True, **kwargs) -> 
     fn(layout, x, cache, slots, **kwargs)
 
 
+@replay.replayable
 def decode(layout, cache, slots, *, backend="auto", check=True):
     """Validate, then dequantize the rows at ``slots``."""
     check_cache(layout, cache)
@@ -34,6 +36,7 @@ def decode(layout, cache, slots, *, backend="auto", check=True):
     return fn(layout, cache, slots)
 
 
+@replay.replayable
 def gather(layout, cache, slots, *, backend="auto", check=True) -> torch.Tensor:
     """Validate, then copy the encoded rows at ``slots`` -> uint8 ``[N, row_bytes]``."""
     check_cache(layout, cache)

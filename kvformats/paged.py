@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred, registry
+from kvformats import deferred, registry, replay
 from kvformats.blocktable import table_slots
 from kvformats.checks import INDEX_DTYPES, capturing, check_cache, check_slots, check_tensor
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
@@ -37,6 +37,7 @@ def _check_table(layout, cache, block_table, requests: int | None = None) -> Non
 
 
 # ----- dequantize_gather ------------------------------------------------------------------------
+@replay.replayable
 def dequantize_gather(layout, cache, out, *, block_table, seq_lens, gather_lens=None,
                       block_table_base_offsets=None, offset: int = 0, backend="auto", check=True):
     """Validate, then decode each request's last ``gather_lens[b]`` positions into ``out[b, offset:]``."""
@@ -115,6 +116,7 @@ def _workspaces(layout, cache, out, total: int | None):
     return views
 
 
+@replay.replayable
 def gather_paged(layout, cache, *, block_table, cu_seq_lens, out=None, num_rows=None, backend="auto", check=True):
     """Validate, then copy the records of every request's positions, in cu order -> workspaces."""
     check_cache(layout, cache)
@@ -182,6 +184,7 @@ def gather_paged_reference(layout, cache, views, block_table, cu_seq_lens):
 
 
 # ----- decode_topk ------------------------------------------------------------------------------
+@replay.replayable
 def decode_topk(layout, cache, topk_slots, *, backend="auto", check=True):
     """Validate, then decode a ``[T, K]`` matrix of slots (−1 holes give zero rows) -> ``[T, K, ...]``."""
     check_cache(layout, cache)

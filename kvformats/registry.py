@@ -14,6 +14,7 @@ from typing import Callable
 
 import attrs
 
+from kvformats import replay
 from kvformats.errors import BackendUnavailableError, InputError, LayoutError
 
 BACKENDS = ("reference", "triton")
@@ -69,6 +70,7 @@ def register_op(fmt: str, op: str, backend: str):
         if backend == "triton":
             _KERNEL_FNS.add(fn)
         _RESOLVED.clear()
+        replay.clear()
         return fn
 
     return deco
@@ -93,6 +95,7 @@ def register_kernel_profiles(fmt: str, profiles) -> None:
     package calls this when it registers; formats it does not name get their default only)."""
     _KERNEL_PROFILES[fmt] = tuple(profiles)
     _RESOLVED.clear()
+    replay.clear()
 
 
 def resolve_for(layout, op: str, backend: str, device) -> Callable:

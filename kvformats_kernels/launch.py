@@ -25,6 +25,8 @@ import os
 
 import torch
 
+from kvformats import replay_plan
+
 _INT32 = 1 << 31
 # Tests set this: a call site that passes a runtime argument by keyword raises on every path
 # (on the GPU it would silently keep Triton's slower launch).
@@ -46,7 +48,7 @@ class FastKernel:
     def __init__(self, fn):
         self.fn = fn
         self.names = tuple(fn.arg_names) if hasattr(fn, "arg_names") else ()
-        self.defaults = {p.name: p.default for p in getattr(fn, "params", ()) if p.has_default}
+        self.defaults = _defaults(fn)
         self.runtime = _runtime_names(fn)
         self.compiled: dict[tuple, tuple] = {}
         self.direct = (type(fn).__name__ == "JITFunction" and os.environ.get("TRITON_INTERPRET", "0") != "1"
@@ -59,10 +61,13 @@ class FastKernel:
         if STRICT_CALL_SITES and not self.runtime.isdisjoint(kwargs):
             raise TypeError(f"{self.fn.__name__}: runtime arguments {sorted(self.runtime & set(kwargs))} passed "
                             f"by keyword (the direct path would never be taken for this call site)")
+        rec = replay_plan.recording()
         if not self.direct or _hooks_set():
             self.fn[grid](*args, **kwargs)
+            if rec is not None:
+                rec.refuse()
             return
-        device = torch.cuda.current_device()
+        device = replay_plan.current_device()
         # _arg_key inlined for tensors and ints (a function call per argument was a third of
         # the direct path's host time on the H200's host)
         key = (device, tuple([(a.dtype, not a.data_ptr() & 15) if type(a) is torch.Tensor else
@@ -71,12 +76,19 @@ class FastKernel:
         entry = self.compiled.get(key)
         if entry is None:
             self._first(key, grid, args, kwargs)
+            entry = self.compiled.get(key)
+            if rec is not None:
+                if entry is None:
+                    rec.refuse()
+                else:
+                    rec.launch(*entry[:3], device, _grid3(grid), args, entry[3])
             return
         run, function, metadata, tail = entry
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        run(grid[0], g1, g2, torch._C._cuda_getCurrentRawStream(device), function, metadata, None, None, None,
-            *args, *tail)
+        run(grid[0], g1, g2, replay_plan.current_stream(device), function, metadata, None, None, None, *args, *tail)
+        if rec is not None:
+            rec.launch(run, function, metadata, device, (grid[0], g1, g2), args, tail)
 
     def _first(self, key, grid, args, kwargs) -> None:
         compiled = self.fn[grid](*args, **kwargs)
@@ -89,6 +101,23 @@ class FastKernel:
             return
         tail = tuple(kwargs[n] if n in kwargs else self.defaults[n] for n in rest)
         self.compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata, tail)
+
+
+def _grid3(grid) -> tuple:
+    return (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+
+
+def _defaults(fn) -> dict:
+    """The parameters of a jit function that have defaults, with them (from Triton's params, or
+    under the interpreter from the function's signature)."""
+    params = getattr(fn, "params", None)
+    if params is not None:
+        return {p.name: p.default for p in params if p.has_default}
+    try:
+        sig = inspect.signature(getattr(fn, "fn", fn))
+    except (TypeError, ValueError):
+        return {}
+    return {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
 
 
 def _runtime_names(fn) -> set[str]:
@@ -135,3 +164,4 @@ def fast(fn) -> FastKernel:
 
 
 _WRAPPED: dict = {}
+replay_plan.hooks_set = _hooks_set

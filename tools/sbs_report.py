@@ -50,17 +50,17 @@ def markdown(data: dict, floors: dict | None) -> str:
 
 
 def host_table(host: dict) -> str:
-    """Every public op's host µs per call (bench_host_gpu.py): default checks, check=False and
-    the torch.library custom op, at each row count."""
+    """Every public op's host µs per call (bench_host_gpu.py): default checks (replayed), the
+    full path (not replayed), check=False and the torch.library custom op, at each row count."""
     sizes = sorted({r["rows"] for r in host["ops"]})
-    head = " | ".join(f"{n} rows: default / check=False / custom op" for n in sizes)
+    head = " | ".join(f"{n} rows: default / full path / check=False / custom op" for n in sizes)
     lines = [f"| op | {head} |", "| --- |" + " ---: |" * len(sizes)]
     by_op: dict[str, dict] = {}
     for r in host["ops"]:
         by_op.setdefault(r["op"], {})[r["rows"]] = r
 
     def cell(r):
-        vals = [r.get(k) for k in ("default_us", "nocheck_us", "custom_op_us")] if r else []
+        vals = [r.get(k) for k in ("default_us", "full_us", "nocheck_us", "custom_op_us")] if r else []
         return " / ".join("-" if v is None else f"{v:.0f}" for v in vals) or "-"
 
     for op, rows in by_op.items():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred, registry
+from kvformats import deferred, registry, replay
 from kvformats.checks import check_slots
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.deepseek_v4 import _dispatch as D
@@ -38,6 +38,7 @@ INDEX_FORMATS = ("fp8_indexer", "mxfp4_indexer")
 _SAVE_SITE = deferred.site("save_compressor_state", "slots")
 
 
+@replay.replayable
 def save_compressor_state(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, state_cache: torch.Tensor, *,
                           ratio: int, positions: torch.Tensor, slots: torch.Tensor | None = None,
                           req_indices: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
@@ -130,6 +131,7 @@ def _value_checks(op: str, target: str, layout, cache, ratio, positions, state_s
                               deferred.Check.POSITION_RANGE, deferred.site(op, "rope positions"))
 
 
+@replay.replayable
 def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, ratio: int, positions: torch.Tensor,
                        req_indices: torch.Tensor, state_slots: torch.Tensor, block_table: torch.Tensor,
                        rms_weight: torch.Tensor, rms_eps: float, cos_sin_cache: torch.Tensor,
@@ -174,6 +176,7 @@ def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, rat
         block_table_base_offsets, rms_weight, eps, cos_sin_cache, kv_slots)
 
 
+@replay.replayable
 def csa_compress_kv_insert(state_cache, kv_cache, **kwargs) -> None:
     """``compress_kv_insert`` with ratio 4 (overlapping windows of 8 positions)."""
     ratio = kwargs.pop("ratio", 4)
@@ -182,6 +185,7 @@ def csa_compress_kv_insert(state_cache, kv_cache, **kwargs) -> None:
     compress_kv_insert(state_cache, kv_cache, ratio=4, **kwargs)
 
 
+@replay.replayable
 def hca_compress_kv_insert(state_cache, kv_cache, **kwargs) -> None:
     """``compress_kv_insert`` with ratio 128 (windows of 128 positions, no overlap)."""
     ratio = kwargs.pop("ratio", 128)
@@ -209,6 +213,7 @@ def compress_kv_insert_reference(state_cache, kv_cache, kv_layout, ratio, positi
 
 
 # ----- CSA indexer ------------------------------------------------------------------------------
+@replay.replayable
 def indexer_compress_insert(state_cache: torch.Tensor, index_cache: torch.Tensor, *, index_format: str,
                             positions: torch.Tensor, req_indices: torch.Tensor, state_slots: torch.Tensor,
                             block_table: torch.Tensor, rms_weight: torch.Tensor, rms_eps: float,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred, registry
+from kvformats import deferred, registry, replay
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.blocktable import request_of_token, table_slots
@@ -75,6 +75,7 @@ def _valid_tokens(req, requests: int, is_valid_token):
 
 
 # ----- slot mappings ----------------------------------------------------------------------------
+@replay.replayable
 def table_slot_mapping(*, positions, req_indices, block_table, page_size: int, entry_stride: int = 1,
                        block_table_base_offsets=None, is_valid_token=None, backend: str = "auto"):
     """int64 ``[T]`` slots of a cache group (spec/upstream.md §1.3): logical row ``p // entry_stride``
@@ -106,6 +107,7 @@ def table_slot_mapping_reference(positions, req, table, page_size, stride, base,
     return torch.where(ok, slots, torch.full_like(slots, -1))
 
 
+@replay.replayable
 def compressed_slot_mapping(*, num_tokens: int, query_start_loc, seq_lens, block_table, page_size: int, ratio: int,
                             block_table_base_offsets=None, out=None, backend: str = "auto", check=True):
     """int64 ``[num_tokens]``: the compressed-cache slot of each group-ending token, −1 elsewhere.
@@ -163,6 +165,7 @@ def compressed_slot_mapping_reference(num_tokens, qsl, seq_lens, table, page_siz
 
 
 # ----- top-k / sparse index rows ----------------------------------------------------------------
+@replay.replayable
 def global_topk_indices_and_lens(*, topk_indices, req_indices, block_table, page_size: int, is_valid_token=None,
                                  backend: str = "auto"):
     """Map local compressed indices to global compressed-cache slots.
@@ -215,6 +218,7 @@ def _check_workspace_args(window_size, ratio, workspace_width, compressed_base):
     _check_fits("compressed_base + window_size", compressed_base + window_size, INT32_MAX)
 
 
+@replay.replayable
 def combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_lens, window_size: int, ratio: int,
                              topk: int, workspace_width: int, compressed_base: int, backend: str = "auto",
                              check=True):
@@ -268,6 +272,7 @@ def combine_topk_swa_indices_reference(topk_idx, qsl, seq_lens, gather_lens, win
     return _int32_entries(out), torch.where(inside, topk_len + swa_len, 0).to(torch.int32)
 
 
+@replay.replayable
 def combine_dense_swa_indices(*, positions, req_indices, seq_lens, compressed_lens, gather_lens, window_size: int,
                               ratio: int, workspace_width: int, compressed_base: int, backend: str = "auto"):
     """Dense-prefill index rows ``[all compressed entries | sliding window]`` into the workspace.
@@ -316,6 +321,7 @@ def combine_dense_swa_indices_reference(positions, req, seq_lens, compressed_len
     return _int32_entries(out), torch.where(ok, comp_len + swa_len, 0).to(torch.int32)
 
 
+@replay.replayable
 def decode_swa_indices_and_lens(*, query_start_loc, seq_lens, req_indices, block_table, window_size: int,
                                 page_size: int, block_table_base_offsets=None, is_valid_token=None, out_indices=None,
                                 out_lens=None, backend: str = "auto", check=True):
@@ -379,6 +385,7 @@ def decode_swa_indices_and_lens_reference(qsl, seq_lens, req, table, window, pag
     return idx, lens
 
 
+@replay.replayable
 def dense_prefill_local_compressed_indices(*, positions, ratio: int, width: int, out=None, backend: str = "auto"):
     """int32 ``[T, width]``: ``j`` where ``j < min((p + 1) // ratio, width)``, else −1 (the local
     compressed rows a dense-prefill token may attend). ``out`` (int32 ``[>= T, >= width]``)

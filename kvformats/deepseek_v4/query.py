@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred
+from kvformats import deferred, replay
 from kvformats import numerics as nx
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.deepseek_v4 import _dispatch as D
@@ -62,6 +62,7 @@ def _head_weights(weights, softmax_scale, head_scale) -> torch.Tensor:
     return weights.float() * softmax_scale * head_scale
 
 
+@replay.replayable
 def prepare_indexer_q_mxfp4(index_q: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                             weights: torch.Tensor, softmax_scale: float, head_scale: float, *,
                             backend: str = "auto", check=True):
@@ -92,6 +93,7 @@ def prepare_indexer_q_mxfp4_reference(index_q, positions, cos_sin, weights, soft
     return (packed, scales), _head_weights(weights, softmax_scale, head_scale)
 
 
+@replay.replayable
 def prepare_indexer_q_fp8(index_q: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                           weights: torch.Tensor, softmax_scale: float, head_scale: float, *,
                           backend: str = "auto", check=True):
@@ -117,6 +119,7 @@ def prepare_indexer_q_fp8_reference(index_q, positions, cos_sin, weights, softma
     return q, _head_weights(weights, softmax_scale, head_scale)
 
 
+@replay.replayable
 def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *, n_groups: int,
                        heads_per_group: int, quant_group_size: int = 128, tma_aligned_scales: bool = True,
                        backend: str = "auto", check=True):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred
+from kvformats import deferred, replay
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.deepseek_v4.transforms import rms_norm, rope_tail
@@ -22,6 +22,7 @@ from kvformats.rowio import locate, write_rows
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)
 
 
+@replay.replayable
 def swa_insert(q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
                positions: torch.Tensor, cos_sin_cache: torch.Tensor, rms_eps: float, *, page_size: int = 64,
                backend: str = "auto", check: bool = True) -> torch.Tensor:

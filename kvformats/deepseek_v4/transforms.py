@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from kvformats import replay
 from kvformats.checks import FLOAT_DTYPES
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.errors import BackendUnavailableError, InputError, InputTypeError, describe
@@ -37,6 +38,7 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+@replay.replayable
 def hadamard_transform(x: torch.Tensor, scale: float | None = None, *, backend: str = "auto") -> torch.Tensor:
     """Natural-order (Sylvester) Walsh-Hadamard transform of the last dim -> bfloat16, same shape.
 

@@ -1,0 +1,140 @@
+"""Replay a public call's kernel launches when its arguments' metadata was seen before.
+
+Why: most of an eager call's host time is Python that validates the arguments and works out the
+launches (layouts, configs, strides, grids), and all of it depends on the arguments' metadata
+only: dtypes, shapes, strides, devices, address alignment and the Python scalars. No public
+call reads a tensor's values on the host in its default mode (tests/test_deferred.py runs every
+call on meta tensors, whose values cannot be read). So a call whose arguments have the same
+metadata as an earlier call that succeeded makes the same launches, with the same compiled
+kernels, grids and scalar arguments; only the addresses differ, each at a fixed byte offset from
+an argument or from a tensor the call allocates. ``replayable`` records that once per metadata
+signature and afterwards launches the compiled kernels directly.
+
+A call is recorded only when everything it did on the device was a kernel launch through
+``kvformats_kernels.launch`` and its torch operations were views and allocations
+(``torch.empty`` and kin). Anything else (a fill, a copy, a host read in strict mode) keeps the
+call on its full path, as does an error: errors are raised on every call, never replayed.
+Bypassed: strict checks, tensors off CUDA, tensor subclasses, launch hooks (profilers),
+``KVFORMATS_REPLAY=0``, calls nested in a recording. A signature is recorded on its second
+call, so that a shape seen once (a prefill's token count) never pays for a recording.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from kvformats import deferred
+from kvformats import replay_plan as rp
+from kvformats.replay_plan import persistent, recording  # noqa: F401  (the launcher's entry points)
+
+ENABLED = [os.environ.get("KVFORMATS_REPLAY", "1") not in ("", "0")]
+ANY_DEVICE = [False]  # CUDA tensors only, unless a stand-in launcher (kvformats_kernels.stub) runs
+# Non-tensor argument types keyed by identity (layouts: frozen, and kept alive by the plan, so
+# an id is never reused while its plan exists).
+BY_ID: tuple[type, ...] = ()
+_SCALARS = (bool, float, str, type(None), torch.dtype, torch.device)
+_TABLES: list[dict] = []  # every replayable function's plans and counts (cleared together)
+MAX_PLANS = 4096  # per function; a table that fills up starts again (engines need a few dozen)
+ATTEMPTS = 2  # recordings of one signature that may fail before it stays on the full path
+_SLOW = object()
+
+
+def by_id(cls: type) -> type:
+    """Class decorator: arguments of ``cls`` (immutable) are keyed by identity."""
+    global BY_ID
+    BY_ID = (*BY_ID, cls)
+    return cls
+
+
+def clear() -> None:
+    """Forget every plan (the registry calls this when an implementation changes)."""
+    for table in _TABLES:
+        table.clear()
+
+
+def _signature(args, tensors: list, ptrs: list, keep: list) -> tuple:
+    """A hashable key of everything the full path may read (metadata and scalars), collecting
+    the tensors and their addresses in order; raises Unsupported for what it cannot key."""
+    parts = []
+    for a in args:
+        t = type(a)
+        if t is torch.Tensor:
+            d = a.get_device()
+            if d < 0 and not ANY_DEVICE[0]:
+                raise rp.Unsupported
+            p = a.data_ptr()
+            tensors.append(a)
+            ptrs.append(p)
+            parts.append((a.dtype, a.shape, a.stride(), d, p & 15))
+        elif t is int:
+            parts.append(a)
+        elif t in _SCALARS:
+            if t is float and a != a:  # NaN never equals itself: no key would ever match
+                raise rp.Unsupported
+            parts.append((t, a))
+        elif t is tuple or t is list:
+            parts.append((t, _signature(a, tensors, ptrs, keep)))
+        elif isinstance(a, BY_ID):
+            keep.append(a)
+            parts.append((t, id(a)))
+        else:
+            raise rp.Unsupported
+    return tuple(parts)
+
+
+def replayable(fn):
+    """Decorator for a public op: replay its launches for metadata seen before (module doc)."""
+    plans: dict = {}
+    seen: dict = {}  # signature -> calls that did not end in a plan
+    _TABLES.append(plans)
+    _TABLES.append(seen)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not ENABLED[0] or rp._local.__dict__.get("rec") is not None or kwargs.get("check") == "strict":
+            return fn(*args, **kwargs)
+        tensors: list = []
+        ptrs: list = []
+        keep: list = []
+        try:
+            key = (_signature(args, tensors, ptrs, keep), _signature(kwargs.values(), tensors, ptrs, keep),
+                   tuple(kwargs), rp.current_device() if tensors and tensors[0].is_cuda else -1,
+                   deferred._strict[0])
+        except rp.Unsupported:
+            return fn(*args, **kwargs)
+        plan = plans.get(key)
+        if plan is not None:
+            if plan is _SLOW or rp.hooks_set():
+                return fn(*args, **kwargs)
+            return plan.replay(ptrs, tensors)
+        tries = seen.get(key, 0)
+        if key[-1] or tries == 0:
+            # strict checks read values on the host; and a signature seen once may never come
+            # again (a prefill's token count), so it is recorded on its second call
+            _store(seen, key, tries + 1)
+            return fn(*args, **kwargs)
+        with rp.Recording(tensors) as rec:
+            result = fn(*args, **kwargs)
+        plan = rec.plan(result)
+        if plan is not None:
+            plan.keep = keep
+            _store(plans, key, plan)
+            seen.pop(key, None)
+        elif tries >= ATTEMPTS:
+            _store(plans, key, _SLOW)
+            seen.pop(key, None)
+        else:
+            _store(seen, key, tries + 1)
+        return result
+
+    call.__wrapped_plans__ = plans
+    return call
+
+
+def _store(table: dict, key, value) -> None:
+    if len(table) >= MAX_PLANS:
+        table.clear()
+    table[key] = value

@@ -1,0 +1,248 @@
+"""What ``kvformats.replay`` records of one call, and the plan that repeats it for new tensors.
+
+A ``Recording`` watches one call through torch's dispatch (a ``TorchDispatchMode``): where each
+tensor comes from (an argument or an allocation, through views), which torch operations ran,
+and, reported by ``kvformats_kernels.launch``, each compiled kernel it launched with its grid
+and arguments. A ``Plan`` is the result: per launch, each tensor argument as (argument or
+allocation, byte offset), everything else a constant. Its ``replay`` is a small function
+generated for the plan (as Triton generates its own launchers), so that replaying costs the
+allocations, one ``data_ptr`` per argument and the launches, and nothing per argument kind.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import threading
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kvformats import deferred
+
+DEBUG = os.environ.get("KVFORMATS_REPLAY_DEBUG", "0") not in ("", "0")  # say why a call is not recorded
+# Set by kvformats_kernels.launch (and its stand-in, kvformats_kernels.stub): whether a launch
+# hook is set (then every launch must go through Triton, which calls the hooks), the current
+# CUDA device and the current stream of a device.
+hooks_set = lambda: False  # noqa: E731
+current_device = torch.cuda.current_device
+current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_KEEP: dict[int, torch.Tensor] = {}  # tensors that live for the process (besides the error records)
+_local = threading.local()
+
+
+def persistent(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t`` as living for the process: a plan may pass its address to every replay."""
+    _KEEP[id(t)] = t
+    return t
+
+
+def recording():
+    """The recording under way on this thread, or None."""
+    return getattr(_local, "rec", None)
+
+
+def _lasting(t: torch.Tensor) -> bool:
+    return id(t) in _KEEP or any(t is r for r in deferred._RECORDS.values())
+
+
+_ALLOCATIONS = {
+    torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default, torch.ops.aten.new_empty.default,
+    torch.ops.aten.new_empty_strided.default, torch.ops.aten.empty_like.default,
+}
+_ZEROED = {torch.ops.aten.zeros.default, torch.ops.aten.new_zeros.default, torch.ops.aten.zeros_like.default}
+
+
+class Unsupported(Exception):
+    """An argument or a result a plan cannot key or rebuild."""
+
+
+class Recording(TorchDispatchMode):
+    """One call under watch (module doc); ``launch`` is called by the kernel launcher."""
+
+    def __init__(self, inputs: list):
+        super().__init__()
+        self.ok = True
+        self.inputs = inputs
+        self.fresh: list[torch.Tensor] = []
+        self.zeroed: list[bool] = []  # allocations made by torch.zeros (a fill on the device)
+        self.origin: dict[int, tuple] = {id(t): ("in", i) for i, t in enumerate(inputs)}
+        self.alive: list = list(inputs)  # no id is reused while the call runs
+        self.launches: list = []
+
+    def __enter__(self):
+        _local.rec = self
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _local.rec = None
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (func in _ALLOCATIONS or func in _ZEROED) and type(out) is torch.Tensor:
+            self.origin[id(out)] = ("fresh", len(self.fresh))
+            self.fresh.append(out)
+            self.zeroed.append(func in _ZEROED)
+        elif func.is_view:
+            src = self.origin.get(id(args[0])) if args and type(args[0]) is torch.Tensor else None
+            for o in (out if isinstance(out, (tuple, list)) else (out,)):
+                if src is not None and type(o) is torch.Tensor:
+                    self.origin[id(o)] = src
+        else:
+            self._refuse(func)  # device work that is not a kernel launch (or a host read)
+        self.alive.append(out)
+        return out
+
+    def _base(self, kind: str, i: int) -> torch.Tensor:
+        return self.inputs[i] if kind == "in" else self.fresh[i]
+
+    def launch(self, run, function, metadata, device: int, grid: tuple, args: tuple, tail: tuple) -> None:
+        """One launch of a compiled kernel: each tensor argument becomes (origin, byte offset)."""
+        if not self.ok:
+            return
+        built = []
+        for a in args:
+            if type(a) is torch.Tensor:
+                src = self.origin.get(id(a))
+                if src is not None:
+                    built.append((src[0], src[1], a.data_ptr() - self._base(*src).data_ptr()))
+                elif _lasting(a):
+                    built.append(("const", a.data_ptr()))
+                else:
+                    self._refuse("a tensor argument that is neither an argument's view nor an allocation")
+                    return
+            elif a is None or type(a) in (int, float, bool):
+                built.append(("const", a))
+            else:
+                self._refuse(f"a kernel argument of type {type(a).__name__}")
+                return
+        self.launches.append((run, function, metadata, device, grid, built, tail))
+
+    def refuse(self) -> None:
+        """A launch this recording cannot replay (it went through Triton's own path)."""
+        self._refuse("a launch through Triton's own path")
+
+    def _refuse(self, why) -> None:
+        if self.ok and DEBUG:
+            print(f"kvformats.replay: not recorded: {why}")
+        self.ok = False
+
+    def plan(self, result):
+        """The Plan of this call, or None when it cannot be replayed."""
+        if not self.ok:
+            return None
+        try:
+            rebuilt = self._result(result)
+        except Unsupported:
+            self._refuse("a result that is not an argument, an allocation or its view")
+            return None
+        fresh = [(tuple(f.shape), tuple(f.stride()), f.dtype, f.device, z) for f, z in zip(self.fresh, self.zeroed)]
+        return Plan(self.launches, fresh, rebuilt)
+
+    def _result(self, r):
+        if type(r) is torch.Tensor:
+            for i, t in enumerate(self.inputs):
+                if r is t:
+                    return ("in", i)
+            for k, t in enumerate(self.fresh):
+                if r is t:
+                    return ("fresh", k)
+            src = self.origin.get(id(r))
+            # a view of an argument or an allocation, possibly as another dtype of the same width
+            # (int16 -> bf16); its storage offset is kept relative to its base's
+            if src is None or r.element_size() != self._base(*src).element_size():
+                raise Unsupported
+            return ("view", src, r.dtype, tuple(r.shape), tuple(r.stride()),
+                    r.storage_offset() - self._base(*src).storage_offset())
+        if r is None:
+            return ("none",)
+        if type(r) in (tuple, list):
+            return (type(r), tuple(self._result(x) for x in r))
+        raise Unsupported
+
+
+def _direct(run):
+    """The C launcher behind Triton's ``CompiledKernel.run`` when calling it directly is what
+    ``run`` would do (Triton 3.6's CudaLauncher with no scratch memory), else None."""
+    if type(run).__name__ != "CudaLauncher" or getattr(run, "global_scratch_size", 1) or \
+            getattr(run, "profile_scratch_size", 1):
+        return None
+    params = list(inspect.signature(type(run).__call__).parameters)
+    if params != ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]:
+        return None
+    return getattr(run, "launch", None), run.launch_cooperative_grid, run.launch_pdl
+
+
+class Plan:
+    """The recorded launches of one metadata signature; ``replay(ptrs, tensors)`` repeats them
+    for arguments at the addresses ``ptrs`` and returns the call's result."""
+
+    def __init__(self, launches: list, fresh: list, rebuilt):
+        self.launches, self.fresh, self.rebuilt = launches, fresh, rebuilt
+        self.source, self.replay = _generate(launches, fresh, rebuilt)
+        self.keep: list = []  # objects keyed by identity live as long as their plan
+
+
+def _generate(launches: list, fresh: list, rebuilt):
+    ns: dict = {"_empty": torch.empty_strided, "_module": sys.modules[__name__], "_view": _view}
+    lines = ["def replay(ptr, tensors):"]
+    for k, (shape, stride, dtype, device, zero) in enumerate(fresh):
+        ns[f"A{k}"] = (shape, stride, dtype, device)
+        lines.append(f"    m{k} = _empty(A{k}[0], A{k}[1], dtype=A{k}[2], device=A{k}[3])")
+        if zero:
+            lines.append(f"    m{k}.zero_()")
+        lines.append(f"    q{k} = m{k}.data_ptr()")
+    for device in sorted({launch[3] for launch in launches}):
+        lines.append(f"    s{device} = _module.current_stream({device})")
+    for j, (run, function, metadata, device, grid, built, tail) in enumerate(launches):
+        ns[f"F{j}"], ns[f"M{j}"], ns[f"T{j}"] = function, metadata, tail
+        args = []
+        for p, (kind, i, *off) in enumerate(built):
+            if kind == "in":
+                args.append(f"ptr[{i}] + {off[0]}" if off[0] else f"ptr[{i}]")
+            elif kind == "fresh":
+                args.append(f"q{i} + {off[0]}" if off[0] else f"q{i}")
+            elif type(i) is int or i is None:
+                args.append(repr(i))
+            else:
+                ns[f"C{j}_{p}"] = i
+                args.append(f"C{j}_{p}")
+        head = f"{grid[0]}, {grid[1]}, {grid[2]}, s{device}, F{j}"
+        direct = _direct(run)
+        if direct is None:
+            ns[f"R{j}"] = run
+            call = f"R{j}({head}, M{j}, None, None, None"
+        else:
+            ns[f"R{j}"], coop, pdl = direct
+            call = f"R{j}({head}, {coop!r}, {pdl!r}, None, None, M{j}, None, None, None"
+        lines.append(f"    {call}, {', '.join(args)}, *T{j})" if args else f"    {call}, *T{j})")
+    lines.append(f"    return {_expression(rebuilt, ns)}")
+    source = "\n".join(lines)
+    exec(compile(source, "<kvformats.replay plan>", "exec"), ns)  # noqa: S102  (our own generated code)
+    return source, ns["replay"]
+
+
+def _expression(r, ns: dict) -> str:
+    """Python source that rebuilds a recorded result (Recording._result) in a generated replay."""
+    kind = r[0]
+    if kind == "in":
+        return f"tensors[{r[1]}]"
+    if kind == "fresh":
+        return f"m{r[1]}"
+    if kind == "none":
+        return "None"
+    if kind == "view":
+        (where, i), dtype, shape, stride, offset = r[1:]
+        base = f"tensors[{i}]" if where == "in" else f"m{i}"
+        name = f"V{len(ns)}"
+        ns[name] = (dtype, shape, stride, offset)
+        return f"_view({base}, {name})"
+    items = ", ".join(_expression(x, ns) for x in r[1])
+    return f"[{items}]" if kind is list else f"({items},)"
+
+
+def _view(base: torch.Tensor, spec: tuple) -> torch.Tensor:
+    dtype, shape, stride, offset = spec
+    return (base if base.dtype == dtype else base.view(dtype)).as_strided(shape, stride, base.storage_offset() + offset)
