@@ -50,8 +50,10 @@ def assert_same(a, b):
     assert torch.equal(a.out_fp8[0].view(torch.uint8), b.out_fp8[0].view(torch.uint8))
 
 
+# The Triton backend only: the reference backend filters invalid rows with a host read
+# (kvformats.rowio.write_rows), which no CUDA graph can capture; it defines bytes, engines run kernels.
 @pytest.mark.parametrize("topk,fmt", [(512, "mxfp4_indexer"), (512, "fp8_indexer"), (2048, "mxfp4_indexer")])
-@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("backend", ["auto"])
 def test_decode_step_graph_replay_equals_eager(topk, fmt, backend):
     cfg = config(topk, fmt)
     lens = prefill_lens(cfg)
