@@ -2,11 +2,14 @@
 
     python tools/pipeline_chart.py results.json --svg docs/diagrams/pipeline.svg
     python tools/pipeline_chart.py results.json --markdown            # prints the table
-    python tools/pipeline_chart.py results.json --update-doc docs/pipeline.md
+    python tools/pipeline_chart.py results.json --update-doc docs/pipeline.md [--side-by-side sbs.json]
 
 ``--update-doc`` replaces the text between the ``<!-- pipeline-table -->`` and
-``<!-- /pipeline-table -->`` markers of the page with the table. No plotting library: the SVG
-is written as text.
+``<!-- /pipeline-table -->`` markers of the page with the table. ``--side-by-side`` adds, for
+the phases whose cache ops tokenspeed also has, the GPU time of those ops alone, ours and
+tokenspeed's, from the side-by-side tool's JSON of the same lease (run at the steps' token
+counts: the decode batches and the prefill chunk). No plotting library: the SVG is written as
+text.
 """
 
 from __future__ import annotations
@@ -38,6 +41,39 @@ def markdown_table(doc: dict) -> str:
         cells += [f"{ph.get(p, 0.0):.2f}" for p in PHASES]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# phase -> the side-by-side ops that make up its cache work ({fmt}: the indexer format's name)
+PHASE_OPS = {"swa_insert": ("fp8_ds_mla_write",), "save_state": ("save_state_csa", "save_state_hca"),
+             "compress": ("csa_compress_insert", "hca_compress_insert", "indexer_{fmt}_compress_insert"),
+             "indexer": ("indexer_q_{fmt}",), "out_quant": ("inv_rope_fp8_quant",)}
+
+
+def _tokens(r: dict) -> int:
+    return r["batch"] if r["kind"] == "decode" else r["chunk"]
+
+
+def ops_table(doc: dict, sbs: dict) -> str:
+    """Per step and phase: our phase time (events, eager) beside the GPU µs of the phase's
+    cache ops alone, kvformats' and tokenspeed's, on the side-by-side at the step's tokens."""
+    fmt = doc.get("index_format", "mxfp4_indexer").split("_")[0]
+    by = {}
+    for r in sbs["results"]:
+        mode = r.get("modes", {}).get("graph20" if r.get("decode") else "graph1", {})
+        by[(r["op"], r["rows"])] = (mode.get("kvf"), mode.get("ts"))
+    lines = ["| step | phase | phase µs (ours, in the step) | its ops alone, kvformats µs | "
+             "its ops alone, tokenspeed µs |", "|---|---|---:|---:|---:|"]
+    for r in doc["results"]:
+        if "error" in r or (r["kind"] == "prefill" and r["tokens"] != r["chunk"]):
+            continue
+        n = _tokens(r)
+        for phase, ops in PHASE_OPS.items():
+            pairs = [by.get((op.format(fmt=fmt), n)) for op in ops]
+            if any(p is None or None in p for p in pairs):
+                continue
+            kvf, ts = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+            lines.append(f"| {r['label']} | {phase} | {r['phases_ms'][phase] * 1e3:.1f} | {kvf:.1f} | {ts:.1f} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def svg_chart(doc: dict, width: int = 900) -> str:
@@ -88,14 +124,24 @@ def main(argv=None) -> int:
     ap.add_argument("--svg", type=Path)
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--update-doc", type=Path)
+    ap.add_argument("--side-by-side", type=Path, help="the side-by-side tool's JSON at the steps' token counts")
     args = ap.parse_args(argv)
     doc = json.loads(args.json.read_text())
+    table = markdown_table(doc)
+    if args.side_by_side:
+        ops = ops_table(doc, json.loads(args.side_by_side.read_text()))
+        if ops:
+            table += ("\n\nThe phases' cache ops alone on the GPU (µs per call: 20 calls in a CUDA graph at "
+                      "decode sizes, one call with the L2 flushed at the prefill chunk), kvformats and "
+                      "tokenspeed on the same inputs in the same lease. The side-by-side writes every "
+                      "token's compressed row, where a step writes one per ratio tokens, so its compress "
+                      "figures bound the step's from above.\n\n" + ops)
     if args.svg:
         args.svg.write_text(svg_chart(doc))
     if args.markdown:
-        print(markdown_table(doc))
+        print(table)
     if args.update_doc:
-        update_doc(args.update_doc, markdown_table(doc))
+        update_doc(args.update_doc, table)
     return 0
 
 
