@@ -33,7 +33,8 @@ def test_ops_table_sums_the_side_by_side_ops_of_each_phase():
                        {"kind": "prefill", "tokens": 65536, "chunk": 8192, "label": "prefill 64k", "phases_ms": PH}]}
 
     def case(op, rows, kvf, ts):
-        return {"op": op, "rows": rows, "decode": True, "modes": {"graph20": {"kvf": kvf, "ts": ts}}}
+        return {"op": op, "size": f"decode {rows} tokens", "rows": rows * 8, "decode": True,
+                "modes": {"graph20": {"kvf": kvf, "ts": ts}}}
 
     sbs = {"results": [case("save_state_csa", 64, 1.0, 2.0), case("save_state_hca", 64, 0.5, 1.5),
                        case("csa_compress_insert", 64, 5.0, 6.0), case("hca_compress_insert", 64, 9.0, 90.0),
