@@ -70,6 +70,7 @@ class Recording(TorchDispatchMode):
         self.origin: dict[int, tuple] = {id(t): ("in", i) for i, t in enumerate(inputs)}
         self.alive: list = list(inputs)  # no id is reused while the call runs
         self.launches: list = []
+        self.retyped: dict[int, tuple] = {}  # allocation -> the (shape, strides, dtype) it is returned as
 
     def __enter__(self):
         _local.rec = self
@@ -139,6 +140,8 @@ class Recording(TorchDispatchMode):
             self._refuse("a result that is not an argument, an allocation or its view")
             return None
         fresh = [(tuple(f.shape), tuple(f.stride()), f.dtype, f.device, z) for f, z in zip(self.fresh, self.zeroed)]
+        for k, (shape, stride, dtype) in self.retyped.items():
+            fresh[k] = (shape, stride, dtype, *fresh[k][3:])
         return Plan(self.launches, fresh, rebuilt)
 
     def _result(self, r):
@@ -147,12 +150,22 @@ class Recording(TorchDispatchMode):
                 if r is t:
                     return ("in", i)
             for k, t in enumerate(self.fresh):
-                if r is t:
+                if r is t and k not in self.retyped:
+                    self.retyped[k] = (tuple(t.shape), tuple(t.stride()), t.dtype)
                     return ("fresh", k)
             src = self.origin.get(id(r))
+            if src is None:
+                raise Unsupported
+            base = self._base(*src)
+            if src[0] == "fresh" and src[1] not in self.retyped and r.is_contiguous() and base.is_contiguous() \
+                    and r.storage_offset() == 0 and r.numel() * r.element_size() == base.numel() * base.element_size():
+                # the whole of an allocation in another shape or dtype: allocate it so (kernels see
+                # only its address), and return it without a view per call
+                self.retyped[src[1]] = (tuple(r.shape), tuple(r.stride()), r.dtype)
+                return ("fresh", src[1])
             # a view of an argument or an allocation, possibly as another dtype of the same width
             # (int16 -> bf16); its storage offset is kept relative to its base's
-            if src is None or r.element_size() != self._base(*src).element_size():
+            if r.element_size() != base.element_size():
                 raise Unsupported
             return ("view", src, r.dtype, tuple(r.shape), tuple(r.stride()),
                     r.storage_offset() - self._base(*src).storage_offset())
