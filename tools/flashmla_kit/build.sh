@@ -14,6 +14,25 @@ if [ -z "${CUDA_HOME:-}" ]; then
 fi
 export CUDA_HOME PATH="$CUDA_HOME/bin:$PATH"
 echo "[build] CUDA_HOME=$CUDA_HOME"
+# ATen/cuda/CUDAContext.h (included by FlashMLA's API header) needs cusparse.h, cublas_v2.h,
+# cublasLt.h, cusolverDn.h. A toolkit with only nvcc and cudart lacks them; torch's CUDA wheels
+# bring them in site-packages/nvidia/*/include: put those on CPATH (searched after -I paths).
+if [ ! -f "$CUDA_HOME/include/cusparse.h" ]; then
+  NV_INC=$(python - <<'PY'
+import glob, os, site
+dirs = []
+for sp in site.getsitepackages() + [site.getusersitepackages()]:
+    for h in ("cusparse.h", "cublas_v2.h", "cublasLt.h", "cusolverDn.h", "cusolver_common.h", "nvml.h"):
+        for f in glob.glob(os.path.join(sp, "nvidia", "**", h), recursive=True):
+            d = os.path.dirname(f)
+            if d not in dirs:
+                dirs.append(d)
+print(":".join(dirs))
+PY
+)
+  export CPATH="${NV_INC}${CPATH:+:$CPATH}"
+  echo "[build] $CUDA_HOME/include has no cusparse.h; CPATH from torch's nvidia wheels: ${NV_INC:-none found}"
+fi
 start=$(date +%s)
 echo "[build] kit $KIT -> $OUT_DIR; MAX_JOBS=$MAX_JOBS; nproc $(nproc)"
 nvcc --version | tail -2
