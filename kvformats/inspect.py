@@ -40,13 +40,14 @@ def region_bytes(layout: Layout, cache: torch.Tensor, region: Region, pages: sli
     return view[pages]
 
 
-def element_values(region: Region, raw: torch.Tensor) -> torch.Tensor:
-    """Decode raw region bytes ``[..., nbytes]`` to unscaled float32 elements ``[..., count]``."""
+def element_values(region: Region, raw: torch.Tensor, ue8m0_ff: str = "nan") -> torch.Tensor:
+    """Decode raw region bytes ``[..., nbytes]`` to unscaled float32 elements ``[..., count]``;
+    ue8m0 byte 0xFF reads as ``ue8m0_ff`` says (a profile's reading, numerics.ue8m0_decode)."""
     kind = region.dtype
     if kind == "float8_e4m3fn":
         return nx.e4m3_decode(raw)
     if kind == "float8_e8m0fnu":
-        return nx.ue8m0_decode(raw)
+        return nx.ue8m0_decode(raw, ue8m0_ff)
     if kind == "float4_e2m1fn_x2":
         return nx.e2m1_decode(nx.unpack_nibbles(raw))
     if kind in ("bfloat16", "float32"):
@@ -54,13 +55,20 @@ def element_values(region: Region, raw: torch.Tensor) -> torch.Tensor:
     return raw.float()
 
 
+def ue8m0_reading(layout: Layout) -> str:
+    """How the layout's profile reads ue8m0 byte 0xFF ("nan" for layouts without a profile)."""
+    profile = getattr(layout, "numerics", None)
+    return profile.ue8m0_ff if profile is not None else "nan"
+
+
 def scaled_values(layout: Layout, cache: torch.Tensor, region: Region, pages: slice = slice(None)) -> torch.Tensor:
-    """float32 ``[pages, rows, count]``: a region's elements times their block scale (if any)."""
+    """float32 ``[pages, rows, count]``: a region's elements times their block scale (if any),
+    scale byte 0xFF read as the layout's profile reads it (as decode does)."""
     values = element_values(region, region_bytes(layout, cache, region, pages))
     if not region.scale:
         return values
     scale = layout.region(region.scale)
-    scales = element_values(scale, region_bytes(layout, cache, scale, pages))
+    scales = element_values(scale, region_bytes(layout, cache, scale, pages), ue8m0_reading(layout))
     blocks = values.reshape(*values.shape[:-1], -1, region.block)
     return (blocks * scales[..., : blocks.shape[-2], None]).reshape(values.shape)
 

@@ -13,6 +13,8 @@ import math
 import attrs
 import torch
 
+from kvformats.errors import InputError
+
 FP8_E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 UE8M0_BIAS = 127
@@ -262,9 +264,20 @@ def ue8m0_encode(e: torch.Tensor) -> torch.Tensor:
     return (e.to(torch.int32) + UE8M0_BIAS).clamp(0, 255).to(torch.uint8)
 
 
-def ue8m0_decode(s: torch.Tensor) -> torch.Tensor:
-    """ue8m0 bytes -> float32 ``2**(s - 127)``; 0xFF is NaN (as float8_e8m0fnu defines it)."""
-    v = pow2(s.to(torch.int32) - UE8M0_BIAS)
+# How a ue8m0 byte 0xFF reads (a numerics profile's ``ue8m0_ff``): "nan" as float8_e8m0fnu and
+# OCP MX define it; "inf" as the float32 arithmetic 2^(255 - 127) gives it, which is how
+# tokenspeed's readers compute the scale (spec/nan-policy.md §4).
+UE8M0_FF_READINGS = ("nan", "inf")
+
+
+def ue8m0_decode(s: torch.Tensor, ff: str = "nan") -> torch.Tensor:
+    """ue8m0 bytes -> float32 ``2**(s - 127)``; 0xFF is NaN (``ff="nan"``, as float8_e8m0fnu
+    defines it) or +Inf (``ff="inf"``: 2^128 overflows float32)."""
+    if ff not in UE8M0_FF_READINGS:
+        raise InputError(f"ff must be one of {UE8M0_FF_READINGS}, got {ff!r}")
+    v = pow2(s.to(torch.int32) - UE8M0_BIAS)  # pow2(128) is +Inf
+    if ff == "inf":
+        return v
     return torch.where(s == 0xFF, torch.full_like(v, float("nan")), v)
 
 

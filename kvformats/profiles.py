@@ -22,8 +22,10 @@ Profiles by name (which formats support each: ``supported_profiles()``; prose: s
 The Triton encode kernels honour every profile of fp8_ds_mla (584 B and V3.2 656 B rows),
 fp8_indexer and mxfp4_indexer (the kernel package declares them with
 ``registry.register_kernel_profiles``); a profile no kernel declares runs on the reference
-(``backend="auto"``) or raises BackendUnavailableError (``backend="triton"``). Reads (decode, gather, the paged ops) do not depend on the profile: they
-multiply each element by the stored scale, whatever rule chose it.
+(``backend="auto"``) or raises BackendUnavailableError (``backend="triton"``). Reads (decode,
+the paged ops) multiply each element by the stored scale, whatever rule chose it; they depend on
+the profile only through ``ue8m0_ff``, how a ue8m0 byte 0xFF reads (tokenspeed: +Inf, as its
+readers compute 2^(s - 127) in float32; ocp and the others: NaN), which every backend honours.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import attrs
 
 from kvformats.errors import LayoutError
-from kvformats.numerics import E2M1_ROUNDINGS, ScaleRule
+from kvformats.numerics import E2M1_ROUNDINGS, UE8M0_FF_READINGS, ScaleRule
 
 PROFILE_NAMES = ("tokenspeed", "vllm", "deepgemm-ref", "flashmla-ref", "ocp")
 FLT_MIN = 2.0**-126  # float32's smallest normal, vLLM's scale floor for the V3.2 row
@@ -45,6 +47,9 @@ class Profile:
     ``e2m1_rounding``: "threshold" (ties toward the smaller magnitude) or "rne"; e2m1 formats only.
     ``e2m1_signed_zero``: whether a negative value that rounds to zero keeps its sign (nibble 0x8);
     e4m3 always keeps it (torch/ml_dtypes/PTX casts agree).
+    ``ue8m0_ff``: how decode reads a ue8m0 scale byte 0xFF (formats with ue8m0 scales): "nan"
+    (float8_e8m0fnu, OCP MX) or "inf" (2^128 in float32, as the engine's readers compute it),
+    so non-zero codes read ±Inf and zero codes NaN (0 * Inf); spec/nan-policy.md §4.
     ``engine``: whose bytes this reproduces; ``source``: where the rules come from;
     ``error_bound``: the per-element bound where it differs from the element type's default.
     """
@@ -53,6 +58,7 @@ class Profile:
     scale_rule: ScaleRule
     e2m1_rounding: str = attrs.field(default="threshold", validator=attrs.validators.in_(E2M1_ROUNDINGS))
     e2m1_signed_zero: bool = False
+    ue8m0_ff: str = attrs.field(default="nan", validator=attrs.validators.in_(UE8M0_FF_READINGS))
     engine: str = ""
     source: str = ""
     error_bound: str = ""  # overrides the element type's bound (spec README §5) where it differs
@@ -60,7 +66,8 @@ class Profile:
     def as_dict(self) -> dict:
         """JSON-ready rules (the spec's ``numerics.profile``)."""
         return {"name": self.name, "scale_rule": self.scale_rule.as_dict(), "e2m1_rounding": self.e2m1_rounding,
-                "e2m1_signed_zero": self.e2m1_signed_zero, "engine": self.engine, "source": self.source}
+                "e2m1_signed_zero": self.e2m1_signed_zero, "ue8m0_ff": self.ue8m0_ff, "engine": self.engine,
+                "source": self.source}
 
 
 @attrs.frozen

@@ -85,7 +85,8 @@ def _load_kernels() -> None:
 
 
 # Ops whose bytes depend on the numerics profile. Reads (decode, gather, the paged ops) multiply
-# each element by its stored scale whatever rule chose it, so any backend serves any profile.
+# each element by its stored scale whatever rule chose it, and every backend reads scale byte
+# 0xFF as the profile's ue8m0_ff says, so any backend serves any profile.
 PROFILE_DEPENDENT_OPS = ("encode",)
 _KERNEL_PROFILES: dict[str, tuple[str, ...]] = {}  # format -> profiles its Triton encode honours
 

@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from kvformats.inspect import element_values, elements_per_byte, label, page_width, region_bytes, scaled_values
+from kvformats.inspect import (element_values, elements_per_byte, label, page_width, region_bytes, scaled_values,
+                                ue8m0_reading)
 from kvformats.layout import Layout
 
 LINE = 16
@@ -63,7 +64,7 @@ def slot_record(layout: Layout, cache: torch.Tensor, slot: int) -> dict:
         pages = slice(page, page + 1)
         raw = region_bytes(layout, cache, region, pages)[0, row]
         values = scaled_values(layout, cache, region, pages)[0, row] if region.role == "data" \
-            else element_values(region, raw)
+            else element_values(region, raw, ue8m0_reading(layout))
         regions.append({"name": region.name, "dtype": region.dtype, "role": region.role,
                         "offset": page * stride + region.offset + row * region.row_stride,
                         "hex": bytes(raw.tolist()).hex(), "scale": region.scale or None,

@@ -224,6 +224,15 @@ def profile_constants(layout, e2m1: bool = False) -> dict:
     return out
 
 
+@per_layout
+def read_constants(layout) -> dict:
+    """The numerics profile as decode-kernel constexprs: FF_NAN, whether a ue8m0 scale byte 0xFF
+    reads NaN (the profile's ue8m0_ff "nan", float8_e8m0fnu) rather than +Inf ("inf", the float32
+    2^(255 - 127) of tokenspeed's readers; spec/nan-policy.md §4)."""
+    profile = getattr(layout, "numerics", None)
+    return dict(FF_NAN=profile is None or profile.ue8m0_ff == "nan")
+
+
 MAX_GRID_Y = 65535  # CUDA's limit on grid axis 1: requests beyond it go in further launches
 
 

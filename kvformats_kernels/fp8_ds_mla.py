@@ -38,11 +38,12 @@ def _rope_alias(layout, u8: torch.Tensor, stride: int) -> tuple[torch.Tensor, in
 
 @cm.per_layout
 def _decode_constants(layout, rope16: bool) -> dict:
-    """The decode bodies' layout constexprs, with ROPE16 (the tail read as int16 words)."""
+    """The decode bodies' layout constexprs, with ROPE16 (the tail read as int16 words) and the
+    profile's reading of scale byte 0xFF (FF_NAN)."""
     geo = dict(_geometry(layout))
     if geo["ROPE"] == geo["QB"]:  # one [NB + 1, QB] tile per row (decode_body)
         geo["NB_P2"] = cm.next_pow2(layout.num_blocks + 1)
-    geo.update(ROPE_P2=cm.next_pow2(layout.rope_dim), ROPE16=rope16)
+    geo.update(ROPE_P2=cm.next_pow2(layout.rope_dim), ROPE16=rope16, **cm.read_constants(layout))
     return geo
 
 

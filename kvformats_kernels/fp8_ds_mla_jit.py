@@ -95,16 +95,23 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_s
 
 
 @triton.jit
-def ue8m0_block_bits(b, s, HW: tl.constexpr):
-    """bf16 bits (int32) of e4m3 bytes b [BM, NB, QB] times 2^(s - 127) (ue8m0 bytes s [BM, NB]).
-    With HW the GPU's conversions (NaN bytes and scales give NaN through them); else integer
-    rounding, where NaN can come only from a NaN byte (0x7F / 0xFF) or a NaN scale (0xFF):
-    decided on the bytes, so the per-element rounding needs no NaN test."""
+def ue8m0_block_bits(b, s, HW: tl.constexpr, FF_NAN: tl.constexpr):
+    """bf16 bits (int32) of e4m3 bytes b [BM, NB, QB] times 2^(s - 127) (ue8m0 bytes s [BM, NB]),
+    scale byte 0xFF read as NaN (FF_NAN) or +Inf. With HW the GPU's conversions (NaN bytes and
+    scales, and 0 * Inf, give NaN through them); else integer rounding, where NaN can come only
+    from a NaN byte (0x7F / 0xFF), a NaN scale (0xFF with FF_NAN) or a zero code times an Inf
+    scale: decided on the bytes, so the per-element rounding needs no NaN test (±Inf rounds to
+    ±Inf there)."""
     if HW:
-        return nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.ue8m0_value(s)[:, :, None], HW)
+        return nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.ue8m0_value(s, FF_NAN)[:, :, None], HW)
     else:
-        v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s)[:, :, None]
-        nan = ((b.to(tl.int32) & 0x7F) == 0x7F) | (s == 0xFF)[:, :, None]
+        v = nj.e4m3_half_value(b) * 256.0 * nj.ue8m0_value(s, FF_NAN)[:, :, None]
+        code = b.to(tl.int32) & 0x7F
+        ff = (s == 0xFF)[:, :, None]
+        if FF_NAN:
+            nan = (code == 0x7F) | ff
+        else:
+            nan = (code == 0x7F) | (ff & (code == 0))
         return tl.where(nan, 0x7FC0, nj.bf16_rne_bits_nonan(v))
 
 
@@ -115,9 +122,10 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
                 SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                 NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                 ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
-                BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
+                FF_NAN: tl.constexpr, BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
     """Decode the rows at (page, row) [BM] (zeros where not ok) into the int16 (bf16 bits) rows
     ``out_row`` [BM pointers] where live: e4m3 * 2^(s-127) rounded to bf16, then the tail.
+    FF_NAN: a ue8m0 scale byte 0xFF reads NaN (else +Inf; the profile's ue8m0_ff).
 
     When the RoPE tail is one quantization block wide (DeepSeek V4: 7 x 64 + 64), a row is one
     [NB + 1, QB] tile whose last block is the tail, so each row leaves in one contiguous store.
@@ -134,7 +142,7 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
                     mask=ok[:, None, None] & nope, other=0)
         s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
                     mask=ok[:, None] & (blk < NB)[None, :], other=127)
-        bits = ue8m0_block_bits(b, s, HW)
+        bits = ue8m0_block_bits(b, s, HW, FF_NAN)
         if ROPE16:
             at = page * page_stride16 + (ROPE_OFF // 2) + row * (ROPE_STRIDE // 2)
             r = tl.load(rope16_ptr + at[:, None, None] + c[None, None, :], mask=ok[:, None, None] & tail,
@@ -162,7 +170,7 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
             bits = nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.bits_f32(sb)[:, :, None], HW)
         else:
             s = tl.load(scale_at + blk[None, :], mask=ok[:, None] & (blk < NB)[None, :], other=127)
-            bits = ue8m0_block_bits(b, s, HW)
+            bits = ue8m0_block_bits(b, s, HW, FF_NAN)
         k = tl.arange(0, 2 * ROPE_P2)  # the tail is loaded before the NoPE store (see the encode)
         pairs = tl.load((cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE)[:, None] + k[None, :],
                         mask=ok[:, None] & (k < 2 * ROPE)[None, :], other=0).to(tl.int32)
@@ -180,14 +188,15 @@ def decode_kernel(cache_ptr, rope16_ptr, slots_ptr, out_ptr, err_ptr, n_rows, sl
                   SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                   NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                   ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr, HW: tl.constexpr = False):
+                  FF_NAN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr,
+                  HW: tl.constexpr = False):
     """out (int16 bits of bf16) [N, HEAD_DIM]: the rows at slots; zero rows for invalid slots
     (a slot >= capacity recorded at SITE)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     decode_body(cache_ptr, rope16_ptr, page, row, ok, out_ptr + rows * HEAD_DIM, in_range, page_stride,
                 page_stride16, PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
-                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, BLOCK_M, HW)
+                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, FF_NAN, BLOCK_M, HW)
     record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
@@ -200,7 +209,7 @@ def paged_decode_kernel(cache_ptr, rope16_ptr, table_ptr, seq_ptr, glen_ptr, bas
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
                         ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
-                        HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
+                        FF_NAN: tl.constexpr, HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
                         GLEN_SITE: tl.constexpr, OUT_SITE: tl.constexpr, HW: tl.constexpr = False):
     """dequantize_gather: out[req, offset + i] = the decoded row of position
     seq_len - gather_len + i of request req (program axis 1, plus req0) through the table; an
@@ -212,5 +221,5 @@ def paged_decode_kernel(cache_ptr, rope16_ptr, table_ptr, seq_ptr, glen_ptr, bas
     out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
     decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride, page_stride16,
                 PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
-                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, BLOCK_M, HW)
+                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, FF_NAN, BLOCK_M, HW)
     record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE, OUT_SITE)

@@ -93,7 +93,8 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
 def _decode_plan(layout, cfg_items: tuple, hw: bool, site: int):
     """(rows per program, the slot decode's constexprs and launch options); as _encode_plan."""
     cfg = dict(cfg_items)
-    return cfg["block_m"], cm.frozen(dict(_geometry(layout), BLOCK_M=cfg["block_m"], SITE=site, HW=hw,
+    reads = cm.read_constants(layout) if layout.name == "mxfp4_indexer" else {}
+    return cfg["block_m"], cm.frozen(dict(_geometry(layout), **reads, BLOCK_M=cfg["block_m"], SITE=site, HW=hw,
                                           **cm.launch_opts(cfg)))
 
 
@@ -117,7 +118,8 @@ def _paged_plan(layout, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bo
     """(rows per program, dequantize_gather's constexprs and launch options); as _encode_plan."""
     cfg = dict(cfg_items)
     mxfp4 = layout.name == "mxfp4_indexer"
-    geo = dict(_geometry(layout), MXFP4=mxfp4, HW=hw, STREAM=mxfp4 and bool(cfg["mxfp4_cs_stores"]))
+    geo = dict(_geometry(layout), **cm.read_constants(layout), MXFP4=mxfp4, HW=hw,
+               STREAM=mxfp4 and bool(cfg["mxfp4_cs_stores"]))
     return cfg["block_m"], cm.paged_constants(geo, has_glen, has_base, cfg)
 
 

@@ -219,9 +219,11 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
 def mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
                       VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
                       SCALE_STRIDE: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                      BLOCK_M: tl.constexpr, STREAM: tl.constexpr = False):
-    """float32 rows ``out_row`` (where live) = e2m1 value * 2^(s-127) of the rows at (page, row).
-    STREAM: the rows are stored with the .cs (streaming, evict-first) cache hint."""
+                      FF_NAN: tl.constexpr, BLOCK_M: tl.constexpr, STREAM: tl.constexpr = False):
+    """float32 rows ``out_row`` (where live) = e2m1 value * 2^(s-127) of the rows at (page, row);
+    a scale byte 0xFF reads NaN with FF_NAN, else +Inf (non-zero codes ±Inf, zero codes 0 * Inf =
+    NaN in the product itself). STREAM: the rows are stored with the .cs (streaming,
+    evict-first) cache hint."""
     HQ: tl.constexpr = QB // 2
     base = page * page_stride
     blk = tl.arange(0, NB_P2)
@@ -231,7 +233,7 @@ def mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
                 mask=ok[:, None, None] & inb, other=0)
     s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
                 mask=ok[:, None] & (blk < NB)[None, :], other=127)
-    sc = nj.ue8m0_value(s)[:, :, None]
+    sc = nj.ue8m0_value(s, FF_NAN)[:, :, None]
     v = tl.join(nj.e2m1_value(b) * sc, nj.e2m1_value(b.to(tl.int32) >> 4) * sc)  # low nibble first
     elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
     at = out_row[:, None, None] + elem[None, :, :]
@@ -245,16 +247,15 @@ def mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
 def mxfp4_decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
                         PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr,
-                        SITE: tl.constexpr,
-                        HW: tl.constexpr = False):
+                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, FF_NAN: tl.constexpr,
+                        BLOCK_M: tl.constexpr, SITE: tl.constexpr, HW: tl.constexpr = False):
     """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots (a slot >=
     capacity recorded at SITE). (HW: unused, e2m1
     has no hardware conversion on Hopper; taken so both indexer decoders share a launcher.)"""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     mxfp4_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
-                      VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M)
+                      VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, FF_NAN, BLOCK_M)
     record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
@@ -265,12 +266,13 @@ def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_p
                         PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
                         SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
                         NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, MXFP4: tl.constexpr,
-                        HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
+                        FF_NAN: tl.constexpr, HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
                         GLEN_SITE: tl.constexpr, OUT_SITE: tl.constexpr, HW: tl.constexpr = False,
                         STREAM: tl.constexpr = False):
     """dequantize_gather of either indexer format (MXFP4 picks the body): float32
     out[req, offset + i] = the decoded row of position seq_len - gather_len + i of request req.
-    STREAM: MXFP4 rows stored with the streaming cache hint. Invalid gather_lens and workspace
+    FF_NAN: MXFP4 scale byte 0xFF reads NaN, else +Inf (the FP8 indexer's float32 scales take
+    none). STREAM: MXFP4 rows stored with the streaming cache hint. Invalid gather_lens and workspace
     widths are recorded (rows_jit.request_rows)."""
     req = tl.program_id(1).to(tl.int64) + req0
     i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -279,7 +281,8 @@ def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_p
     out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
     if MXFP4:
         mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
-                          VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, STREAM)
+                          VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, FF_NAN, BLOCK_M,
+                          STREAM)
     else:
         fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
                         VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, HW)

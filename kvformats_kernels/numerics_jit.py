@@ -146,10 +146,14 @@ def pow2(k):
 
 
 @triton.jit
-def ue8m0_value(s):
-    """ue8m0 byte (int tensor, low 8 bits) -> float32 2^(s - 127); 0xFF -> NaN."""
+def ue8m0_value(s, FF_NAN: tl.constexpr):
+    """ue8m0 byte (int tensor, low 8 bits) -> float32 2^(s - 127); 0xFF -> NaN with FF_NAN
+    (float8_e8m0fnu), else +Inf (2^128 in float32: the profile's ue8m0_ff "inf")."""
     s = s.to(tl.int32) & 0xFF
-    return bits_f32(tl.where(s == 0xFF, 0x7FC00000, pow2_bits(s - 127)))
+    if FF_NAN:
+        return bits_f32(tl.where(s == 0xFF, 0x7FC00000, pow2_bits(s - 127)))
+    else:
+        return bits_f32(pow2_bits(s - 127))
 
 
 @triton.jit

@@ -7,7 +7,7 @@ import kvformats as kvf
 from kvformats.diagram import layout_svg
 from kvformats.diff import diff_caches
 from kvformats.fsck import check, scale_exponent_range
-from kvformats.render import hexdump_page, page_lines, slot_record
+from kvformats.render import hexdump_page, json_number, page_lines, slot_record
 
 SMALL = {"fp8_ds_mla": {"page_size": 4}, "fp8_ds_mla_v32": {"page_size": 4}, "fp8_indexer": {"page_size": 4}, "mxfp4_indexer": {"page_size": 4},
          "compressor_state": {"head_dim": 8, "page_size": 4}}
@@ -59,6 +59,21 @@ def test_slot_record_matches_decode_and_gather(name):
     decoded = torch.cat(decoded, dim=1) if isinstance(decoded, tuple) else decoded
     values = torch.tensor([v for r in rec["regions"] if r["role"] == "data" for v in r["values"]])
     assert torch.equal(values.to(decoded.dtype), decoded[0])
+
+
+@pytest.mark.parametrize("profile", ["tokenspeed", "ocp"])
+def test_slot_record_reads_scale_ff_as_the_profile(profile):
+    """A scale byte 0xFF shows as decode reads it: +Inf under tokenspeed, NaN under ocp."""
+    layout = kvf.Mxfp4Indexer(page_size=4, profile=profile)
+    cache, slots = filled(layout)
+    slot = int(slots[0])
+    page, row = divmod(slot, layout.page_size)
+    scales = layout.region("scales")
+    raw_bytes(cache)[page * layout.page_bytes + scales.offset + row * scales.row_stride] = 0xFF
+    rec = {r["name"]: r["values"] for r in slot_record(layout, cache, slot)["regions"]}
+    want = [json_number(v) for v in layout.decode(cache, torch.tensor([slot]))[0, :32].tolist()]
+    assert rec["scales"][0] == ("inf" if profile == "tokenspeed" else "nan")
+    assert rec["values"][:32] == want and ("inf" in want or "-inf" in want) == (profile == "tokenspeed")
 
 
 @pytest.mark.parametrize("name", kvf.list_formats())

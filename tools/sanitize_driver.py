@@ -224,6 +224,25 @@ def add_profile_encodes(d: Driver, fmt: str) -> None:
             x, cache, d.t([cap - 1, -1, 0, 5]), backend=_encode_backend(d), **kw))
 
 
+def add_profile_reads(d: Driver, fmt: str) -> None:
+    """The reads of one profile per reading of scale byte 0xFF (``ue8m0_ff``) other than the
+    default profile's: the decode kernels take it as a constexpr, so each is its own variant."""
+    from kvformats.profiles import profile_table
+
+    table = profile_table(fmt)
+    if table is None:
+        return
+    seen = {table.get(table.default).ue8m0_ff}
+    for name in table.names:
+        layout = kvf.get_format(fmt, page_size=4, profile=name)
+        if layout.numerics.ue8m0_ff in seen:
+            continue
+        seen.add(layout.numerics.ue8m0_ff)
+        cache = d.cache(layout, 3)
+        add_reads(d, layout, cache, fmt, f"{fmt} profile {name}")
+        add_paged(d, layout, cache, fmt, f"{fmt} profile {name}")
+
+
 def _encode_backend(d: Driver) -> str:
     return "reference" if d.device.type != "cuda" and not INTERPRETER[0] else "triton"
 
@@ -232,6 +251,7 @@ def add_codec_calls(d: Driver) -> None:
     for fmt in kvf.list_formats():
         if not d.quick:
             add_profile_encodes(d, fmt)
+        add_profile_reads(d, fmt)
         if codec_backend(fmt, "encode", d.device) is None:
             d.skipped.append(f"{fmt}.encode")
         for layout in layouts_of(fmt, d.quick):

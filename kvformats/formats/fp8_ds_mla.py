@@ -21,8 +21,10 @@ QUANT_BLOCK = 64
 SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax")
 PROFILES = declare(
     "fp8_ds_mla",
-    Profile(name="tokenspeed", scale_rule=SCALE_RULE, engine="tokenspeed V4 writers (python, Triton, CUDA)",
-            source="spec/upstream.md §2.2; spec/engines.md §5 'vLLM / tokenspeed V4 584 B'"),
+    Profile(name="tokenspeed", scale_rule=SCALE_RULE, ue8m0_ff="inf",
+            engine="tokenspeed V4 writers (python, Triton, CUDA)",
+            source="spec/upstream.md §2.2; spec/engines.md §5 'vLLM / tokenspeed V4 584 B'; "
+                   "reads: spec/nan-policy.md §4"),
     Profile(name="vllm", scale_rule=SCALE_RULE, engine="vLLM V4 fused compress/insert writers (584 B)",
             source="spec/engines.md §5 'vLLM / tokenspeed V4 584 B': same rule as tokenspeed, so the same bytes"),
     Profile(name="flashmla-ref",
@@ -90,10 +92,12 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
         token = self.segments[0].record_bytes
         s = rows[:, token:token + nb]
         codes = rows[:, :nope].reshape(n, nb, QUANT_BLOCK)
+        # s = 0xFF gives e = 128: e4m3_decode_pow2 multiplies by 2^128 = +Inf (the "inf" reading)
         values = nx.e4m3_decode_pow2(codes, s.to(torch.int32) - nx.UE8M0_BIAS)
-        nan_scale = s == 0xFF  # a ue8m0 NaN: the direct expression gives value * NaN
-        if bool(nan_scale.any()):
-            values[nan_scale] = nx.e4m3_decode(codes[nan_scale]) * nx.ue8m0_decode(s[nan_scale]).unsqueeze(-1)
+        if self.numerics.ue8m0_ff == "nan":
+            nan_scale = s == 0xFF  # a ue8m0 NaN: the direct expression gives value * NaN
+            if bool(nan_scale.any()):
+                values[nan_scale] = nx.e4m3_decode(codes[nan_scale]) * nx.ue8m0_decode(s[nan_scale]).unsqueeze(-1)
         out = torch.empty((n, self.head_dim), dtype=torch.bfloat16, device=rows.device)
         out[:, :nope] = values.view(n, nope)
         out.view(torch.uint8)[:, 2 * nope:] = rows[:, nope:token]

@@ -22,8 +22,10 @@ SCALE_RULE = nx.ScaleRule(element_max=nx.E2M1_MAX, floor=1e-4, floor_on="absmax"
                           exponent_min=-127, exponent_max=127)
 PROFILES = declare(
     "mxfp4_indexer",
-    Profile(name="tokenspeed", scale_rule=SCALE_RULE, e2m1_rounding="threshold",
-            engine="tokenspeed MXFP4 indexer writers", source="spec/upstream.md §4.3; spec/engines.md §5 'tokenspeed MXFP4 indexer'"),
+    Profile(name="tokenspeed", scale_rule=SCALE_RULE, e2m1_rounding="threshold", ue8m0_ff="inf",
+            engine="tokenspeed MXFP4 indexer writers",
+            source="spec/upstream.md §4.3; spec/engines.md §5 'tokenspeed MXFP4 indexer'; "
+                   "reads: spec/nan-policy.md §4"),
     Profile(name="vllm",
             scale_rule=nx.ScaleRule(element_max=nx.E2M1_MAX, floor=6 * 2.0**-126, floor_on="absmax",
                                     exponent_min=-127, exponent_max=127),
@@ -97,7 +99,8 @@ class Mxfp4Indexer(ProfiledLayout, Layout):
         n, d, nb = rows.shape[0], self.head_dim, self.num_blocks
         codes = nx.unpack_nibbles(rows[:, :d // 2])
         values = nx.e2m1_decode(codes).reshape(n, nb, QUANT_BLOCK)
-        return (values * nx.ue8m0_decode(rows[:, d // 2:]).unsqueeze(-1)).reshape(n, d)
+        scales = nx.ue8m0_decode(rows[:, d // 2:], self.numerics.ue8m0_ff)
+        return (values * scales.unsqueeze(-1)).reshape(n, d)
 
 
 register_reference_ops(Mxfp4Indexer.name)

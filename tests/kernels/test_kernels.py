@@ -224,7 +224,7 @@ def _probe_kernel(x_ptr, out_ptr, n, OP: tl.constexpr, FLOOR: tl.constexpr, ELEM
     elif OP == 3:
         r = nj.pow2_bits(x)
     elif OP == 4:
-        r = nj.f32_bits(nj.ue8m0_value(x))
+        r = nj.f32_bits(nj.ue8m0_value(x, True))
     elif OP == 5:
         r = nj.ceil_log2(x)
     elif OP == 6:

@@ -4,6 +4,7 @@ CPU, compiled on a GPU): the same bytes on both."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -135,6 +136,8 @@ def test_encode_nonfinite_block(fmt, backend, special, dtype):
         assert bool(torch.isfinite(torch.cat([block0[:3], block0[4:]])).all()) or any(abs(v) > 2**125 for v in finite)
     else:
         assert not bool(torch.isfinite(block0).any()), "every decoded value of the block is non-finite"
+        if fmt == "fp8_indexer" or layout.numerics.ue8m0_ff == "inf":  # an Inf scale: ±Inf reads back
+            assert block0[3].item() == special or special != special
     assert bool(torch.isfinite(dec[BLOCK[fmt]:2 * BLOCK[fmt]]).all())
 
 
@@ -221,21 +224,31 @@ def e4m3_f64(codes: torch.Tensor) -> torch.Tensor:
     return codes.view(torch.float8_e4m3fn).to(torch.float64)
 
 
+def ue8m0_f64(s: int, ff: str) -> float:
+    """A ue8m0 byte's scale as the profile reads it: 2^(s - 127) rounded to float32, so 0xFF is
+    +Inf ("inf", tokenspeed), or NaN for 0xFF ("nan", float8_e8m0fnu)."""
+    if s == 0xFF:
+        return INF if ff == "inf" else NAN
+    return 2.0 ** (s - 127)
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_decode_corrupt_fp8_ds_mla(backend):
+@pytest.mark.parametrize("profile", ["tokenspeed", "vllm"])
+def test_decode_corrupt_fp8_ds_mla(backend, profile):
     needs(backend, "fp8_ds_mla", "decode")
-    layout = LAYOUTS["fp8_ds_mla"]
+    layout = attrs.evolve(LAYOUTS["fp8_ds_mla"], profile=profile)
     codes = torch.arange(128, dtype=torch.uint8) * 2 + torch.tensor([0, 1], dtype=torch.uint8).repeat(64)
     codes[:4] = torch.tensor([0x7F, 0xFF, 0x7E, 0x01])
     rope = torch.tensor([NAN, INF, -INF, 1.5] * 16).to(torch.bfloat16)
     rope.view(torch.int16)[0] = 0x7FA1  # a NaN payload: stored and returned verbatim
-    for s0, s1, pad in [(0xFF, 0x7F, 0x00), (0x7F, 0xFE, 0xAB), (0x00, 0xF7, 0xFF)]:
+    for s0, s1, pad in [(0xFF, 0x7F, 0x00), (0x7F, 0xFE, 0xAB), (0x00, 0xF7, 0xFF), (0x00, 0xFF, 0x00)]:
         row = torch.cat([codes, rope.view(torch.uint8), torch.tensor([s0, s1, pad], dtype=torch.uint8)])
         got = decode_bytes(backend, layout, row)
-        vals = e4m3_f64(codes).reshape(2, 64) * torch.tensor([2.0 ** (s0 - 127), 2.0 ** (s1 - 127)],
+        ff = layout.numerics.ue8m0_ff
+        # float64: 0 * Inf is NaN, code * Inf is ±Inf, NaN codes stay NaN (spec/nan-policy.md §4)
+        vals = e4m3_f64(codes).reshape(2, 64) * torch.tensor([ue8m0_f64(s0, ff), ue8m0_f64(s1, ff)],
                                                              dtype=torch.float64)[:, None]
-        vals[torch.tensor([s0, s1]) == 0xFF] = NAN
         want = torch.cat([vals.reshape(-1).to(torch.bfloat16), rope])[None]
         assert same_values(got[:1], want), (s0, s1)
         assert torch.equal(got[0, 128:].view(torch.int16), rope.view(torch.int16)), "RoPE bits verbatim"
@@ -256,18 +269,21 @@ def test_decode_corrupt_fp8_indexer(backend):
         assert same_values(got[:1], want), (s0, s1)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's 0 * Inf
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_decode_corrupt_mxfp4(backend):
+@pytest.mark.parametrize("profile", ["tokenspeed", "ocp"])
+def test_decode_corrupt_mxfp4(backend, profile):
     needs(backend, "mxfp4_indexer", "decode")
-    layout = LAYOUTS["mxfp4_indexer"]
+    layout = attrs.evolve(LAYOUTS["mxfp4_indexer"], profile=profile)
     nib = torch.arange(64, dtype=torch.uint8) % 16
     for s0, s1 in [(0xFF, 0x00), (0xFE, 0x7F)]:
         row = torch.cat([nx.pack_nibbles(nib), torch.tensor([s0, s1], dtype=torch.uint8)])
         got = decode_bytes(backend, layout, row)
         mags = torch.tensor(nx.E2M1_VALUES, dtype=torch.float64)[(nib & 7).long()]
         vals = torch.where((nib & 8) != 0, -mags, mags).reshape(2, 32)
-        vals = vals * torch.tensor([2.0 ** (s0 - 127), 2.0 ** (s1 - 127)], dtype=torch.float64)[:, None]
-        vals[torch.tensor([s0, s1]) == 0xFF] = NAN  # a NaN scale poisons every element, zeros too
+        ff = layout.numerics.ue8m0_ff
+        # "nan": a NaN scale poisons every element, zeros too; "inf": ±Inf, zero codes (±0) NaN
+        vals = vals * torch.tensor([ue8m0_f64(s0, ff), ue8m0_f64(s1, ff)], dtype=torch.float64)[:, None]
         want = vals.reshape(1, -1).float()
         assert same_values(got[:1], want), (s0, s1)
         assert got[0, 8].item() == 0 and torch.signbit(got[0, 8 + 32]) or s0 == 0xFF  # nibble 0x8 = -0.0
