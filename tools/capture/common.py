@@ -135,6 +135,10 @@ def edge_blocks(block: int, fmax: float, floor_amax: float, seed: int) -> list[t
         b[7] = fmax * 2.0**k
         out.append(b.clone())
         b[7] = fmax * 2.0**k * (1 + 2.0**-7)
+        out.append(b.clone())
+        # one float32 ulp above the boundary: amax / fmax rounds back onto 2^k in float32, not in
+        # double (bf16 inputs round it back to the boundary itself)
+        b[7] = torch.nextafter(torch.tensor(fmax * 2.0**k), torch.tensor(float("inf")))
         out.append(b)
     return out
 

@@ -1,6 +1,6 @@
 """Capture vectors from FlashMLA's own torch reference quantizer (tests/quant.py), on CPU.
 
-    python3 tools/capture/flashmla.py --src DIR [--commit SHA] [--out spec/vectors/captured]
+    python3 tools/capture/from_flashmla.py --src DIR [--commit SHA] [--out spec/vectors/captured]
 
 DIR is a checkout (or an extracted copy) of https://github.com/deepseek-ai/FlashMLA holding
 ``tests/quant.py``, outside the tracked tree, e.g. ``.engines/FlashMLA`` (git-ignored):

@@ -1,6 +1,6 @@
 """Capture vectors from DeepGEMM's torch reference quantizers (deep_gemm/utils/math.py), on CPU.
 
-    python3 tools/capture/deepgemm.py --src DIR [--out spec/vectors/captured]
+    python3 tools/capture/from_deepgemm.py --src DIR [--out spec/vectors/captured]
 
 DIR is a checkout (or an extracted copy) of https://github.com/deepseek-ai/DeepGEMM holding
 ``deep_gemm/utils/math.py``, outside the tracked tree, e.g. ``.engines/DeepGEMM`` (git-ignored):
