@@ -57,9 +57,9 @@ def blob_id(path: Path) -> str:
 
 def provenance(*, repo: str, commit: str, file: str, function: str, source_path: Path,
                device: str, note: str = "") -> dict:
-    """The ``captured`` block of a vector: which upstream code produced the expected bytes."""
-    url = (f"https://github.com/{repo}/blob/{commit}/{file}" if len(commit) == 40
-           else f"https://pypi.org/project/{repo.split('==')[0]}/{repo.split('==')[1]}/")
+    """The ``captured`` block of a vector: which upstream code produced the expected bytes
+    (``blob``: git's id of the exact file that ran)."""
+    url = f"https://github.com/{repo}/blob/{commit}/{file}"
     out = {"repo": repo, "commit": commit, "file": file, "function": function, "url": url,
            "blob": blob_id(source_path), "device": device, "torch": torch.__version__.split("+")[0],
            "command": " ".join(shlex.quote(a) for a in ["python3", *sys_argv_rel()])}
