@@ -69,13 +69,20 @@ def provenance(*, repo: str, commit: str, file: str, function: str, source_path:
 
 
 def sys_argv_rel() -> list[str]:
-    """sys.argv with the script path relative to the repository root (no machine paths)."""
+    """sys.argv with the script path relative to the repository root and without --out (no
+    machine paths)."""
     script = Path(sys.argv[0]).resolve()
     try:
         first = str(script.relative_to(ROOT))
     except ValueError:
         first = script.name
-    return [first, *sys.argv[1:]]
+    rest, skip = [], False
+    for a in sys.argv[1:]:  # --out names a folder of the machine that ran it, not how to reproduce it
+        if skip or a == "--out" or a.startswith("--out="):
+            skip = a == "--out"
+            continue
+        rest.append(a)
+    return [first, *rest]
 
 
 def render(vec: dict) -> str:
