@@ -10,7 +10,8 @@ vLLM's git snapshot is too large to fetch here, so the file comes from the relea
     pip download vllm==0.34.0 --no-deps -d /tmp/vllm-wheel
     unzip -q /tmp/vllm-wheel/vllm-0.34.0-*.whl 'vllm/_version.py' 'vllm/models/deepseek_v4/common/ops/*' -d .engines/vllm-0.34.0
 
-Why only this: ``import vllm`` needs its compiled extension and CUDA; its V4 CPU path
+Why only this: ``import vllm`` fails without its compiled extensions (the 0.34.0 wheel pins torch
+2.14 and ships CUDA builds of them); its V4 CPU path
 (vllm/models/deepseek_v4/cpu/) calls compiled C++ ops (``torch.ops._C``); its 584 B writers are
 the CUDA fused op and the Triton ``quantize_and_insert_k_cache``. This script loads
 cache_utils.py alone, with stub modules for its vLLM imports (imports only: the function captured
