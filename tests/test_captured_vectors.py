@@ -107,3 +107,13 @@ def test_decode_vectors_check_nan_positions():
     raw[nan_at:nan_at + 2] = b"\x00\x00"  # a NaN the engine produced, replaced by 0.0
     d["hex"] = raw.hex()
     assert any(f"decoded row {d['row']}" in f for f in _failures(vec))
+
+
+def test_capture_scripts_are_independent_of_kvformats():
+    """A captured vector must come from the engine alone: the scripts never import kvformats."""
+    scripts = sorted((ROOT / "tools" / "capture").glob("*.py"))
+    assert {p.name for p in scripts} >= {"common.py", "from_flashmla.py", "from_deepgemm.py", "from_tokenspeed.py",
+                                         "from_vllm.py"}
+    for p in scripts:
+        source = p.read_text()
+        assert "import kvformats" not in source and "from kvformats" not in source, p.name

@@ -3,7 +3,7 @@ vector JSON (the shape of spec/vectors, read by kvformats.vectors) and the prove
 
 The capture scripts run an engine's own code, imported from a directory outside the tracked tree
 (never copied into the repository), and store its inputs and outputs as data under
-spec/vectors/captured/<engine>/. This module imports nothing from kvformats: a captured vector
+spec/vectors/captured/<engine>/. No capture script uses kvformats: a captured vector
 must not depend on the implementation it is used to check.
 """
 
