@@ -12,6 +12,11 @@ hex; ``x`` is a list of tensors for a tuple input, other keys are encode keyword
 ``sha256`` (row, start, stop, digest), ``decoded`` (row, start, dtype, hex), ``cache_bytes``
 (absolute byte offset in the cache storage, hex), ``written`` (the [offset, length] byte spans
 encode may change; every other byte must keep the sentinel) and ``slot_offsets``.
+
+``op`` is "encode" (above) or "decode": ``inputs.cache`` (uint8) is then copied to the start of
+the sentinel-filled cache storage and only ``decoded`` is checked (engine readers captured on
+arbitrary bytes, spec/vectors/captured). A ``decoded`` entry with ``"nan": "any"`` compares NaN
+positions, not NaN bits (spec/nan-policy.md §1.3 leaves payloads and signs unspecified).
 """
 
 from __future__ import annotations
@@ -106,8 +111,14 @@ def _decoded_checks(decoded, expected: dict) -> list[Check]:
             out.append(Check(f"decoded dtype of row {d['row']}", str(decoded.dtype), d["dtype"]))
             continue
         n = len(d["hex"]) // 2 // decoded.element_size()
+        got = decoded[d["row"], d["start"]:d["start"] + n]
+        want_hex = d["hex"]
+        if d.get("nan") == "any":  # one canonical NaN on both sides: positions count, bits do not
+            want = tensor_from_spec({"dtype": d["dtype"], "shape": [n], "hex": want_hex}).to(got.device)
+            nan = torch.full_like(got, float("nan"))
+            got, want_hex = torch.where(got.isnan(), nan, got), _hex(torch.where(want.isnan(), nan, want))
         out.append(Check(f"decoded row {d['row']} elements [{d['start']}:{d['start'] + n}]",
-                         _hex(decoded[d["row"], d["start"]:d["start"] + n]), d["hex"]))
+                         _hex(got), want_hex))
     return out
 
 
@@ -135,6 +146,8 @@ def _cache_checks(layout, before: torch.Tensor, after: torch.Tensor, expected: d
 def run_vector(vec: dict, *, backend: str = "auto", device="cpu") -> list[Check]:
     """Encode the vector's inputs into a sentinel-filled cache through the public API, then gather
     and decode its slots; every expected item becomes a Check."""
+    if vec["op"] == "decode":
+        return _run_decode(vec, backend=backend, device=device)
     if vec["op"] != "encode":
         raise ValueError(f"vector {vec['id']}: unsupported op {vec['op']!r}")
     layout = get_format(vec["format"], **vec["params"])
@@ -149,6 +162,19 @@ def run_vector(vec: dict, *, backend: str = "auto", device="cpu") -> list[Check]
     expected = vec["expected"]
     return (_row_checks(rows, expected) + _decoded_checks(decoded, expected)
             + _cache_checks(layout, before, after, expected))
+
+
+def _run_decode(vec: dict, *, backend: str, device) -> list[Check]:
+    """Copy ``inputs.cache`` to the start of the cache storage and decode ``slots``."""
+    layout = get_format(vec["format"], **vec["params"])
+    cache = make_cache(layout, vec["cache"], device)
+    raw = tensor_from_spec(vec["inputs"]["cache"], device).reshape(-1)
+    storage = _storage_bytes(cache)
+    if raw.numel() > storage.numel():
+        raise ValueError(f"vector {vec['id']}: {raw.numel()} cache bytes exceed the cache ({storage.numel()})")
+    storage[:raw.numel()] = raw
+    decoded = layout.decode(cache, tensor_from_spec(vec["slots"], device), backend=backend)
+    return _decoded_checks(decoded, vec["expected"])
 
 
 def vector_paths(root) -> list[Path]:
