@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from kvformats import numerics as nx
+from kvformats.errors import InputError
 from kvformats.layout import Layout, Region
 
 
@@ -78,7 +79,7 @@ def locate_byte(layout: Layout, offset: int) -> tuple[Region, int, int]:
         row, within = divmod(rel, r.row_stride)
         if row < layout.page_size and within < r.nbytes:
             return r, row, within
-    raise ValueError(f"byte {offset} is outside {layout.name}'s page of {layout.page_bytes} bytes")
+    raise InputError(f"byte {offset} is outside {layout.name}'s page of {layout.page_bytes} bytes")
 
 
 def elements_per_byte(region: Region) -> float:

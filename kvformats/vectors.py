@@ -24,6 +24,7 @@ from pathlib import Path
 import attrs
 import torch
 
+from kvformats.errors import InputError, UnsupportedError
 from kvformats.registry import get_format
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -51,7 +52,7 @@ def load_vector(path) -> dict:
 def tensor_from_spec(spec: dict, device="cpu") -> torch.Tensor:
     """Rebuild a tensor from ``{"dtype", "shape", "hex"}`` (little-endian element bytes)."""
     if sys.byteorder != "little":  # the hex is little-endian; a big-endian host would reinterpret it
-        raise RuntimeError("golden vectors are little-endian; this host is big-endian")
+        raise UnsupportedError("golden vectors are little-endian; this host is big-endian")
     raw = torch.frombuffer(bytearray(bytes.fromhex(spec["hex"])), dtype=torch.uint8)
     if raw.numel() == 0:
         return torch.empty(spec["shape"], dtype=DTYPES[spec["dtype"]], device=device)
@@ -136,7 +137,7 @@ def run_vector(vec: dict, *, backend: str = "auto", device="cpu") -> list[Check]
     """Encode the vector's inputs into a sentinel-filled cache through the public API, then gather
     and decode its slots; every expected item becomes a Check."""
     if vec["op"] != "encode":
-        raise ValueError(f"vector {vec['id']}: unsupported op {vec['op']!r}")
+        raise InputError(f"vector {vec['id']}: unsupported op {vec['op']!r}")
     layout = get_format(vec["format"], **vec["params"])
     x, kwargs = build_inputs(vec, device)
     slots = tensor_from_spec(vec["slots"], device)

@@ -25,6 +25,8 @@ import os
 
 import torch
 
+from kvformats.errors import InputTypeError
+
 _INT32 = 1 << 31
 # Tests set this: a call site that passes a runtime argument by keyword raises on every path
 # (on the GPU it would silently keep Triton's slower launch).
@@ -57,7 +59,7 @@ class FastKernel:
 
     def launch(self, grid, args: tuple, kwargs: dict) -> None:
         if STRICT_CALL_SITES and not self.runtime.isdisjoint(kwargs):
-            raise TypeError(f"{self.fn.__name__}: runtime arguments {sorted(self.runtime & set(kwargs))} passed "
+            raise InputTypeError(f"{self.fn.__name__}: runtime arguments {sorted(self.runtime & set(kwargs))} passed "
                             f"by keyword (the direct path would never be taken for this call site)")
         if not self.direct or _hooks_set():
             self.fn[grid](*args, **kwargs)

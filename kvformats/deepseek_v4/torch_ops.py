@@ -227,11 +227,11 @@ def op_arguments(name: str, *args, **kwargs) -> dict:
     ``out`` workspaces allocated where None."""
     positional, defaults, kinds = _SIGNATURES[name]
     if len(args) > len(positional) or any(k not in kinds for k in kwargs):
-        raise TypeError(f"{name}() takes {len(positional)} positional arguments and keywords {list(kinds)}")
+        raise InputTypeError(f"{name}() takes {len(positional)} positional arguments and keywords {list(kinds)}")
     values = {**defaults, **dict(zip(positional, args)), **kwargs}
     for n, (kind, optional) in kinds.items():  # the op schema would reject these less helpfully
         if n not in values:
-            raise TypeError(f"{name}() missing argument {n!r}")
+            raise InputTypeError(f"{name}() missing argument {n!r}")
         v = values[n]
         if n == "check":  # the schema's bool carries True / False; "strict" is applied around the call
             if v is not True and v is not False and v != "strict":
