@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from kvformats import numerics as nx
-from kvformats.errors import InputError
 from kvformats.layout import Layout, Region
 
 
@@ -64,22 +63,6 @@ def scaled_values(layout: Layout, cache: torch.Tensor, region: Region, pages: sl
     scales = element_values(scale, region_bytes(layout, cache, scale, pages))
     blocks = values.reshape(*values.shape[:-1], -1, region.block)
     return (blocks * scales[..., : blocks.shape[-2], None]).reshape(values.shape)
-
-
-def locate_byte(layout: Layout, offset: int) -> tuple[Region, int, int]:
-    """(region, row, byte within the row's field) of an in-page byte offset."""
-    for r in layout.regions:
-        if r.per_page:
-            if r.offset <= offset < r.offset + r.nbytes:
-                return r, -1, offset - r.offset
-            continue
-        rel = offset - r.offset
-        if rel < 0:
-            continue
-        row, within = divmod(rel, r.row_stride)
-        if row < layout.page_size and within < r.nbytes:
-            return r, row, within
-    raise InputError(f"byte {offset} is outside {layout.name}'s page of {layout.page_bytes} bytes")
 
 
 def elements_per_byte(region: Region) -> float:

@@ -22,8 +22,8 @@ figures come from ``cuobjdump`` in Triton's wheel. Relies on Triton internals
 SASS text, within stretches that end at an unpredicated EXIT, RET or BRA (so one branch's loads
 are not counted after another branch's stores; tools/sass_text.py). A load cannot move above a
 store that may alias it, so in straight-line code each such load can cost a wait on memory after
-the store (removing them took 0.15-0.3 µs off the byte gathers' 64-row time and 0.15-0.2 µs off
-the fp8_ds_mla encode's: docs/performance_gpu.md, thirteenth and fourteenth measurements). In
+the store; at decode sizes, where a call is one program's dependent chain, such waits are a
+visible part of its time. In
 a kernel with a loop, the count also includes the loop's later iterations, which is not that
 pattern. The table shows each kernel's worst specialization.
 
