@@ -54,6 +54,11 @@ def element_values(region: Region, raw: torch.Tensor) -> torch.Tensor:
     return raw.float()
 
 
+def storage_bytes(cache: torch.Tensor) -> torch.Tensor:
+    """The whole storage under ``cache`` (arena padding included) as a uint8 alias ``[bytes]``."""
+    return torch.empty(0, dtype=torch.uint8, device=cache.device).set_(cache.untyped_storage())
+
+
 def scaled_values(layout: Layout, cache: torch.Tensor, region: Region, pages: slice = slice(None)) -> torch.Tensor:
     """float32 ``[pages, rows, count]``: a region's elements times their block scale (if any)."""
     values = element_values(region, region_bytes(layout, cache, region, pages))

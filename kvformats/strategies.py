@@ -25,15 +25,16 @@ import torch
 from hypothesis import strategies as st
 
 from kvformats import numerics as nx
+from kvformats.checks import FLOAT_DTYPES
 from kvformats.errors import StrategyArgumentError
 from kvformats.formats import CompressorState
+from kvformats.inspect import storage_bytes
 from kvformats.layout import Layout
 from kvformats.registry import get_format, list_formats
 
 __all__ = ["BLOCK_KINDS", "SENTINELS", "StrategyArgumentError", "caches", "encode_args", "layouts", "rows",
            "slot_mappings", "state_inputs"]
 
-FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SENTINELS = (0x00, 0xA5, 0xCC, 0xDD, 0xFF)
 BLOCK_KINDS = ("random", "zero", "max", "ties", "subnormal", "outlier", "ulp_above_max", "tiny")
 _RANDOM_WEIGHT = 3  # random blocks appear this many times as often as each adversarial kind
@@ -253,11 +254,6 @@ def slot_mappings(capacity: int, n: int, dtype: torch.dtype | None = None) -> st
     if dtype is not None and dtype not in (torch.int32, torch.int64):
         raise StrategyArgumentError(f"dtype must be None, torch.int32 or torch.int64, got {dtype!r}")
     return _slot_mappings(capacity, n, dtype)
-
-
-def storage_bytes(cache: torch.Tensor) -> torch.Tensor:
-    """The whole storage under ``cache`` (arena padding included) as a uint8 alias ``[bytes]``."""
-    return torch.empty(0, dtype=torch.uint8, device=cache.device).set_(cache.untyped_storage())
 
 
 @st.composite

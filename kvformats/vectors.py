@@ -25,6 +25,7 @@ import attrs
 import torch
 
 from kvformats.errors import InputError, UnsupportedError
+from kvformats.inspect import storage_bytes
 from kvformats.registry import get_format
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -68,15 +69,10 @@ def build_inputs(vec: dict, device="cpu") -> tuple[object, dict]:
     return x, kwargs
 
 
-def _storage_bytes(cache: torch.Tensor) -> torch.Tensor:
-    """uint8 view of the cache's whole storage (the arena, when the cache is a strided view)."""
-    return torch.empty(0, dtype=torch.uint8, device=cache.device).set_(cache.untyped_storage())
-
-
 def make_cache(layout, spec: dict, device="cpu") -> torch.Tensor:
     """A cache as the vector describes it, every storage byte set to the sentinel."""
     cache = layout.allocate(spec["num_pages"], device=device, page_stride=spec["page_stride"])
-    _storage_bytes(cache).fill_(spec["sentinel"])
+    storage_bytes(cache).fill_(spec["sentinel"])
     return cache
 
 
@@ -142,9 +138,9 @@ def run_vector(vec: dict, *, backend: str = "auto", device="cpu") -> list[Check]
     x, kwargs = build_inputs(vec, device)
     slots = tensor_from_spec(vec["slots"], device)
     cache = make_cache(layout, vec["cache"], device)
-    before = _storage_bytes(cache).clone()
+    before = storage_bytes(cache).clone()
     layout.encode(x, cache, slots, backend=backend, **kwargs)
-    after = _storage_bytes(cache)
+    after = storage_bytes(cache)
     rows = layout.gather(cache, slots, backend=backend)
     decoded = layout.decode(cache, slots, backend=backend)
     expected = vec["expected"]

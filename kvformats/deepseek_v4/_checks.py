@@ -11,9 +11,8 @@ import torch
 from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_cache, check_tensor  # noqa: F401 - FLOAT_DTYPES: C.FLOAT_DTYPES
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import CompressorState, Fp8DsMla
+from kvformats.formats.compressor_state import RATIOS
 from kvformats.registry import get_format
-
-RATIOS = (4, 128)
 
 
 def check_int(name: str, value, *, minimum: int = 0, allowed: tuple | None = None) -> int:
