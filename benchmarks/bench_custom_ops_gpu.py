@@ -1,5 +1,5 @@
-"""What the torch.library custom-op path costs per call over a direct launcher call (issue 6's
-figure: at most 5 µs at 64 rows on the H200).
+"""What the torch.library custom-op path costs per call over a direct launcher call (the
+target, TARGET_US: at most 5 µs at 64 rows on the H200).
 
     python3 benchmarks/bench_custom_ops_gpu.py [--rows 64] [--calls 200] [--repeats 9] [--formats ...]
 

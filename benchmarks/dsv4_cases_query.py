@@ -93,7 +93,7 @@ def _indexer(n: int, g, cs) -> list[Case]:
     for op, per_row in (("prepare_indexer_q_mxfp4", D_IDX // 2 + 4 + 4), ("prepare_indexer_q_fp8", D_IDX + 4)):
         how = f"q (bf16), weights (fp32), positions and a cos_sin row per token read; {per_row} B per row written"
         # query.HW_E4M3 also switches the bf16 roundings to the hardware's, so the MXFP4 prep has
-        # a hardware variant too (the default on a GPU); before 2026-12-03 only its integer one was timed
+        # a hardware variant too (the default on a GPU)
         for hw in (False, True):
             out.append(_case(op, label, rows, read + rows * per_row, how, args, hw,
                              "hw bf16" if op.endswith("mxfp4") else "hw e4m3"))

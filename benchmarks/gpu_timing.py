@@ -28,8 +28,8 @@ def same_size_copy_us(nbytes: int, footprint: int = 256_000_000) -> float:
     """Per-call µs, inside a CUDA graph, of an SM kernel that reads nbytes / 2 and writes
     nbytes / 2 (torch.add on int32 words: torch's vectorised elementwise kernel): the time an op
     moving ``nbytes`` takes at memory speed, launch, ramp-up and tail included. Not
-    ``copy_``: inside a graph that is a memcpy node, which ran at 46-64 % of the copy bandwidth
-    on the H200 (docs/performance_gpu.md, eleventh measurement). Calls cycle through enough
+    ``copy_``: inside a graph that is a memcpy node, which runs well below the copy bandwidth
+    (about half of it on an H200), so it would flatter the ops. Calls cycle through enough
     buffers that none finds its source in L2, as the op benchmarks do; cached per size."""
     if nbytes not in _SAME_SIZE:
         words = max(nbytes // 8, 1)

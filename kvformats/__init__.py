@@ -20,6 +20,8 @@ from kvformats.errors import (
     KVFormatError,
     LayoutError,
     OutputError,
+    UnsupportedError,
+    UsageError,
 )
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8DsMlaV32, Fp8Indexer, Mxfp4Indexer
 from kvformats.layout import Field, Layout, Region, Segment
@@ -32,6 +34,6 @@ SPEC_VERSION = "1"
 __all__ = [
     "BackendUnavailableError", "CacheFileError", "CacheWriteError", "CompressorState", "ConversionError", "Field", "Fp8DsMla", "Fp8DsMlaV32", "Fp8Indexer", "InputError",
     "InputTypeError", "KVFormatError", "Layout", "LayoutError", "Mxfp4Indexer", "OutputError", "PROFILE_NAMES", "Profile",
-    "Region", "Segment", "error_record", "get_format", "list_formats", "pending_error", "raise_pending",
+    "Region", "Segment", "UnsupportedError", "UsageError", "error_record", "get_format", "list_formats", "pending_error", "raise_pending",
     "strict_checks", "supported_profiles", "SPEC_VERSION", "__version__",
 ]

@@ -23,8 +23,8 @@ def capturing(t: torch.Tensor) -> bool:
 
 def _shape_fits(got, shape: tuple) -> bool:
     # Unpacked for one and two dims, the common ranks, and a plain loop otherwise: every op runs
-    # this on each argument, and it is several times cheaper than any() over a generator (the
-    # eager per-call overhead, docs/performance_gpu.md).
+    # this on each argument, and it is several times cheaper than any() over a generator (it is
+    # part of every eager call's host cost).
     n = len(shape)
     if len(got) != n:
         return False
@@ -43,7 +43,7 @@ def _shape_fits(got, shape: tuple) -> bool:
 def check_tensor(name: str, t, *, dtypes, shape: tuple, device: torch.device | None = None) -> None:
     """``t`` is a tensor of one of ``dtypes`` with ``shape`` (None = any size) on ``device``."""
     # One boolean chain for the common case, then the failing test named (every op runs this on
-    # each argument: the eager per-call overhead, docs/performance_gpu.md).
+    # each argument, so it is part of every eager call's host cost).
     if (isinstance(t, torch.Tensor) and t.dtype in dtypes and _shape_fits(t.shape, shape)
             and (device is None or t.device == device)):
         return

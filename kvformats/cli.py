@@ -24,14 +24,10 @@ import sys
 from pathlib import Path
 
 import kvformats as kvf
-from kvformats.errors import KVFormatError
+from kvformats.errors import KVFormatError, UsageError  # noqa: F401 - UsageError re-exported
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
-
-
-class UsageError(Exception):
-    """A bad command line: one line on stderr, exit status 2."""
 
 
 def _param_types(name: str) -> dict[str, type]:

@@ -15,13 +15,7 @@ from __future__ import annotations
 
 import json
 
-from kvformats.errors import KVFormatError
-
-
-def _usage(message: str):
-    from kvformats.cli import UsageError
-
-    return UsageError(message)
+from kvformats.errors import KVFormatError, UsageError
 
 
 def _entry(path: str, tensor: str | None):
@@ -30,12 +24,12 @@ def _entry(path: str, tensor: str | None):
     try:
         return load_cache(path, tensor)
     except KVFormatError as err:
-        raise _usage(str(err).splitlines()[0]) from None
+        raise UsageError(str(err).splitlines()[0]) from None
 
 
 def _index(kind: str, value: int, count: int) -> int:
     if not 0 <= value < count:
-        raise _usage(f"--{kind} {value} is out of range: the cache has {count} {kind}s (0..{count - 1})")
+        raise UsageError(f"--{kind} {value} is out of range: the cache has {count} {kind}s (0..{count - 1})")
     return value
 
 
@@ -46,9 +40,9 @@ def _rows(spec: str | None, page_size: int) -> range | None:
     try:
         r = range(int(lo or 0), int(hi) if hi else page_size)
     except ValueError:
-        raise _usage(f"--rows takes A:B (row numbers), got {spec!r}") from None
+        raise UsageError(f"--rows takes A:B (row numbers), got {spec!r}") from None
     if not r or r.start < 0 or r.stop > page_size:
-        raise _usage(f"--rows {spec} is outside 0:{page_size}")
+        raise UsageError(f"--rows {spec} is outside 0:{page_size}")
     return r
 
 
@@ -83,7 +77,7 @@ def cmd_diff(args, out) -> int:
 
     a, b = _entry(args.a, args.tensor), _entry(args.b, args.tensor)
     if a.layout != b.layout:
-        raise _usage(f"{args.a} holds {a.layout.name}{a.layout.params} but {args.b} holds "
+        raise UsageError(f"{args.a} holds {a.layout.name}{a.layout.params} but {args.b} holds "
                      f"{b.layout.name}{b.layout.params}: only caches of one layout compare")
     ca, cb, page = a.cache, b.cache, 0
     if args.page is not None:
@@ -92,7 +86,7 @@ def cmd_diff(args, out) -> int:
     try:
         report = diff_caches(a.layout, ca, cb, max_items=args.max_items, first_page=page)
     except ValueError as err:
-        raise _usage(str(err)) from None
+        raise UsageError(str(err)) from None
     if args.json:
         _print_json(out, report)
     else:
@@ -129,7 +123,7 @@ def cmd_check(args, out) -> int:
         try:
             entries = list(load_caches(args.file).values())
         except KVFormatError as err:
-            raise _usage(str(err).splitlines()[0]) from None
+            raise UsageError(str(err).splitlines()[0]) from None
     reports = [{"tensor": e.name, **check(e.layout, e.cache)} for e in entries]
     result = {"file": args.file, "ok": all(r["ok"] for r in reports), "tensors": reports}
     if args.json:
@@ -163,7 +157,7 @@ def cmd_diagram(args, out) -> int:
         try:  # before drawing, so that a bad path costs nothing
             writable_file(args.output, "SVG file")
         except KVFormatError as err:
-            raise _usage(str(err).splitlines()[0]) from None
+            raise UsageError(str(err).splitlines()[0]) from None
     svg = layout_svg(layout)
     if args.output:
         write_output(args.output, svg, "SVG file")

@@ -15,16 +15,10 @@ import json
 from pathlib import Path
 
 from kvformats.deepseek_v4.pipeline_config import HCA_RATIO, LayerConfig
-from kvformats.errors import KVFormatError
+from kvformats.errors import KVFormatError, UsageError
 
 DEFAULTS = dict(heads=4, head_dim=512, rope_dim=64, index_heads=8, index_dim=128, window=128, page_size=64,
                 out_groups=2, hidden=256)
-
-
-def _usage(msg: str):
-    from kvformats.cli import UsageError
-
-    return UsageError(msg)
 
 
 def add_parser(sub) -> None:
@@ -45,13 +39,13 @@ def _load(path: Path):
     try:
         from safetensors.torch import load_file
     except ImportError as e:
-        raise _usage("--activations needs the safetensors package (pip install safetensors)") from e
+        raise UsageError("--activations needs the safetensors package (pip install safetensors)") from e
     try:
         x = load_file(str(path)).get("x")
     except Exception as e:  # a missing or malformed file is a usage error, reported in one line
-        raise _usage(f"cannot read {path}: {e}") from e
+        raise UsageError(f"cannot read {path}: {e}") from e
     if x is None or x.dim() != 3 or not x.dtype.is_floating_point:
-        raise _usage(f"{path}: needs a float tensor 'x' [requests, tokens, hidden]")
+        raise UsageError(f"{path}: needs a float tensor 'x' [requests, tokens, hidden]")
     return x.float()
 
 
@@ -73,13 +67,13 @@ def cmd_quality(args, out) -> int:
         requests, tokens = args.requests, (200 if args.tiny else args.tokens)
         x = None
     if tokens <= args.decode or args.decode < 1:
-        raise _usage(f"need 1 <= decode ({args.decode}) < tokens per request ({tokens})")
+        raise UsageError(f"need 1 <= decode ({args.decode}) < tokens per request ({tokens})")
     ctx = -(-tokens // HCA_RATIO) * HCA_RATIO
     try:
         cfg = LayerConfig(topk=(8 if args.tiny and args.topk == 64 else args.topk), requests=requests,
                           max_context=ctx, **shapes).check()
     except KVFormatError as e:
-        raise _usage(str(e)) from e
+        raise UsageError(str(e)) from e
     if x is None:
         x = activations(cfg.hidden, [tokens] * requests, seed=args.seed)
     torch.manual_seed(args.seed)

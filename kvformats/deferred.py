@@ -122,12 +122,6 @@ def on_host(check, t: torch.Tensor) -> bool:
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def on_device(check, t: torch.Tensor) -> bool:
-    """Whether the op's value errors go to the device record: whenever they were not checked on
-    the host (the kernels record always; the reference records when this says so)."""
-    return not on_host(check, t)
-
-
 # ----- the record -------------------------------------------------------------------------------
 _RECORDS: dict[torch.device, torch.Tensor] = {}
 

@@ -31,6 +31,7 @@ import time
 import torch
 
 import kvformats as kvf
+from kvformats.errors import UnsupportedError
 from kvformats.inspect import elements_per_byte
 
 WIDTH = 100  # every line the demo prints fits a terminal this wide
@@ -76,14 +77,14 @@ def element_bound(layout, x32: torch.Tensor) -> torch.Tensor:
         count = int(region.nbytes * elements_per_byte(region))
         if region.scale:
             if region.dtype not in ELEMENT_KINDS:
-                raise NotImplementedError(f"the demo has no error bound for {region.dtype} "
-                                          f"({layout.name}.{region.name})")
+                raise UnsupportedError(f"the demo has no error bound for {region.dtype} "
+                                       f"({layout.name}.{region.name})")
             bound[:, at:at + count] = _block_bound(layout, x32[:, at:at + count], region.block,
                                                    ELEMENT_KINDS[region.dtype])
         at += count
     if at != x32.shape[1]:
-        raise NotImplementedError(f"{layout.name}: data regions hold {at} elements per row, "
-                                  f"decode gives {x32.shape[1]}")
+        raise UnsupportedError(f"{layout.name}: data regions hold {at} elements per row, "
+                               f"decode gives {x32.shape[1]}")
     return bound
 
 

@@ -1,4 +1,6 @@
-"""Error types. Each is also a builtin exception so callers can catch ValueError/TypeError."""
+"""Error types: every exception kvformats raises is one of these classes (tests/test_errors.py
+scans the source for any other). Each is also a builtin exception so callers can catch
+ValueError/TypeError/RuntimeError."""
 
 from __future__ import annotations
 
@@ -32,6 +34,15 @@ class CacheFileError(KVFormatError, ValueError):
     its format, or cannot be written."""
 
 
+class UnsupportedError(KVFormatError, NotImplementedError):
+    """The library does not handle this case (yet): a format without a demo error bound, a
+    big-endian host reading the golden vectors. NotImplementedError is a RuntimeError."""
+
+
+class UsageError(KVFormatError):
+    """A bad command line: the CLI prints one line on stderr and exits with status 2."""
+
+
 class OutputError(KVFormatError, OSError):
     """An output file cannot be written: its directory is missing, a directory stands in its
     place, or the file system refuses. The message names the path."""
@@ -39,6 +50,22 @@ class OutputError(KVFormatError, OSError):
 
 class CacheWriteError(CacheFileError, OutputError):
     """A cache file cannot be written (both a CacheFileError and an OutputError)."""
+
+
+def __getattr__(name: str):
+    """``StrategyArgumentError`` is made on first use: it is also hypothesis's InvalidArgument (the
+    error hypothesis users expect from a strategy), and ``import kvformats`` must not import
+    hypothesis, which only ``kvformats.strategies`` needs."""
+    if name == "StrategyArgumentError":
+        from hypothesis.errors import InvalidArgument
+
+        class StrategyArgumentError(KVFormatError, InvalidArgument):
+            """A strategy of kvformats.strategies was called with an invalid argument."""
+
+        StrategyArgumentError.__module__, StrategyArgumentError.__qualname__ = __name__, name
+        globals()[name] = StrategyArgumentError
+        return StrategyArgumentError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def describe(t: object) -> str:

@@ -61,6 +61,11 @@ def ue8m0_reading(layout: Layout) -> str:
     return profile.ue8m0_ff if profile is not None else "nan"
 
 
+def storage_bytes(cache: torch.Tensor) -> torch.Tensor:
+    """The whole storage under ``cache`` (arena padding included) as a uint8 alias ``[bytes]``."""
+    return torch.empty(0, dtype=torch.uint8, device=cache.device).set_(cache.untyped_storage())
+
+
 def scaled_values(layout: Layout, cache: torch.Tensor, region: Region, pages: slice = slice(None)) -> torch.Tensor:
     """float32 ``[pages, rows, count]``: a region's elements times their block scale (if any),
     scale byte 0xFF read as the layout's profile reads it (as decode does)."""
@@ -71,22 +76,6 @@ def scaled_values(layout: Layout, cache: torch.Tensor, region: Region, pages: sl
     scales = element_values(scale, region_bytes(layout, cache, scale, pages), ue8m0_reading(layout))
     blocks = values.reshape(*values.shape[:-1], -1, region.block)
     return (blocks * scales[..., : blocks.shape[-2], None]).reshape(values.shape)
-
-
-def locate_byte(layout: Layout, offset: int) -> tuple[Region, int, int]:
-    """(region, row, byte within the row's field) of an in-page byte offset."""
-    for r in layout.regions:
-        if r.per_page:
-            if r.offset <= offset < r.offset + r.nbytes:
-                return r, -1, offset - r.offset
-            continue
-        rel = offset - r.offset
-        if rel < 0:
-            continue
-        row, within = divmod(rel, r.row_stride)
-        if row < layout.page_size and within < r.nbytes:
-            return r, row, within
-    raise ValueError(f"byte {offset} is outside {layout.name}'s page of {layout.page_bytes} bytes")
 
 
 def elements_per_byte(region: Region) -> float:

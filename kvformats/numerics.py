@@ -135,7 +135,7 @@ class ScaleRule:
 
     def _exponents_of_amax(self, amax: torch.Tensor) -> torch.Tensor:
         if not self.power_of_two:
-            raise ValueError("this scale rule stores arbitrary float32 scales; use scales_of_amax()")
+            raise InputError("this scale rule stores arbitrary float32 scales; use scales_of_amax()")
         if self.exponent_mode == "floor_minus_emax":
             e = floor_log2(amax.clamp_min(_f32(self.floor))) - self.element_emax
             return e.clamp(self.exponent_min, self.exponent_max)
@@ -225,7 +225,7 @@ def e2m1_encode(y: torch.Tensor, rounding: str = "threshold", signed_zero: bool 
     -0.0 and tiny negatives give 0x0; ``True``: the sign bit copies the input's (0x8 possible).
     """
     if rounding not in E2M1_ROUNDINGS:
-        raise ValueError(f"rounding must be one of {E2M1_ROUNDINGS}, got {rounding!r}")
+        raise InputError(f"rounding must be one of {E2M1_ROUNDINGS}, got {rounding!r}")
     y = y.to(torch.float32)
     a = y.abs()
     code = torch.zeros(y.shape, dtype=torch.uint8, device=y.device)

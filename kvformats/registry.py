@@ -63,7 +63,7 @@ def get_format(name: str, **params):
 def register_op(fmt: str, op: str, backend: str):
     """Decorator: register ``fn(layout, ...)`` as ``backend``'s implementation of ``fmt.op``."""
     if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}")
+        raise InputError(f"unknown backend {backend!r}")
 
     def deco(fn):
         _OPS.setdefault((fmt, op), {})[backend] = fn

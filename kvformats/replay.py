@@ -57,14 +57,14 @@ def clear() -> None:
 
 def _signature(args, tensors: list, ptrs: list, keep: list) -> tuple:
     """A hashable key of everything the full path may read (metadata and scalars), collecting
-    the tensors and their addresses in order; raises Unsupported for what it cannot key."""
+    the tensors and their addresses in order; None for arguments it cannot key."""
     parts = []
     for a in args:
         t = type(a)
         if t is torch.Tensor:
             d = a.get_device()
             if d < 0 and not ANY_DEVICE[0]:
-                raise rp.Unsupported
+                return None
             p = a.data_ptr()
             tensors.append(a)
             ptrs.append(p)
@@ -73,15 +73,18 @@ def _signature(args, tensors: list, ptrs: list, keep: list) -> tuple:
             parts.append(a)
         elif t in _SCALARS:
             if t is float and a != a:  # NaN never equals itself: no key would ever match
-                raise rp.Unsupported
+                return None
             parts.append((t, a))
         elif t is tuple or t is list:
-            parts.append((t, _signature(a, tensors, ptrs, keep)))
+            inner = _signature(a, tensors, ptrs, keep)
+            if inner is None:
+                return None
+            parts.append((t, inner))
         elif isinstance(a, BY_ID):
             keep.append(a)
             parts.append((t, id(a)))
         else:
-            raise rp.Unsupported
+            return None
     return tuple(parts)
 
 
@@ -99,12 +102,12 @@ def replayable(fn):
         tensors: list = []
         ptrs: list = []
         keep: list = []
-        try:
-            key = (_signature(args, tensors, ptrs, keep), _signature(kwargs.values(), tensors, ptrs, keep),
-                   tuple(kwargs), rp.current_device() if tensors and tensors[0].is_cuda else -1,
-                   deferred._strict[0])
-        except rp.Unsupported:
+        positional = _signature(args, tensors, ptrs, keep)
+        named = _signature(kwargs.values(), tensors, ptrs, keep) if positional is not None else None
+        if named is None:
             return fn(*args, **kwargs)
+        key = (positional, named, tuple(kwargs), rp.current_device() if tensors and tensors[0].is_cuda else -1,
+               deferred._strict[0])
         plan = plans.get(key)
         if plan is not None:
             if plan is _SLOW or rp.hooks_set():

@@ -54,10 +54,6 @@ _ALLOCATIONS = {
 _ZEROED = {torch.ops.aten.zeros.default, torch.ops.aten.new_zeros.default, torch.ops.aten.zeros_like.default}
 
 
-class Unsupported(Exception):
-    """An argument or a result a plan cannot key or rebuild."""
-
-
 class Recording(TorchDispatchMode):
     """One call under watch (module doc); ``launch`` is called by the kernel launcher."""
 
@@ -134,9 +130,8 @@ class Recording(TorchDispatchMode):
         """The Plan of this call, or None when it cannot be replayed."""
         if not self.ok:
             return None
-        try:
-            rebuilt = self._result(result)
-        except Unsupported:
+        rebuilt = self._result(result)
+        if rebuilt is None:
             self._refuse("a result that is not an argument, an allocation or its view")
             return None
         fresh = [(tuple(f.shape), tuple(f.stride()), f.dtype, f.device, z) for f, z in zip(self.fresh, self.zeroed)]
@@ -145,6 +140,7 @@ class Recording(TorchDispatchMode):
         return Plan(self.launches, fresh, rebuilt)
 
     def _result(self, r):
+        """How to rebuild a result from the arguments and allocations, or None when it cannot be."""
         if type(r) is torch.Tensor:
             for i, t in enumerate(self.inputs):
                 if r is t:
@@ -155,7 +151,7 @@ class Recording(TorchDispatchMode):
                     return ("fresh", k)
             src = self.origin.get(id(r))
             if src is None:
-                raise Unsupported
+                return None
             base = self._base(*src)
             if src[0] == "fresh" and src[1] not in self.retyped and r.is_contiguous() and base.is_contiguous() \
                     and r.storage_offset() == 0 and r.numel() * r.element_size() == base.numel() * base.element_size():
@@ -166,14 +162,15 @@ class Recording(TorchDispatchMode):
             # a view of an argument or an allocation, possibly as another dtype of the same width
             # (int16 -> bf16); its storage offset is kept relative to its base's
             if r.element_size() != base.element_size():
-                raise Unsupported
+                return None
             return ("view", src, r.dtype, tuple(r.shape), tuple(r.stride()),
                     r.storage_offset() - self._base(*src).storage_offset())
         if r is None:
             return ("none",)
         if type(r) in (tuple, list):
-            return (type(r), tuple(self._result(x) for x in r))
-        raise Unsupported
+            items = tuple(self._result(x) for x in r)
+            return None if any(x is None for x in items) else (type(r), items)
+        return None
 
 
 def _direct(run):

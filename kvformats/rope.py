@@ -17,11 +17,12 @@ from kvformats.errors import InputError, InputTypeError, describe
 def _as_int(name: str, value, minimum: int) -> int:
     """``value`` as an int >= ``minimum`` (anything with ``__index__`` but a bool; not a float)."""
     try:
-        if isinstance(value, bool):
-            raise TypeError
-        value = operator.index(value)
+        index = None if isinstance(value, bool) else operator.index(value)
     except TypeError:
-        raise InputTypeError(f"{name} must be an int, got {describe(value)}") from None
+        index = None
+    if index is None:
+        raise InputTypeError(f"{name} must be an int, got {describe(value)}")
+    value = index
     if value < minimum:
         raise InputError(f"{name} must be >= {minimum}, got {value}")
     return value

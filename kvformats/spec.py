@@ -46,9 +46,6 @@ ERROR_BOUNDS = {
     "float4_e2m1fn_x2": ("|x - x_hat| <= 2^e per element (<= 2^(e-2) where |x| <= 2^(e+1), "
                          "<= 2^(e-1) where |x| <= 2^(e+2)), x = float32 input"),
 }
-# What encode rounds its input to before the element codec (spec/upstream.md §2.2 step 1). Layouts
-# declare it as ``quant_input_dtype``; the table covers layouts that predate that attribute.
-INPUT_ROUNDING = {"fp8_ds_mla": "bfloat16"}
 
 
 def _region_dict(region) -> dict:
@@ -75,8 +72,9 @@ def _quant_block(data, scale) -> int:
 
 
 def _input_rounding(layout) -> str:
-    declared = str(getattr(layout, "quant_input_dtype", "float32")).removeprefix("torch.")
-    dtype = INPUT_ROUNDING.get(layout.name, "float32") if declared == "float32" else declared
+    """What encode rounds its input to before the element codec (spec/upstream.md §2.2 step 1),
+    as the layout declares it (``quant_input_dtype``)."""
+    dtype = str(layout.quant_input_dtype).removeprefix("torch.")
     if dtype == "float32":
         return "none (exact upcast to float32)"
     return f"{dtype} (round-to-nearest-even) before the absmax and the scaling"

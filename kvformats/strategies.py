@@ -9,10 +9,11 @@
         slots = data.draw(kst.slot_mappings(4 * layout.page_size, 3))
         cache = data.draw(kst.caches(layout, num_pages=4))       # sentinel-filled, padded stride
 
-Every strategy validates its arguments when called (``hypothesis.errors.InvalidArgument``) and
-returns a strategy. Row values are finite and built from adversarial blocks (exact rounding ties,
-block maxima of ``max * 2^k``, zero and -0.0 blocks, subnormals, a single huge outlier, float32
-values one ulp above ``max * 2^k``) mixed with random blocks. Importing this module needs
+Every strategy validates its arguments when called (``kvformats.errors.StrategyArgumentError``, a
+``hypothesis.errors.InvalidArgument``) and returns a strategy. Row values are finite and built
+from adversarial blocks (exact rounding ties, block maxima of ``max * 2^k``, zero and -0.0
+blocks, subnormals, a single huge outlier, float32 values one ulp above ``max * 2^k``) mixed
+with random blocks. Importing this module needs
 hypothesis; ``import kvformats`` does not import it.
 """
 
@@ -22,17 +23,18 @@ import math
 
 import torch
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
 
 from kvformats import numerics as nx
+from kvformats.checks import FLOAT_DTYPES
+from kvformats.errors import StrategyArgumentError
 from kvformats.formats import CompressorState
+from kvformats.inspect import storage_bytes
 from kvformats.layout import Layout
 from kvformats.registry import get_format, list_formats
 
-__all__ = ["BLOCK_KINDS", "SENTINELS", "caches", "encode_args", "layouts", "rows", "slot_mappings",
-           "state_inputs"]
+__all__ = ["BLOCK_KINDS", "SENTINELS", "StrategyArgumentError", "caches", "encode_args", "layouts", "rows",
+           "slot_mappings", "state_inputs"]
 
-FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SENTINELS = (0x00, 0xA5, 0xCC, 0xDD, 0xFF)
 BLOCK_KINDS = ("random", "zero", "max", "ties", "subnormal", "outlier", "ulp_above_max", "tiny")
 _RANDOM_WEIGHT = 3  # random blocks appear this many times as often as each adversarial kind
@@ -54,19 +56,19 @@ _PAGE_SIZES = {"compressor_state": st.integers(1, 8)}
 def _check_int(name: str, value, low: int, high: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise InvalidArgument(f"{name} must be an int {bound}, got {value!r}")
+        raise StrategyArgumentError(f"{name} must be an int {bound}, got {value!r}")
 
 
 def _check_layout(layout) -> None:
     if not isinstance(layout, Layout):
-        raise InvalidArgument(f"layout must be a kvformats Layout (e.g. kvformats.get_format(...)), "
-                              f"got {type(layout).__name__} {layout!r}")
+        raise StrategyArgumentError(f"layout must be a kvformats Layout (e.g. kvformats.get_format(...)), "
+                                    f"got {type(layout).__name__} {layout!r}")
 
 
 def _check_dtype(dtype) -> None:
     if dtype is not None and dtype not in FLOAT_DTYPES:
-        raise InvalidArgument(f"dtype must be None or one of torch.bfloat16, torch.float16, "
-                              f"torch.float32, got {dtype!r}")
+        raise StrategyArgumentError(f"dtype must be None or one of torch.bfloat16, torch.float16, "
+                                    f"torch.float32, got {dtype!r}")
 
 
 def layouts(formats=None) -> st.SearchStrategy[Layout]:
@@ -79,12 +81,13 @@ def layouts(formats=None) -> st.SearchStrategy[Layout]:
     try:
         names = list(names)
     except TypeError:
-        raise InvalidArgument(f"formats must be None, a format name or a list of names, got {formats!r}") from None
+        raise StrategyArgumentError(f"formats must be None, a format name or a list of names, "
+                                    f"got {formats!r}") from None
     if not names:
-        raise InvalidArgument("formats must name at least one format")
+        raise StrategyArgumentError("formats must name at least one format")
     unknown = [n for n in names if n not in list_formats()]
     if unknown:
-        raise InvalidArgument(f"unknown formats {unknown!r}; registered formats: {list_formats()}")
+        raise StrategyArgumentError(f"unknown formats {unknown!r}; registered formats: {list_formats()}")
     return st.one_of([_layouts_of(name) for name in names])
 
 
@@ -212,7 +215,7 @@ def state_inputs(layout: CompressorState, n: int | None = None,
     ``positions`` (int64 ``[n]``, non-negative) and ``ape`` (``dtype [ratio, W]``, checkpoint
     order). Pass as ``encode((d["kv"], d["score"]), cache, slots, positions=..., ape=...)``."""
     if not isinstance(layout, CompressorState):
-        raise InvalidArgument(f"state_inputs needs a CompressorState layout, got {layout!r}")
+        raise StrategyArgumentError(f"state_inputs needs a CompressorState layout, got {layout!r}")
     if n is not None:
         _check_int("n", n, 0)
     _check_dtype(dtype)
@@ -249,13 +252,8 @@ def slot_mappings(capacity: int, n: int, dtype: torch.dtype | None = None) -> st
     _check_int("capacity", capacity, 0)
     _check_int("n", n, 0)
     if dtype is not None and dtype not in (torch.int32, torch.int64):
-        raise InvalidArgument(f"dtype must be None, torch.int32 or torch.int64, got {dtype!r}")
+        raise StrategyArgumentError(f"dtype must be None, torch.int32 or torch.int64, got {dtype!r}")
     return _slot_mappings(capacity, n, dtype)
-
-
-def storage_bytes(cache: torch.Tensor) -> torch.Tensor:
-    """The whole storage under ``cache`` (arena padding included) as a uint8 alias ``[bytes]``."""
-    return torch.empty(0, dtype=torch.uint8, device=cache.device).set_(cache.untyped_storage())
 
 
 @st.composite

@@ -41,7 +41,7 @@ import json
 import torch
 
 from kvformats import ops
-from kvformats.errors import InputError
+from kvformats.errors import InputError, InputTypeError
 from kvformats.oplib import NAMESPACE, define
 from kvformats.registry import get_format
 
@@ -178,7 +178,7 @@ def encode(layout, x, cache, slots, *, backend: str = "auto", check: bool = True
     with ``positions=`` and ``ape=``)."""
     inputs = [*x, kwargs.pop("positions"), kwargs.pop("ape")] if isinstance(x, tuple) else [x]
     if kwargs:
-        raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
+        raise InputTypeError(f"unexpected keyword arguments {sorted(kwargs)}")
     torch.ops.kvformats.encode(*layout_key(layout), inputs, cache, slots, backend, check)
 
 

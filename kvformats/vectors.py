@@ -29,6 +29,8 @@ from pathlib import Path
 import attrs
 import torch
 
+from kvformats.errors import InputError, UnsupportedError
+from kvformats.inspect import storage_bytes
 from kvformats.registry import get_format
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -56,7 +58,7 @@ def load_vector(path) -> dict:
 def tensor_from_spec(spec: dict, device="cpu") -> torch.Tensor:
     """Rebuild a tensor from ``{"dtype", "shape", "hex"}`` (little-endian element bytes)."""
     if sys.byteorder != "little":  # the hex is little-endian; a big-endian host would reinterpret it
-        raise RuntimeError("golden vectors are little-endian; this host is big-endian")
+        raise UnsupportedError("golden vectors are little-endian; this host is big-endian")
     raw = torch.frombuffer(bytearray(bytes.fromhex(spec["hex"])), dtype=torch.uint8)
     if raw.numel() == 0:
         return torch.empty(spec["shape"], dtype=DTYPES[spec["dtype"]], device=device)
@@ -72,15 +74,10 @@ def build_inputs(vec: dict, device="cpu") -> tuple[object, dict]:
     return x, kwargs
 
 
-def _storage_bytes(cache: torch.Tensor) -> torch.Tensor:
-    """uint8 view of the cache's whole storage (the arena, when the cache is a strided view)."""
-    return torch.empty(0, dtype=torch.uint8, device=cache.device).set_(cache.untyped_storage())
-
-
 def make_cache(layout, spec: dict, device="cpu") -> torch.Tensor:
     """A cache as the vector describes it, every storage byte set to the sentinel."""
     cache = layout.allocate(spec["num_pages"], device=device, page_stride=spec["page_stride"])
-    _storage_bytes(cache).fill_(spec["sentinel"])
+    storage_bytes(cache).fill_(spec["sentinel"])
     return cache
 
 
@@ -149,14 +146,14 @@ def run_vector(vec: dict, *, backend: str = "auto", device="cpu") -> list[Check]
     if vec["op"] == "decode":
         return _run_decode(vec, backend=backend, device=device)
     if vec["op"] != "encode":
-        raise ValueError(f"vector {vec['id']}: unsupported op {vec['op']!r}")
+        raise InputError(f"vector {vec['id']}: unsupported op {vec['op']!r}")
     layout = get_format(vec["format"], **vec["params"])
     x, kwargs = build_inputs(vec, device)
     slots = tensor_from_spec(vec["slots"], device)
     cache = make_cache(layout, vec["cache"], device)
-    before = _storage_bytes(cache).clone()
+    before = storage_bytes(cache).clone()
     layout.encode(x, cache, slots, backend=backend, **kwargs)
-    after = _storage_bytes(cache)
+    after = storage_bytes(cache)
     rows = layout.gather(cache, slots, backend=backend)
     decoded = layout.decode(cache, slots, backend=backend)
     expected = vec["expected"]
@@ -169,9 +166,9 @@ def _run_decode(vec: dict, *, backend: str, device) -> list[Check]:
     layout = get_format(vec["format"], **vec["params"])
     cache = make_cache(layout, vec["cache"], device)
     raw = tensor_from_spec(vec["inputs"]["cache"], device).reshape(-1)
-    storage = _storage_bytes(cache)
+    storage = storage_bytes(cache)
     if raw.numel() > storage.numel():
-        raise ValueError(f"vector {vec['id']}: {raw.numel()} cache bytes exceed the cache ({storage.numel()})")
+        raise InputError(f"vector {vec['id']}: {raw.numel()} cache bytes exceed the cache ({storage.numel()})")
     storage[:raw.numel()] = raw
     decoded = layout.decode(cache, tensor_from_spec(vec["slots"], device), backend=backend)
     return _decoded_checks(decoded, vec["expected"])

@@ -30,13 +30,10 @@ if AVAILABLE:
         "mxfp4_indexer": indexer,
         "compressor_state": state,
     }
-    # Ops kept off the GPU (on the reference there): none since the gather_paged rewrite, which
-    # the H200 compiled and checked byte-exact for fp8_ds_mla and fp8_ds_mla_v32 (2026-12-02).
-    NOT_ON_GPU: set[tuple[str, str]] = set()
     for _fmt, _module in IMPLEMENTATIONS.items():
         for _op in ("encode", "decode", "gather", *PAGED_OPS):
             # compressor_state has no single-dtype decode / byte workspaces
-            if hasattr(_module, _op) and (_fmt, _op) not in NOT_ON_GPU:
+            if hasattr(_module, _op):
                 register_op(_fmt, _op, "triton")(getattr(_module, _op))
     # every numerics profile of these formats is a set of encode constexprs (_common.profile_constants)
     for _fmt in ("fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer"):

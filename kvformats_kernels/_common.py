@@ -17,16 +17,16 @@ from kvformats_kernels.launch import fast
 # Rows per program and warps per program of each kernel, by (family, op); maxnreg caps the
 # registers per thread (0: the compiler's choice; see launch_opts). Benchmarks may override
 # entries; tests run whatever is here.
-# Shapes from the fifteenth measurement's sweep (bench_kernels_gpu.py --sweep, two interleaved
-# rounds; docs/performance_gpu.md): smaller programs than the earlier sweeps found, which ran
-# before the decode bodies and the byte gathers were rewritten and tried no shape under 4 warps.
+# The shapes are a sweep's fastest (bench_kernels_gpu.py --sweep, one- and two-warp shapes
+# included). They depend on the kernel bodies: re-sweep a family after changing its kernels.
 CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on an H200 (benchmarks/)
     ("fp8_ds_mla", "encode"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
     ("fp8_ds_mla", "decode"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1},
     ("fp8_ds_mla", "paged"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
     # evict_first_rows: the slot gather of rows of at most this many bytes marks its loads
-    # evict-first in L2 (the indexers' 68 / 132-byte rows gained 4 points on an H200,
-    # fp8_ds_mla's 584-byte rows lost 8); max_unit: the widest unit of the byte copies (rows.py)
+    # evict-first in L2 (chosen by measurement, the cause is not known: on an H200 it speeds up
+    # the indexers' 68 / 132-byte rows and slows fp8_ds_mla's 584-byte rows); max_unit: the
+    # widest unit of the byte copies (rows.py)
     ("gather", "bytes"): {"tile_bytes": 4096, "num_warps": 1, "max_unit": 8, "evict_first_rows": 256},
     # cu_scan_max: gather_paged finds the request of a row by one compare against all of
     # cu_seq_lens up to this many requests, by binary search beyond
@@ -35,8 +35,8 @@ CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on 
     ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1, "lane": 1, "hw_cvt": 1},
     ("indexer", "decode"): {"block_m": 8, "num_warps": 2, "hw_cvt": 1},
     # mxfp4_cs_stores: the MXFP4 dequantize_gather stores its float32 rows with the streaming
-    # hint (H200, twelfth measurement: 73-80 % with it, 69-76 % without; the FP8 rows and the
-    # slot decodes did not gain)
+    # hint (chosen by measurement on an H200; the FP8 rows and the slot decodes gain nothing
+    # from it, so they store plainly)
     ("indexer", "paged"): {"block_m": 8, "num_warps": 2, "hw_cvt": 1, "mxfp4_cs_stores": 1},
     ("state", "copy"): {"block_m": 1, "block_w": 2048, "num_warps": 4},
 }
@@ -44,7 +44,7 @@ CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on 
 
 # Calls of at most SMALL_ROWS rows (decode steps) take these overrides: at 64 rows the time is
 # one program's chain of dependent loads and instructions, which is shorter in programs of a
-# few rows and one warp (measured on an H200: docs/performance_gpu.md, sixth measurement).
+# few rows and one warp.
 SMALL_ROWS = 512
 SMALL: dict[tuple[str, str], dict[str, int]] = {
     ("fp8_ds_mla", "encode"): {"block_m": 1, "num_warps": 1},
@@ -57,11 +57,9 @@ SMALL: dict[tuple[str, str], dict[str, int]] = {
 }
 # Calls of at most FEW_ROWS rows (and within SMALL_ROWS) take FEW's overrides on top of SMALL's:
 # one row per program, so that every row has a program of its own while the grid still fits
-# on the H200's 132 SMs. At 64 rows that was 0.05-0.1 us faster than SMALL's for the fp8_ds_mla
-# decode, the MXFP4 encode and the FP8 indexer decode (the MXFP4 decode, which shares its
-# config, within noise), at 512 rows 0.05-0.1 us slower, at 128 within noise (the MXFP4 encode
-# then takes its layout without a block per lane, indexer.py; docs/performance_gpu.md,
-# fourteenth measurement).
+# on the H200's 132 SMs. That shortens the fp8_ds_mla decode, the MXFP4 encode and the FP8
+# indexer decode at 64 rows and lengthens them at 512, hence the bound of 128 (the MXFP4 encode
+# then takes its layout without a block per lane, indexer.py).
 FEW_ROWS = 128
 FEW: dict[tuple[str, str], dict[str, int]] = {
     ("fp8_ds_mla", "decode"): {"block_m": 1, "num_warps": 2},
@@ -87,8 +85,8 @@ def config(family: str, op: str, rows: int | None = None) -> dict[str, int]:
 
 def launch_opts(cfg: dict) -> dict:
     """Triton launch options of a config: ``num_warps`` and, where the config sets a nonzero
-    ``maxnreg``, that cap on registers per thread (more programs fit on an SM; spills cost
-    instructions: an H200 sweep decides, docs/performance_gpu.md)."""
+    ``maxnreg``, that cap on registers per thread (more programs fit on an SM, but spills cost
+    instructions, so a sweep on the GPU decides per kernel)."""
     if cfg.get("maxnreg"):
         return {"num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]}
     return {"num_warps": cfg["num_warps"]}

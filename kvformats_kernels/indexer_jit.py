@@ -132,10 +132,10 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
     """Default rule: e = ceil_log2(max(amax, 1e-4) / 6); nibbles by threshold (element 2k low);
     scale e + 127. Other profiles: their exponent rule and e2m1 rounding (constexprs).
     LANE: each (row, block) pair of the program in one lane; else the [rows, blocks, values]
-    tile that Triton spreads a block over four lanes of (the earlier layout, kept for programs
-    with fewer pairs than lanes and as a measurable alternative: docs/performance_gpu.md).
+    tile that Triton spreads a block over four lanes of (kept for programs with fewer pairs
+    than lanes, and to compare against).
 
-    Why: the MXFP4 encode is bound by instruction issue, not memory (docs/performance_gpu.md).
+    Why: the MXFP4 encode is bound by instruction issue, not memory.
     Spread over four lanes, a block's maximum takes shuffles and its exponent (a division and
     a ceil_log2) is worked out by all four; here both are one lane's. The pairs go along one
     axis, row-major (lanes 4k..4k+3 hold one row's four blocks), loaded as [pairs, QB / V, V]

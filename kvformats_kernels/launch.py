@@ -26,6 +26,7 @@ import os
 import torch
 
 from kvformats import replay_plan
+from kvformats.errors import InputTypeError
 
 _INT32 = 1 << 31
 # Tests set this: a call site that passes a runtime argument by keyword raises on every path
@@ -59,7 +60,7 @@ class FastKernel:
 
     def launch(self, grid, args: tuple, kwargs: dict) -> None:
         if STRICT_CALL_SITES and not self.runtime.isdisjoint(kwargs):
-            raise TypeError(f"{self.fn.__name__}: runtime arguments {sorted(self.runtime & set(kwargs))} passed "
+            raise InputTypeError(f"{self.fn.__name__}: runtime arguments {sorted(self.runtime & set(kwargs))} passed "
                             f"by keyword (the direct path would never be taken for this call site)")
         rec = replay_plan.recording()
         if not self.direct or _hooks_set():

@@ -5,11 +5,8 @@ Records move in *units*: the widest integer type (8, 4, 2 or 1 bytes) dividing e
 stride and record size involved, chosen by the launcher (rows.py); all offsets here count
 units. A record of REC units is copied as one tile of REC rounded up to a power of two, the
 padding lanes masked off, and a row's two segments are both loaded before either is stored.
-(Earlier versions copied power-of-two pieces, 72 = 64 + 8, one after another; since a load
-cannot move above a store that may alias it, each row then waited for memory once per piece.
-On an H200 the fp8_ds_mla gather went from 77-79 to 85 % of the copy bandwidth at 131,072 rows
-and the 64-row gathers from 1.52-1.66 to 1.27-1.42 µs: docs/performance_gpu.md, thirteenth
-measurement.)
+Why one tile and loads first: a load cannot move above a store that may alias it, so a row
+copied in power-of-two pieces (72 = 64 + 8) one after another waits for memory once per piece.
 """
 
 import triton

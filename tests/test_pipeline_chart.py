@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 import xml.dom.minidom
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import pipeline_chart as pc  # noqa: E402
+from scripts import load_script
+
+pc = load_script("tools/pipeline_chart.py")
 
 PH = dict.fromkeys(pc.PHASES, 0.5)
 DOC = {"device": "dev", "torch": "t", "topk": 512, "index_format": "fp8_indexer", "date": "2026-12-04",
@@ -54,7 +53,7 @@ def test_update_doc_replaces_between_markers(tmp_path):
 
 
 def test_quality_chart_table_and_svg():
-    import quality_chart as qc
+    qc = load_script("tools/quality_chart.py")
 
     rep = {"rows": [{"run": "a", "swa": 0.05, "csa": 0.2, "hca": 0.01, "layer": 0.05, "recall": 0.9},
                     {"run": "b", "swa": None, "csa": None, "hca": None, "layer": None, "recall": 0.5}]}

@@ -1,14 +1,12 @@
 """The benchmarks' sector-level traffic model, on cases counted by hand."""
 
-import sys
-from pathlib import Path
-
 import torch
 
 import kvformats as kvf
+from scripts import load_script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from traffic import cache_sectors, sector_bytes  # noqa: E402
+traffic = load_script("benchmarks/traffic.py")
+cache_sectors, sector_bytes = traffic.cache_sectors, traffic.sector_bytes
 
 
 def test_a_full_page_costs_its_minimum_bytes():

@@ -20,10 +20,10 @@ figures come from ``cuobjdump`` in Triton's wheel. Relies on Triton internals
 
 "loads after a store" counts the global loads (LDG) that follow a global store (STG) in the
 SASS text, within stretches that end at an unpredicated EXIT, RET or BRA (so one branch's loads
-are not counted after another branch's stores; tools/sass_text.py). A load cannot move above a
+are not counted after another branch's stores; kvformats/testing/sass_text.py). A load cannot move above a
 store that may alias it, so in straight-line code each such load can cost a wait on memory after
-the store (removing them took 0.15-0.3 µs off the byte gathers' 64-row time and 0.15-0.2 µs off
-the fp8_ds_mla encode's: docs/performance_gpu.md, thirteenth and fourteenth measurements). In
+the store; at decode sizes, where a call is one program's dependent chain, such waits are a
+visible part of its time. In
 a kernel with a loop, the count also includes the loop's later iterations, which is not that
 pattern. The table shows each kernel's worst specialization.
 
@@ -46,14 +46,15 @@ from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile for real (before anything imports Triton)
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests" / "reliability"), str(HERE)]
+sys.path.insert(0, str(HERE.parent))  # the repository's kvformats, installed or not
 
-import sass_text  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import jit as triton_jit  # noqa: E402
 from triton.runtime.driver import driver as triton_driver  # noqa: E402
+
+from kvformats.testing import sass_text  # noqa: E402
 
 # Text of a compile failure in the traceback. An op that fails MLIR verification (e.g. "ptr type
 # matches cmp type": a compare-and-swap operand of another type than the pointer's) prints its
@@ -133,9 +134,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import reliability_harness as harness
+    from kvformats.testing import reliability_harness as harness
     import sanitize_driver as sd
-    from reliability_harness import kernel_routing
+    from kvformats.testing.reliability_harness import kernel_routing
 
     from kvformats_kernels.dsv4 import query
 

@@ -62,7 +62,7 @@ def fuzz(machines, args, counts, started: float) -> dict:
     """Round-robin batches of hypothesis runs until each machine has its share of ``--examples``
     operations or ``--seconds`` is spent (a batch running OVERRUN_SECONDS past it is cut short).
     Returns {(name, backend): {done, runs, seconds}}."""
-    from reliability_harness import OutOfTime
+    from kvformats.testing.reliability_harness import OutOfTime
 
     share = max(1, args.examples // max(1, len(machines)))
     state = {(name, b): dict(done=0, runs=0, seconds=0.0, batch=1, share=share) for name, b, _ in machines}
@@ -230,13 +230,13 @@ def main(argv=None) -> int:
 
     if args.interpreter and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "reliability"), str(ROOT / "tools")]
+    sys.path.insert(0, str(ROOT))  # the repository's kvformats, installed or not
     import kvformats as kvf
-    from codec_machine import make_codec_machine
-    from compress_machine import make_compress_machine
-    from launch_count import LaunchCounter
-    from reliability_harness import (ARENA_BYTES_CHECKED, COUNTS, MISMATCHED, POOLED_APART, backend_has,
-                                     family_kernel, triton_available)
+    from kvformats.testing.codec_machine import make_codec_machine
+    from kvformats.testing.compress_machine import make_compress_machine
+    from kvformats.testing.launch_count import LaunchCounter
+    from kvformats.testing.reliability_harness import (ARENA_BYTES_CHECKED, COUNTS, MISMATCHED, POOLED_APART,
+                                                       backend_has, family_kernel, triton_available)
 
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1":
         print("warning: TRITON_INTERPRET=1 is set: the triton machines run the interpreter, not compiled kernels")

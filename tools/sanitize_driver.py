@@ -13,7 +13,7 @@ Run by ``tools/sanitize.py`` under each compute-sanitizer tool, as a process of 
   Triton kernel are skipped (listed with ``--list``).
 * Every public ``kvformats.deepseek_v4`` operation through its public function with
   ``backend="auto"`` (the Triton kernel on CUDA once one is registered, else the reference),
-  on the paged batches of ``tests/deepseek_v4/dsv4_scenarios.py`` (missing pages, −1 slots).
+  on the paged batches of ``kvformats/testing/dsv4_scenarios.py`` (missing pages, −1 slots).
 
 Every call is made even if an earlier one raised; the last line is
 ``SANITIZE-DRIVER-DONE calls=.. failures=.. triton_launches=.. kernels=..`` (compiled Triton
@@ -32,15 +32,15 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "deepseek_v4"), str(Path(__file__).resolve().parent)]
+sys.path.insert(0, str(ROOT))  # the repository's kvformats, installed or not
 
 import torch  # noqa: E402
 
 import kvformats as kvf  # noqa: E402
 from kvformats import deepseek_v4 as dsv4  # noqa: E402
 from kvformats import paged, registry  # noqa: E402
-from launch_count import LaunchCounter  # noqa: E402
-from sanitize_dsv4_cases import dsv4_cases  # noqa: E402,F401  (also used by the tests)
+from kvformats.testing.launch_count import LaunchCounter  # noqa: E402
+from kvformats.testing.sanitize_dsv4_cases import dsv4_cases  # noqa: E402,F401  (also used by the tests)
 
 CODEC_OPS = ("encode", "decode", "gather", *paged.PAGED_OPS)
 SENTINEL = 0xA5
@@ -112,7 +112,7 @@ def codec_backend(fmt: str, op: str, device: torch.device) -> str | None:
     """"triton" where that op has a Triton kernel on CUDA (or a launcher, with --interpreter);
     "reference" on the CPU; None: skip."""
     if device.type != "cuda" and INTERPRETER[0]:
-        from reliability_harness import kernel_impl
+        from kvformats.testing.reliability_harness import kernel_impl
 
         return "triton" if kernel_impl(fmt, op) is not None else None
     if device.type != "cuda":
@@ -273,7 +273,7 @@ def dsv4_backend(op: str) -> str:
     """"auto" (the Triton kernel on CUDA once registered); with --interpreter, "triton" where a
     kernel is registered, so the launchers see these inputs on the CPU too."""
     if INTERPRETER[0]:
-        from reliability_harness import family_kernel
+        from kvformats.testing.reliability_harness import family_kernel
 
         if family_kernel(dsv4.FAMILY, op) is not None:
             return "triton"
@@ -302,7 +302,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.interpreter and args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports Triton
-        sys.path.insert(0, str(ROOT / "tests" / "reliability"))
         INTERPRETER[0] = True
     d = Driver(torch.device(args.device), args.quick)
     if args.only != "dsv4":
@@ -317,7 +316,7 @@ def main(argv=None) -> int:
     counted = counter.install()
     t0 = time.time()
     if INTERPRETER[0]:
-        from reliability_harness import kernel_routing
+        from kvformats.testing.reliability_harness import kernel_routing
 
         with kernel_routing():
             failures = d.run()

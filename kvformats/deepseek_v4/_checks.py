@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_cache, check_tensor
+from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_cache, check_tensor  # noqa: F401 - FLOAT_DTYPES: C.FLOAT_DTYPES
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import CompressorState, Fp8DsMla
+from kvformats.formats.compressor_state import RATIOS
 from kvformats.registry import get_format
-
-RATIOS = (4, 128)
 
 
 def check_int(name: str, value, *, minimum: int = 0, allowed: tuple | None = None) -> int:
@@ -58,10 +57,6 @@ def check_cos_sin(cos_sin, device, rope_dim: int | None = None) -> int:
         raise InputError(f"cos_sin_cache must have an even, positive number of columns (the rope dim), "
                          f"got {describe(cos_sin)}")
     return cos_sin.shape[1]
-
-
-def check_weight(name: str, w, width: int, device) -> None:
-    check_tensor(name, w, dtypes=FLOAT_DTYPES, shape=(width,), device=device)
 
 
 def check_positions_in_table(positions, cos_sin, mask=None, name: str = "positions") -> None:

@@ -52,7 +52,8 @@ def _int32_entries(x: torch.Tensor) -> torch.Tensor:
     return torch.where((x >= -INT32_MAX - 1) & (x <= INT32_MAX), x, -1).to(torch.int32)
 
 
-def _roundup(n: int, k: int) -> int:
+def round_up(n: int, k: int) -> int:
+    """``n`` rounded up to a multiple of ``k`` (index rows are ALIGN-padded)."""
     return -(-n // k) * k
 
 
@@ -256,7 +257,7 @@ def combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_
 @D.reference("combine_topk_swa_indices")
 def combine_topk_swa_indices_reference(topk_idx, qsl, seq_lens, gather_lens, window, ratio, topk, ww, cb):
     n, dev = topk_idx.shape[0], topk_idx.device
-    width = _roundup(topk + window, ALIGN)
+    width = round_up(topk + window, ALIGN)
     req, inside, p = _token_positions(qsl, seq_lens, qsl.long()[0] + torch.arange(n, device=dev), seq_lens.shape[0])
     topk_len = torch.div(p + 1, ratio, rounding_mode="floor").clamp(0, topk)
     swa_len = (p + 1).clamp(0, window)
@@ -301,7 +302,7 @@ def combine_dense_swa_indices(*, positions, req_indices, seq_lens, compressed_le
 def combine_dense_swa_indices_reference(positions, req, seq_lens, compressed_lens, gather_lens, window, ratio,
                                         ww, cb):
     dev, rq = positions.device, seq_lens.shape[0]
-    width = _roundup(max(cb + window, 1), ALIGN)
+    width = round_up(max(cb + window, 1), ALIGN)
     ok = _valid_tokens(req.long(), rq, None)
     r = req.long().clamp(0, max(rq - 1, 0))
     p = positions.long()

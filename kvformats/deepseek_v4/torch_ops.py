@@ -37,7 +37,7 @@ import torch
 
 from kvformats import deepseek_v4 as dsv4
 from kvformats import deferred
-from kvformats.deepseek_v4.indices import ALIGN
+from kvformats.deepseek_v4.indices import ALIGN, round_up
 from kvformats.errors import InputError, InputTypeError, describe
 from kvformats.oplib import NAMESPACE, define
 
@@ -96,10 +96,6 @@ SCHEMAS = {
 KEEP_LAYOUT = {"inv_rope_fp8_quant"}  # outputs are documented strided views of fresh buffers
 
 
-def _roundup(n, k):
-    return -(-n // k) * k
-
-
 # ----- fakes: shapes, dtypes and strides only ------------------------------------------------------
 def _i32(like, *shape):
     return like.new_empty(shape, dtype=torch.int32)
@@ -109,7 +105,7 @@ def _fake_inv_rope(o, positions, cos_sin, n_groups, heads_per_group, group, tma_
     t, _, d = o.shape
     q = o.new_empty((n_groups, t, heads_per_group * d), dtype=torch.float8_e4m3fn).transpose(0, 1)
     per_group = heads_per_group * (1 if tma_aligned else d // group)
-    store = o.new_empty((n_groups, per_group, _roundup(t, 4)), dtype=torch.int32 if tma_aligned else torch.float32)
+    store = o.new_empty((n_groups, per_group, round_up(t, 4)), dtype=torch.int32 if tma_aligned else torch.float32)
     return q, store.permute(2, 0, 1)[:t]
 
 
@@ -134,9 +130,9 @@ FAKES = {
     "table_slot_mapping": lambda positions, *_: positions.new_empty(positions.shape, dtype=torch.int64),
     "global_topk_indices_and_lens": lambda topk, *_: (_i32(topk, *topk.shape), _i32(topk, topk.shape[0])),
     "combine_topk_swa_indices": lambda topk_idx, qsl, sl, gl, window, ratio, topk, *_: (
-        _i32(topk_idx, topk_idx.shape[0], _roundup(topk + window, ALIGN)), _i32(topk_idx, topk_idx.shape[0])),
+        _i32(topk_idx, topk_idx.shape[0], round_up(topk + window, ALIGN)), _i32(topk_idx, topk_idx.shape[0])),
     "combine_dense_swa_indices": lambda pos, req, sl, cl, gl, window, ratio, ww, cb, backend: (
-        _i32(pos, pos.shape[0], _roundup(max(cb + window, 1), ALIGN)), _i32(pos, pos.shape[0])),
+        _i32(pos, pos.shape[0], round_up(max(cb + window, 1), ALIGN)), _i32(pos, pos.shape[0])),
     "compressed_slot_mapping": lambda *_: None,
     "decode_swa_indices_and_lens": lambda *_: None,
     "dense_prefill_local_compressed_indices": lambda *_: None,
@@ -227,11 +223,11 @@ def op_arguments(name: str, *args, **kwargs) -> dict:
     ``out`` workspaces allocated where None."""
     positional, defaults, kinds = _SIGNATURES[name]
     if len(args) > len(positional) or any(k not in kinds for k in kwargs):
-        raise TypeError(f"{name}() takes {len(positional)} positional arguments and keywords {list(kinds)}")
+        raise InputTypeError(f"{name}() takes {len(positional)} positional arguments and keywords {list(kinds)}")
     values = {**defaults, **dict(zip(positional, args)), **kwargs}
     for n, (kind, optional) in kinds.items():  # the op schema would reject these less helpfully
         if n not in values:
-            raise TypeError(f"{name}() missing argument {n!r}")
+            raise InputTypeError(f"{name}() missing argument {n!r}")
         v = values[n]
         if n == "check":  # the schema's bool carries True / False; "strict" is applied around the call
             if v is not True and v is not False and v != "strict":

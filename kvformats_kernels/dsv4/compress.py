@@ -27,16 +27,14 @@ from kvformats_kernels.launch import fast
 # before its window loads rather than after (compress_jit.compress_kernel); split_fast_div is
 # fast_div for decode-sized calls; calls of at most few_rows tokens take few_warps (fewer
 # programs than SMs: more warps shorten each program's dependent chain, while at 512 tokens
-# fewer warps fit more programs per SM; CSA at 64 / 512 rows: 5.4 / 7.4 µs with 8 / 2 warps,
-# 5.6 / 9.0 µs with 4 for both, docs/performance.md). Picked by the
-# H200 sweeps in docs/performance_gpu.md: narrow chunks with few warps keep more programs in
-# flight; caps of 96 (CSA) and 80 (indexer) registers fit more programs without spilling
-# (80 -> 83 %, 64 / 70 -> 73 %); div_by speeds up HCA and the indexer but slows the one-warp
-# CSA programs (80 -> 76 %). The HCA decode split takes 122 registers (4 programs per SM);
-# capped at 96 (5 per SM, no spill) it was no faster (14.3 against 14.1-14.7 µs at 64 decode
-# rows), at 80 slower. The unsplit HCA programs (prefill) at 128 registers do not spill (uncapped
-# the compiler takes 164: three programs per SM instead of four). Benchmarks may override
-# entries (--sweep); tests run whatever is here.
+# fewer warps fit more programs per SM; docs/performance.md has the CSA figures). The values are
+# the fastest of sweeps on an H200: narrow chunks with few warps keep more programs in flight;
+# the caps of 96 (CSA) and 80 (indexer) registers fit more programs without spilling; div_by
+# speeds up HCA and the indexer but slows the one-warp CSA programs. The HCA decode split is
+# left uncapped (a cap that fits one more program per SM without spilling made it no faster);
+# the unsplit HCA programs (prefill) are capped at 128 registers, which does not spill and fits
+# four programs per SM instead of three. Benchmarks may override entries (--sweep); tests run
+# whatever is here.
 CONFIG: dict[tuple[str, int], dict[str, int]] = {
     ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 2, "maxnreg": 96,
                  "fast_div": 0, "split_fast_div": 1, "hw_cvt": 1, "early_inputs": 1, "few_rows": 128,

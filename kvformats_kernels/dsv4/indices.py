@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from kvformats import deferred
-from kvformats.deepseek_v4.indices import ALIGN, INT32_MAX, INT64_MAX, max_page_entry
+from kvformats.deepseek_v4.indices import ALIGN, INT32_MAX, INT64_MAX, max_page_entry, round_up
 from kvformats_kernels import _common as cm
 from kvformats_kernels.dsv4 import indices_jit as jit
 from kvformats_kernels.launch import fast
@@ -33,10 +33,6 @@ CONFIG: dict[str, dict[str, int]] = {
     "decode_swa_indices_and_lens": dict(_ROW_TILES),
     "dense_prefill_local_compressed_indices": dict(_ROW_TILES),
 }
-
-
-def _roundup(n: int, k: int) -> int:
-    return -(-n // k) * k
 
 
 def _steps(requests: int) -> int:
@@ -121,7 +117,7 @@ def global_topk_indices_and_lens(topk, req, table, page_size, is_valid):
 
 def combine_topk_swa_indices(topk_idx, qsl, seq_lens, gather_lens, window, ratio, topk, ww, cb):
     n = topk_idx.shape[0]
-    width = _roundup(topk + window, ALIGN)
+    width = round_up(topk + window, ALIGN)
     out, lens = _index_rows(n, width, topk_idx.device)
     if n == 0:
         return out, lens
@@ -136,7 +132,7 @@ def combine_topk_swa_indices(topk_idx, qsl, seq_lens, gather_lens, window, ratio
 
 def combine_dense_swa_indices(positions, req, seq_lens, compressed_lens, gather_lens, window, ratio, ww, cb):
     n = positions.shape[0]
-    width = _roundup(max(cb + window, 1), ALIGN)
+    width = round_up(max(cb + window, 1), ALIGN)
     out, lens = _index_rows(n, width, positions.device)
     if n == 0:
         return out, lens

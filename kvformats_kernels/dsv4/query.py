@@ -21,16 +21,13 @@ from kvformats_kernels.launch import fast
 # hadamard: warps per program (a row per lane up to ROW_IN_LANE_MAX_D; wider rows: tile elements
 # per program); inv_rope: quantization groups per program (a group per lane).
 # lane_load / lane_store: rows loaded / stored one per lane (query_jit.thread_rows, store_rows),
-# else in the layouts Triton picks; bit-identical either way, only the speed differs. Lane loads
-# with plain (coalesced) stores measured fastest for all three on the H200 (docs/performance_gpu.md:
-# MXFP4 query prep 5.6 % -> 32.8 % of copy bandwidth, Hadamard 62 % -> 77 %).
-# indexer_q maxnreg: a cap of 160 registers per thread (the compiler takes 253 and spills none)
-# spills a little but fits 12 instead of 8 one-warp programs per SM: on the H200 at 131,072 tokens
-# the FP8 prep 58.6 -> 73.5 %, MXFP4 36.8 -> 41.5 % of copy bandwidth (swept 128-224: 160-168
-# best; 184 and up back to ~59 / 36 %, 128 below the uncapped kernel; docs/performance_gpu.md).
-# Re-swept after the MXFP4 fast path's f16-pair e2m1 codes (46 % at 160): 176 and 192 slower.
-# With its words of nibbles, one product per value and the short block exponent the MXFP4 prep
-# measured 57 % at 160; one-row-per-lane stores there the same (56.8 %), so it keeps plain ones.
+# else in the layouts Triton picks; bit-identical either way, only the speed differs. All three
+# load a row per lane (the row's arithmetic then needs no other lane: query_jit's docstring) and
+# store plainly (coalesced), the fastest pair on an H200; one-row-per-lane stores were no faster.
+# indexer_q maxnreg: a cap of 160 registers per thread (uncapped the compiler takes 253 and
+# spills none) spills a little but fits 12 instead of 8 one-warp programs per SM, which speeds
+# up both preps; the fastest cap of a sweep over 128-224 (128 is slower than no cap, 176 and
+# up lose the gain). Re-sweep it when the prep's body changes.
 CONFIG = {
     "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "maxnreg": 160},
     "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0, "maxnreg": 0},
@@ -40,9 +37,9 @@ HADAMARD_MAX_D = 1024  # wider rows run the reference (a row tile in registers s
 ROW_IN_LANE_MAX_D = 128  # rows up to this width live in one lane's registers
 INV_ROPE_MAX_GROUP = 128  # a group per lane: wider groups would spill
 # e4m3 bytes by the hardware cast (cvt.rn.satfinite, sm_89+) instead of integer rounding in the
-# inverse-RoPE quant and the FP8 query prep: the same bytes (the GPU tests check both paths),
-# far fewer instructions: on the H200 inverse-RoPE quant 40 % -> 67 % of copy bandwidth, FP8 query
-# prep 37 % -> 45 % (docs/performance_gpu.md). On by default; the interpreter takes the integer path.
+# inverse-RoPE quant and the FP8 query prep: the same bytes (the GPU tests check both paths) in
+# far fewer instructions, and these kernels are bound by instructions, not memory. On by
+# default; the interpreter takes the integer path.
 HW_E4M3 = {"enabled": True}
 
 

@@ -9,9 +9,9 @@ registers: a row is loaded as ``[BM, W / V, V]`` (V-element vectors; the column-
 not contiguous to Triton's coalescing pass, which then gives the row axis the lanes), so the
 butterfly's splits and joins, the group maximum and its exponent involve no other lane. Loaded
 the other way (``[W / V, BM, V]`` permuted, or a plain ``[BM, W]`` tile) a row is spread over
-lanes and the compiler carries that layout through the whole computation (Triton 3.6, sm_90:
-the MXFP4 query prep took 27,584 SASS instructions with 448 B of spills, 10,008 and none with
-lane loads, ``tools/compile_check.py``). Stores may go either way (``store_rows``): per lane
+lanes and the compiler carries that layout through the whole computation (with Triton 3.6 on
+sm_90 the MXFP4 query prep then has nearly three times the SASS instructions, and spills;
+``tools/compile_check.py`` shows both). Stores may go either way (``store_rows``): per lane
 they need no layout conversion, plain they coalesce; the launchers' CONFIG picks what measured
 faster. The integer roundings, not the memory, bound these kernels, so the hot path takes
 shortcuts that hold for finite values, and a program that meets a non-finite value redoes its
@@ -44,7 +44,7 @@ def thread_rows(row_ptr, live, W: tl.constexpr, V: tl.constexpr, LO: tl.constexp
     """W consecutive elements at each of the BM pointers ``row_ptr`` -> [BM, W] (raw dtype); rows
     not ``live`` and columns below LO read OTHER. LANE: loaded as [BM, W / V, V], one row per
     lane (see the module docstring); else as [W / V, BM, V] permuted, which Triton 3.6 spreads
-    over lanes (the earlier layout, kept as a measurable alternative: docs/performance_gpu.md)."""
+    over lanes (kept to compare against: CONFIG's lane_load)."""
     BM: tl.constexpr = row_ptr.shape[0]
     col = (tl.arange(0, W // V) * V)[:, None] + tl.arange(0, V)[None, :]
     if LANE:
@@ -209,9 +209,9 @@ def _indexer_rows(row, live, cs_row, pos_ok, had_scale, ROPE: tl.constexpr, MXFP
     BM: tl.constexpr = a.shape[0]
     check = check_a + check_b
     word = tl.zeros((BM,), tl.int32)
-    if FAST_MX:  # both halves first: a and b are dead before the quantization (a row lives in one
-        u0 = a + b  # lane: 24 instead of 165 spill loads and stores at 160 registers; the FP8 prep
-        u1 = a - b  # measured 73 -> 69 % that way, so it keeps its order)
+    if FAST_MX:  # both halves first: a and b are dead before the quantization, which cuts the
+        u0 = a + b  # spills under the 160-register cap (a row lives in one lane); the FP8 prep is
+        u1 = a - b  # slower in this order, so it keeps its own
     for half in tl.static_range(2):
         if FAST_MX:
             out, e, bad = _mxfp4_fast(u0 if half == 0 else u1, had_scale, FLOOR, ELEM_MAX, FLOOR_ON_SCALE,
@@ -275,7 +275,7 @@ def indexer_q_kernel(q_ptr, pos_ptr, cs_ptr, w_ptr, out_ptr, scale_out_ptr, w_ou
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     live = h < heads
     if EVEN_H:  # every head of the program exists: unmasked loads need no zeroed registers (the
-        live = tl.full((BLOCK_H,), 1, tl.int1)  # MXFP4 prep; the FP8 prep measured 73 -> 71 % so)
+        live = tl.full((BLOCK_H,), 1, tl.int1)  # MXFP4 prep gains; the FP8 prep gets slower)
     pos = tl.load(pos_ptr + t * pos_stride).to(tl.int64)
     pos_ok = (pos >= 0) & (pos < cs_rows)
     cs_row = cs_ptr + tl.where(pos_ok, pos, 0) * cs_stride

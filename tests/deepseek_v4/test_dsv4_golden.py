@@ -10,8 +10,7 @@ import torch
 
 from kvformats import deepseek_v4 as dsv4
 from kvformats.vectors import load_vector, run_vector, tensor_from_spec
-
-from dsv4_scenarios import state_c
+from kvformats.testing.dsv4_scenarios import state_c
 
 ROOT = Path(__file__).resolve().parents[2]
 F_PATH = ROOT / "spec" / "vectors" / "F.json"

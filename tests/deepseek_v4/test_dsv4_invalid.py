@@ -10,8 +10,7 @@ import torch
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 from kvformats.strategies import storage_bytes
-
-from dsv4_scenarios import make_batch, sentinel_cache
+from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache
 
 IE, TE, LE = kvf.InputError, kvf.InputTypeError, kvf.LayoutError
 

@@ -16,9 +16,8 @@ import kvformats as kvf
 import kvformats.rope
 from kvformats import deepseek_v4 as dsv4
 from kvformats.strategies import storage_bytes
-
-import dsv4_oracle as orc
-from dsv4_scenarios import SENTINEL, sentinel_cache
+from kvformats.testing import dsv4_oracle as orc
+from kvformats.testing.dsv4_scenarios import SENTINEL, sentinel_cache
 
 _spec = importlib.util.spec_from_file_location(
     "kvf_vector_oracle", Path(__file__).resolve().parents[2] / "spec" / "vectors" / "oracle.py")

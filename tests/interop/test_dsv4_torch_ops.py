@@ -4,7 +4,6 @@ of a compress insert + index helpers has no graph break and the eager bytes, laz
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,9 +12,7 @@ import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 from kvformats.deepseek_v4 import torch_ops as dops
 from kvformats.strategies import storage_bytes
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deepseek_v4"))
-from dsv4_scenarios import make_batch, sentinel_cache  # noqa: E402
+from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache
 
 T = torch.tensor
 

@@ -10,9 +10,6 @@ bytes outside the written rows equal, and the same rows written.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -21,10 +18,8 @@ from kvformats import deepseek_v4 as dsv4
 from kvformats.deepseek_v4.pooling import pool_reference
 from kvformats.formats import CompressorState
 from kvformats.strategies import storage_bytes
+from kvformats.testing.dsv4_scenarios import SENTINEL, make_batch, state_c, writers
 from kvformats.tolerance import code_distance
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deepseek_v4"))
-from dsv4_scenarios import SENTINEL, make_batch, state_c, writers
 
 triton = pytest.importorskip("triton")
 from kvformats_kernels.dsv4 import compress as K

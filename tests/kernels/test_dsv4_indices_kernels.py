@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,10 +20,8 @@ from hypothesis import strategies as st
 
 from kvformats import deepseek_v4 as dsv4
 from kvformats import registry
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deepseek_v4"))
-from dsv4_scenarios import make_batch  # noqa: E402
-from test_dsv4_indices import batches  # noqa: E402
+from kvformats.testing.dsv4_scenarios import make_batch
+from kvformats.testing.index_batches import batches
 
 triton = pytest.importorskip("triton")
 

@@ -9,8 +9,6 @@ same tests run compiled. Each case runs both backends on equal copies of its inp
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +17,7 @@ import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 from kvformats import deferred
 from kvformats.formats import CompressorState, Fp8DsMla
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deepseek_v4"))
-from dsv4_scenarios import make_batch, sentinel_cache, writers  # noqa: E402
+from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache, writers
 
 pytest.importorskip("triton")
 import kvformats_kernels.dsv4  # noqa: E402,F401  (registers the kernels)

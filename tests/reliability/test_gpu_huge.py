@@ -22,7 +22,7 @@ import torch
 import kvformats as kvf
 from kvformats import registry
 from kvformats.strategies import storage_bytes
-from reliability_harness import CUDA, DEVICE, run_op, triton_available
+from kvformats.testing.reliability_harness import CUDA, DEVICE, run_op, triton_available
 
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 SENTINEL = 0xA5
@@ -47,7 +47,7 @@ def has_triton(fmt: str, op: str) -> bool:
     if CUDA:
         registry._load_kernels()
         return "triton" in registry._OPS.get((fmt, op), {})
-    from reliability_harness import kernel_impl
+    from kvformats.testing.reliability_harness import kernel_impl
 
     return kernel_impl(fmt, op) is not None
 

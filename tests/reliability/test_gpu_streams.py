@@ -18,7 +18,7 @@ import torch
 
 import kvformats as kvf
 from kvformats.strategies import storage_bytes
-from reliability_harness import CUDA, DEVICE, run_op, triton_available
+from kvformats.testing.reliability_harness import CUDA, DEVICE, run_op, triton_available
 
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 STREAMS = 4

@@ -11,7 +11,7 @@ import torch
 import kvformats as kvf
 from kvformats import numerics as nx
 from kvformats.rowio import write_rows
-from reliability_harness import DEVICE, Arena, backend_has, run_op, same_values, triton_available
+from kvformats.testing.reliability_harness import DEVICE, Arena, backend_has, run_op, same_values, triton_available
 
 NAN, INF = float("nan"), float("inf")
 NEG_NAN = -float("nan")  # sign bit set

@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "benchmarks")]
+from kvformats.testing.launch_count import LaunchCounter
+from scripts import ROOT, load_script
 
-import sanitize  # noqa: E402
-from launch_count import LaunchCounter  # noqa: E402
+sanitize = load_script("tools/sanitize.py")
 
 DONE = "SANITIZE-DRIVER-DONE calls=269 failures=0 triton_launches=412 kernels=9 seconds=3.1"
 CLEAN_MEMCHECK = f"""========= COMPUTE-SANITIZER
@@ -183,7 +182,7 @@ def test_sanitize_says_plainly_when_there_is_no_sanitizer(tmp_path, capsys, monk
 def test_driver_covers_every_deepseek_v4_operation():
     import torch
 
-    import sanitize_driver as sd
+    sd = load_script("tools/sanitize_driver.py")
     from kvformats import deepseek_v4 as dsv4
 
     for quick in (False, True):
@@ -196,7 +195,7 @@ def test_driver_covers_every_deepseek_v4_operation():
 @pytest.mark.parametrize("extra", [[], ["--interpreter", "--quick", "--only", "codec"]])
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's overflowing numpy products
 def test_driver_calls_all_succeed_on_cpu(extra, capsys):
-    import sanitize_driver as sd
+    sd = load_script("tools/sanitize_driver.py")
 
     try:
         assert sd.main(["--device", "cpu", *extra]) == 0
@@ -213,7 +212,7 @@ def test_driver_calls_all_succeed_on_cpu(extra, capsys):
 # ----- fuzz budget, launch counter, bench table ----------------------------------------------------------
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU timing: on a GPU the first batch compiles kernels")
 def test_fuzz_seconds_budget_stops_the_run(capsys):
-    import fuzz_at_scale
+    fuzz_at_scale = load_script("tools/fuzz_at_scale.py")
 
     t0 = time.time()
     rc = fuzz_at_scale.main(["--examples", "1000000", "--seconds", "2", "--formats", "fp8_indexer", "mxfp4_indexer",
@@ -231,7 +230,7 @@ def test_fuzz_seconds_budget_stops_the_run(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU timing: on a GPU the first batch compiles kernels")
 def test_fuzz_cuts_short_a_batch_that_overruns_its_budget(capsys, monkeypatch):
-    import fuzz_at_scale
+    fuzz_at_scale = load_script("tools/fuzz_at_scale.py")
 
     # batches planned at 30 s and a deadline timer 1.5 s after the start: the first batch is cut
     monkeypatch.setattr(fuzz_at_scale, "BATCH_SECONDS", 30.0)
@@ -294,7 +293,7 @@ SASS = """
 
 
 def test_sass_late_loads_count_per_stretch_between_exits():
-    import sass_text
+    from kvformats.testing import sass_text
 
     found = sass_text.instructions(SASS)
     assert [op for _, op in found] == ["LDG", "BRA", "STG", "LDG", "STG", "EXIT", "LDG", "STG", "EXIT", "LDG", "BRA"]
@@ -325,7 +324,7 @@ def test_launch_counter_hooks_and_unhooks():
 
 
 def test_bench_table_and_verdict():
-    import bench_custom_ops_gpu as bench
+    bench = load_script("benchmarks/bench_custom_ops_gpu.py")
 
     def row(fmt, op, launcher, op_nc_us):
         eager = {p: launcher + 30.0 for p in bench.EAGER_PATHS}
@@ -349,7 +348,7 @@ def test_bench_bare_ops_call_the_launcher_through_the_dispatcher():
     # reference functions on CPU tensors stand in for the launchers)
     import types
 
-    import bench_custom_ops_gpu as bench
+    bench = load_script("benchmarks/bench_custom_ops_gpu.py")
 
     import kvformats as kvf
     from kvformats import ops
@@ -372,7 +371,7 @@ def test_bench_bare_ops_call_the_launcher_through_the_dispatcher():
 
 def test_fuzz_preflight_flags_ops_without_a_registered_kernel():
     pytest.importorskip("triton")
-    import fuzz_at_scale
+    fuzz_at_scale = load_script("tools/fuzz_at_scale.py")
 
     offered = lambda backend, fmt, op: True  # noqa: E731  (a harness that offers every op)
     flagged = fuzz_at_scale.unregistered_ops([("fp8_indexer", "triton", None), ("no_such_format", "triton", None),

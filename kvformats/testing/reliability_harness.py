@@ -124,7 +124,7 @@ def backend_has(backend: str, fmt: str, op: str) -> bool:
         return "reference" in registry._OPS.get((fmt, op), {})
     if not triton_available():
         return False
-    if CUDA:  # what the registry serves on the GPU (kernels.NOT_ON_GPU stay on the reference)
+    if CUDA:  # what the registry serves on the GPU
         registry._load_kernels()
         return "triton" in registry._OPS.get((fmt, op), {})
     return kernel_impl(fmt, op) is not None

@@ -25,7 +25,7 @@ from kvformats.deepseek_v4.pooling import pool_reference
 from kvformats.deepseek_v4.transforms import rope_tail
 from kvformats.rope import cos_sin_cache
 from kvformats.tolerance import code_distance
-from reliability_harness import COUNTS, DEVICE, POOLED_APART, SENTINELS, Arena, run_op, table_slot
+from kvformats.testing.reliability_harness import COUNTS, DEVICE, POOLED_APART, SENTINELS, Arena, run_op, table_slot
 
 RMS_EPS = 1e-6
 

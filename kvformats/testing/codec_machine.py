@@ -13,8 +13,8 @@ import kvformats as kvf
 from kvformats import paged
 from kvformats import strategies as kst
 from kvformats.errors import InputError
-from reliability_harness import (COUNTS, DEVICE, SENTINELS, Arena, backend_has, row_alone, run_op, same_values,
-                                 strided, table_slot)
+from kvformats.testing.reliability_harness import (COUNTS, DEVICE, SENTINELS, Arena, backend_has, row_alone,
+                                                   run_op, same_values, strided, table_slot)
 
 PAGE_SIZES = (1, 2, 3, 4, 5, 8, 16, 64)
 VALUE_IDEMPOTENT = {"fp8_ds_mla", "fp8_indexer", "mxfp4_indexer", "compressor_state"}  # spec §5

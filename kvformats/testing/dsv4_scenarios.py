@@ -10,8 +10,7 @@ import torch
 from kvformats import deepseek_v4 as dsv4
 from kvformats.formats import CompressorState
 from kvformats.strategies import storage_bytes
-
-import dsv4_oracle as orc
+from kvformats.testing import dsv4_oracle as orc
 
 SENTINEL = 0xA5
 
