@@ -1,6 +1,6 @@
 """Yardsticks that bound the issue figures no kernel of ours has reached, on the GPU.
 
-    python3 benchmarks/bench_bounds_gpu.py [--read-mb 33.62] [--rows 64] [--scatter-rows 131072]
+    python3 -m benchmarks bounds_gpu [--read-mb 33.62] [--rows 64] [--scatter-rows 131072]
         [--only-scatter | --only-paged]
 
 Per-call µs inside a replayed CUDA graph (gpu_timing.graph_per_call_us). The read floor cycles
@@ -40,9 +40,9 @@ import subprocess
 import torch
 import triton
 import triton.language as tl
-from bench_kernels_gpu import make_input, make_slots, paged_sets
-from gpu_timing import copy_bandwidth, graph_per_call_us
-from traffic import SECTOR, cache_sectors, dense_sectors
+from benchmarks.bench_kernels_gpu import make_input, make_slots, paged_sets
+from benchmarks.gpu_timing import copy_bandwidth, graph_per_call_us
+from benchmarks.traffic import SECTOR, cache_sectors, dense_sectors
 
 import kvformats as kvf
 

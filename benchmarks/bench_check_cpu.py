@@ -1,6 +1,6 @@
 """Time `kvformats check` (load + validate every page) and `diff` on a cache file of a given size.
 
-    PYTHONPATH=. python3 benchmarks/bench_check_cpu.py [--gib 1.0] [--formats fp8_ds_mla ...]
+    python3 -m benchmarks check_cpu [--gib 1.0] [--formats fp8_ds_mla ...]
 
 Pages are filled with real encoded rows (a few pages encoded, then tiled), written to a
 temporary safetensors file, and checked through the CLI entry point, as a user would run it.
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 import kvformats as kvf
-from kvformats.cli import main
+from kvformats.cli import main as cli_main
 from kvformats.io import save_cache
 
 
@@ -46,11 +46,11 @@ def filled_cache(layout, total_bytes: int):
 def timed_cli(argv: list[str]) -> tuple[float, int]:
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # time the work, not the terminal
-        code = main(argv)
+        code = cli_main(argv)
     return time.perf_counter() - t0, code
 
 
-def main_bench() -> None:
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--formats", nargs="*", default=kvf.list_formats())
@@ -75,4 +75,4 @@ def main_bench() -> None:
 
 
 if __name__ == "__main__":
-    main_bench()
+    main()

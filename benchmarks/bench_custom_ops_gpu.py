@@ -1,7 +1,7 @@
 """What the torch.library custom-op path costs per call over a direct launcher call (the
 target, TARGET_US: at most 5 µs at 64 rows on the H200).
 
-    python3 benchmarks/bench_custom_ops_gpu.py [--rows 64] [--calls 200] [--repeats 9] [--formats ...]
+    python3 -m benchmarks custom_ops_gpu [--rows 64] [--calls 200] [--repeats 9] [--formats ...]
 
 For encode / decode / gather of every format with Triton kernels, at ``--rows`` random slots of
 a production-geometry cache, times the same call made
@@ -29,14 +29,10 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import kvformats as kvf  # noqa: E402
+import kvformats as kvf
 
 TARGET_US = 5.0
 OPS = ("encode", "decode", "gather")

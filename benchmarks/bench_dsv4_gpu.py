@@ -1,9 +1,9 @@
 """GPU benchmark of the kvformats.deepseek_v4 Triton kernels against the copy bandwidth and the
 reference backend.
 
-    python3 benchmarks/bench_dsv4_gpu.py [--parts compress,query,indices] [--sizes 64,131072] [--out f.md]
-    python3 benchmarks/bench_dsv4_gpu.py --parts query --ops hadamard_transform --set query.hadamard.lane_store=0
-    python3 benchmarks/bench_dsv4_gpu.py --parts compress --ops compress_kv_insert --sizes 64 \
+    python3 -m benchmarks dsv4_gpu [--parts compress,query,indices] [--sizes 64,131072] [--out f.md]
+    python3 -m benchmarks dsv4_gpu --parts query --ops hadamard_transform --set query.hadamard.lane_store=0
+    python3 -m benchmarks dsv4_gpu --parts compress --ops compress_kv_insert --sizes 64 \
         --sweep compress.kv:128.split_bd=16,32,64 --sweep compress.kv:128.split_warps=2,4
 
 Cases come from ``dsv4_cases_<part>.py`` (each a ``cases(sizes)`` list of ``dsv4_case.Case``).
@@ -29,10 +29,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gpu_timing import bench, copy_bandwidth, graph_per_call_us  # noqa: E402
+from benchmarks.gpu_timing import bench, copy_bandwidth, graph_per_call_us
 
 PARTS = ("compress", "query", "indices")
 
@@ -131,7 +128,7 @@ def main(argv=None) -> int:
     hows: dict[str, str] = {}
     for part in args.parts.split(","):
         try:
-            cases = importlib.import_module(f"dsv4_cases_{part}").cases(sizes)
+            cases = importlib.import_module(f"benchmarks.dsv4_cases_{part}").cases(sizes)
         except Exception as err:  # a part that cannot build its inputs is reported, the rest still runs
             failures += 1
             log(f"| {part} | (building cases) | ERROR {type(err).__name__}: {err} | | | | | |")

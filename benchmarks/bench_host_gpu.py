@@ -1,6 +1,6 @@
 """Host time per eager call of every public op: what an engine's CPU pays per call.
 
-    python3 benchmarks/bench_host_gpu.py [--rows 64,131072] [--calls 50] [--rounds 5] [--json out.json]
+    python3 -m benchmarks host_gpu [--rows 64,131072] [--calls 50] [--rounds 5] [--json out.json]
 
 For each prepared call of ``kvformats.calls.public_calls`` (through the API and through the
 ``torch.library`` custom ops), the wall-clock µs per call of ``--calls`` back-to-back calls with
@@ -17,57 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import kvformats as kvf  # noqa: E402
-from kvformats import replay  # noqa: E402
-from kvformats.calls import public_calls  # noqa: E402
-
-
-def host_us(fn, calls: int, rounds: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t) / calls * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(times)
-
-
-def graph_us(fn, calls: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(7):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
+import kvformats as kvf
+from benchmarks.gpu_timing import graph_per_call_us, host_per_call_us
+from kvformats import replay
+from kvformats.calls import public_calls
 
 
 def floors(calls: int, rounds: int) -> dict:
     import triton
-    import triton.language as tl
 
     @triton.jit
     def empty1(x):
@@ -79,9 +41,9 @@ def floors(calls: int, rounds: int) -> dict:
 
     x = torch.zeros(1, device="cuda")
     ints = list(range(3, 22))
-    return {"empty Triton launch, 1 arg": host_us(lambda: empty1[(1,)](x), calls, rounds),
-            "empty Triton launch, 20 args": host_us(lambda: empty20[(1,)](x, *ints), calls, rounds),
-            "torch add_ (1 element)": host_us(lambda: x.add_(1), calls, rounds)}
+    return {"empty Triton launch, 1 arg": host_per_call_us(lambda: empty1[(1,)](x), calls, rounds),
+            "empty Triton launch, 20 args": host_per_call_us(lambda: empty20[(1,)](x, *ints), calls, rounds),
+            "torch add_ (1 element)": host_per_call_us(lambda: x.add_(1), calls, rounds)}
 
 
 def main(argv=None) -> int:
@@ -110,8 +72,8 @@ def main(argv=None) -> int:
                             ("custom_op_us", custom[name]), ("gpu_us", None if args.no_graph else call)):
                 replay.ENABLED[0] = key != "full_us"  # the full path: what a call costs before it is replayed
                 try:
-                    row[key] = None if fn is None else (graph_us(fn) if key == "gpu_us"
-                                                        else host_us(fn, args.calls, args.rounds))
+                    row[key] = None if fn is None else (graph_per_call_us([fn], 20) if key == "gpu_us"
+                                                        else host_per_call_us(fn, args.calls, args.rounds))
                 except Exception as err:  # a failing path is reported in its cell, the run goes on
                     row[key], row[key + "_error"] = None, f"{type(err).__name__}: {str(err)[:200]}"
                 finally:

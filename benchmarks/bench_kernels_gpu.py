@@ -1,6 +1,6 @@
 """GPU benchmark of the Triton codecs against the device's copy bandwidth and the reference.
 
-    python3 benchmarks/bench_kernels_gpu.py [--sweep] [--out perf.md] [--cache-gib 4]
+    python3 -m benchmarks kernels_gpu [--sweep] [--out perf.md] [--cache-gib 4]
 
 For encode / decode / gather of every format at 64, 512, 16,384 and 131,072 rows of a
 multi-GB cache, with two slot patterns (prefill: each request's rows contiguous inside pages
@@ -33,18 +33,14 @@ import argparse
 import datetime
 import itertools
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import kvformats as kvf  # noqa: E402
-from kvformats import ops  # noqa: E402
-from gpu_timing import bench, copy_bandwidth, graph_per_call_us, same_size_copy_us  # noqa: E402
-from traffic import SECTOR, cache_sectors, dense_sectors  # noqa: E402
+import kvformats as kvf
+from kvformats import ops
+from benchmarks.gpu_timing import bench, copy_bandwidth, graph_per_call_us, same_size_copy_us
+from benchmarks.traffic import SECTOR, cache_sectors, dense_sectors
 
 SIZES = (64, 512, 16384, 131072)
 GRAPH_CALLS = 50

@@ -6,7 +6,7 @@ and 256 requests at contexts 8k and 64k (one token per request; eager and replay
 graph). Per-op times come from CUDA events at the step's phase marks (eager); totals are median
 milliseconds. A case that runs out of memory is reported and skipped.
 
-    python benchmarks/bench_pipeline_gpu.py --json out.json [--topk 2048] [--quick]
+    python3 -m benchmarks pipeline_gpu --json out.json [--topk 2048] [--quick]
     python tools/pipeline_chart.py out.json --svg docs/diagrams/pipeline.svg --markdown
 """
 
@@ -21,9 +21,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kvformats.deepseek_v4.pipeline import LayerStep  # noqa: E402
-from kvformats.deepseek_v4.pipeline_config import LayerConfig  # noqa: E402
+from kvformats.deepseek_v4.pipeline import LayerStep
+from kvformats.deepseek_v4.pipeline_config import LayerConfig
 
 PHASES = ("projections", "slots", "swa_insert", "save_state", "compress", "indexer", "reads", "attention",
           "out_quant")
@@ -172,9 +171,6 @@ def main(argv=None) -> int:
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "topk": args.topk,
            "index_format": args.index_format, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "quick": args.quick, "results": results}
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-    from pipeline_chart import markdown_table
-    print(markdown_table(doc))
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1))
     return 0

@@ -1,6 +1,6 @@
 """Reference-backend speed on CPU: encode / decode / gather of every registered format.
 
-    PYTHONPATH=. python benchmarks/bench_reference_cpu.py [--rows 64 1024 16384] [--repeats 11]
+    python3 -m benchmarks reference_cpu [--rows 64 1024 16384] [--repeats 11]
         [--formats fp8_ds_mla ...]
 
 Each case writes to (or reads from) a cache of 300 pages (more if the rows need them) at random

@@ -1,7 +1,7 @@
 """Launch configurations of calls of few rows (``kvformats_kernels._common.SMALL`` and ``FEW``),
 on the GPU.
 
-    python3 benchmarks/bench_small_gpu.py [--rows 64] [--rounds 2] [--sets 1] [--keys fp8_ds_mla.decode,...]
+    python3 -m benchmarks small_gpu [--rows 64] [--rounds 2] [--sets 1] [--keys fp8_ds_mla.decode,...]
 
 At ``--rows`` rows (at most SMALL_ROWS; FEW's overrides apply up to FEW_ROWS) a call's time is
 one program's chain of dependent loads and instructions plus the launch, so rows per program
@@ -23,8 +23,8 @@ import datetime
 import subprocess
 
 import torch
-from bench_kernels_gpu import GRAPH_CALLS, SWEEP_USES, allocate, make_input, make_slots, op_fns
-from gpu_timing import graph_per_call_us
+from benchmarks.bench_kernels_gpu import GRAPH_CALLS, SWEEP_USES, allocate, make_input, make_slots, op_fns
+from benchmarks.gpu_timing import graph_per_call_us
 
 import kvformats as kvf
 

@@ -22,8 +22,8 @@ slots, ape once.
 from __future__ import annotations
 
 import torch
-from dsv4_case import Case
-from dsv4_case import registered_case as _case
+from benchmarks.dsv4_case import Case
+from benchmarks.dsv4_case import registered_case as _case
 
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 from kvformats.rope import cos_sin_cache

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_case import Case
-from dsv4_case import registered_case as _case
+from benchmarks.dsv4_case import Case
+from benchmarks.dsv4_case import registered_case as _case
 
 DECODE_MAX = 4096
 PREFILL_REQUEST = 16384

@@ -23,7 +23,7 @@ the SWA cache; the inverse-RoPE scale store with its padding).
 from __future__ import annotations
 
 import torch
-from dsv4_case import Case, implementation
+from benchmarks.dsv4_case import Case, implementation
 
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.formats import Fp8DsMla

@@ -1,7 +1,11 @@
 """Timing helpers shared by the GPU benchmarks: do_bench medians, the device-to-device copy
-bandwidth every figure is compared with, and per-call time inside a replayed CUDA graph."""
+bandwidth every figure is compared with, per-call time inside a replayed CUDA graph, and the
+host's time per eager call."""
 
 from __future__ import annotations
+
+import statistics
+import time
 
 import torch
 
@@ -63,3 +67,20 @@ def graph_per_call_us(fns, calls: int) -> float:
         times.append(start.elapsed_time(end) * 1e3 / calls)
     del graph
     return sorted(times)[len(times) // 2]
+
+
+def host_per_call_us(fn, calls: int, rounds: int) -> float:
+    """Median over ``rounds`` of the host's wall µs per call of ``calls`` back-to-back calls with
+    no synchronization between them (what an engine's CPU pays per eager call); the launch queue
+    is drained before each round."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)

@@ -1,7 +1,7 @@
 """Host time per call of every public op's Triton path, without a GPU: the Python work of
 validation, dispatch, launchers and replay, with the kernel launch itself stubbed out.
 
-    PYTHONPATH=. python3 benchmarks/host_overhead_cpu.py [--calls 2000] [--rows 64] [--only encode,dsv4]
+    python3 -m benchmarks host_overhead_cpu [--calls 2000] [--rows 64] [--only encode,dsv4]
 
 The prepared calls of ``kvformats.calls.public_calls`` run on CPU tensors inside
 ``kvformats_kernels.stub.stubbed_launches`` (the path CUDA tensors take, each launch logged
@@ -19,11 +19,11 @@ import time
 
 os.environ.pop("TRITON_INTERPRET", None)  # the stub replaces the launch; nothing is interpreted
 
-import torch  # noqa: E402
+import torch
 
-from kvformats import replay  # noqa: E402
-from kvformats.calls import public_calls  # noqa: E402
-from kvformats_kernels.stub import stubbed_launches  # noqa: E402
+from kvformats import replay
+from kvformats.calls import public_calls
+from kvformats_kernels.stub import stubbed_launches
 
 
 def per_call_us(fn, calls: int) -> float:

@@ -1,6 +1,6 @@
 """Where the host time of an eager call goes: cProfile over back-to-back calls of public ops.
 
-    python3 benchmarks/profile_host_gpu.py --only csa_compress,dequantize_gather [--rows 64] [--calls 400]
+    python3 -m benchmarks profile_host_gpu --only csa_compress,dequantize_gather [--rows 64] [--calls 400]
 
 For each prepared call of ``kvformats.calls.public_calls`` whose name contains one of ``--only``
 (default mode), prints the µs per call without the profiler, then the functions with the most
@@ -20,9 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kvformats.calls import public_calls  # noqa: E402
+from kvformats.calls import public_calls
 
 
 def per_call_us(fn, calls: int) -> float:

@@ -1,6 +1,6 @@
-"""Load a script of tools/ or benchmarks/ as a module, for the tests that test that script: from
+"""Load a script of tools/ as a module, for the tests that test that script: from
 its file, without putting its folder on sys.path. Scripts are not a library; what tests and
-tools share lives in kvformats.testing."""
+tools share lives in kvformats.testing. (benchmarks/ is a package: its tests import it.)"""
 
 from __future__ import annotations
 

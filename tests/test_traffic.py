@@ -2,10 +2,9 @@
 
 import torch
 
+import benchmarks.traffic as traffic
 import kvformats as kvf
-from scripts import load_script
 
-traffic = load_script("benchmarks/traffic.py")
 cache_sectors, sector_bytes = traffic.cache_sectors, traffic.sector_bytes
 
 

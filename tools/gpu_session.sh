@@ -32,9 +32,9 @@ tests() {
 }
 
 bench() {
-  timeout "${BENCH_S:-420}" bash -c "python3 benchmarks/bench_kernels_gpu.py --sizes 64,131072 --no-reference \
-    > '$LOG/bench_codecs.log' 2>&1; python3 benchmarks/bench_dsv4_gpu.py --parts ${BENCH_DSV4_PARTS:-compress,query,indices} \
-    > '$LOG/bench_dsv4.log' 2>&1; python3 benchmarks/bench_custom_ops_gpu.py > '$LOG/bench_custom_ops.log' 2>&1"
+  timeout "${BENCH_S:-420}" bash -c "python3 -m benchmarks kernels_gpu --sizes 64,131072 --no-reference \
+    > '$LOG/bench_codecs.log' 2>&1; python3 -m benchmarks dsv4_gpu --parts ${BENCH_DSV4_PARTS:-compress,query,indices} \
+    > '$LOG/bench_dsv4.log' 2>&1; python3 -m benchmarks custom_ops_gpu > '$LOG/bench_custom_ops.log' 2>&1"
   echo "== bench (exit $?)"; grep -h -E "131072|prefill|decode 64|largest" "$LOG"/bench_*.log | tail -60
 }
 

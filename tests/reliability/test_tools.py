@@ -324,7 +324,7 @@ def test_launch_counter_hooks_and_unhooks():
 
 
 def test_bench_table_and_verdict():
-    bench = load_script("benchmarks/bench_custom_ops_gpu.py")
+    import benchmarks.bench_custom_ops_gpu as bench
 
     def row(fmt, op, launcher, op_nc_us):
         eager = {p: launcher + 30.0 for p in bench.EAGER_PATHS}
@@ -348,7 +348,7 @@ def test_bench_bare_ops_call_the_launcher_through_the_dispatcher():
     # reference functions on CPU tensors stand in for the launchers)
     import types
 
-    bench = load_script("benchmarks/bench_custom_ops_gpu.py")
+    import benchmarks.bench_custom_ops_gpu as bench
 
     import kvformats as kvf
     from kvformats import ops

@@ -1,0 +1,34 @@
+"""``python3 -m benchmarks <name> [options]``: run one benchmark (``--list`` names them)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> module: every script of the package with a main()
+BENCHMARKS = {
+    "host_gpu": "bench_host_gpu", "kernels_gpu": "bench_kernels_gpu", "dsv4_gpu": "bench_dsv4_gpu",
+    "custom_ops_gpu": "bench_custom_ops_gpu", "pipeline_gpu": "bench_pipeline_gpu", "small_gpu": "bench_small_gpu",
+    "bounds_gpu": "bench_bounds_gpu", "profile_host_gpu": "profile_host_gpu", "host_overhead_cpu": "host_overhead_cpu",
+    "reference_cpu": "bench_reference_cpu", "check_cpu": "bench_check_cpu",
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "--list"):
+        print(__doc__)
+        for name, module in BENCHMARKS.items():
+            doc = (importlib.import_module(f"benchmarks.{module}").__doc__ or "").strip().splitlines()
+            print(f"  {name:<20} {doc[0] if doc else ''}")
+        return 0 if argv else 2
+    if argv[0] not in BENCHMARKS:
+        print(f"unknown benchmark {argv[0]!r}; one of: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"benchmarks.{BENCHMARKS[argv[0]]}")
+    sys.argv = [f"benchmarks {argv[0]}", *argv[1:]]
+    result = module.main()
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
