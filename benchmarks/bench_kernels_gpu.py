@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
+import json
 import subprocess
 from pathlib import Path
 
@@ -306,6 +307,7 @@ def main():
                     help="sweep only these configs (e.g. fp8_ds_mla.paged,indexer.decode)")
     ap.add_argument("--sweep-rounds", type=int, default=1, help="interleaved rounds of the sweep (median kept)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--json", default=None, help="also write every table row as a record (tools/bandwidth_chart.py)")
     ap.add_argument("--cache-gib", type=float, default=4.0)
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
@@ -416,6 +418,24 @@ def main():
         run_paged(args, bw, log, g)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"head": lines[:2], "bandwidth_GBs": bw, "rows": table_records(lines)},
+                                              indent=1))
+
+
+def table_records(lines: list[str]) -> list[dict]:
+    """The rows of every Markdown table in ``lines`` as dicts keyed by their table's header."""
+    out, header = [], None
+    for line in lines:
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not set(cells[0]) <= set("-: "):
+            out.append(dict(zip(header, cells)))
+    return out
 
 
 if __name__ == "__main__":
