@@ -23,7 +23,7 @@ from kvformats.errors import (
     UnsupportedError,
     UsageError,
 )
-from kvformats.formats import CompressorState, Fp8DsMla, Fp8DsMlaV32, Fp8Indexer, Mxfp4Indexer
+from kvformats.formats import CompressorState, Fp4DsMlaV41, Fp8DsMla, Fp8DsMlaV32, Fp8DsMlaV41, Fp8Indexer, Mxfp4Indexer
 from kvformats.layout import Field, Layout, Region, Segment
 from kvformats.profiles import PROFILE_NAMES, Profile, supported_profiles
 from kvformats.registry import get_format, list_formats
@@ -32,7 +32,7 @@ __version__ = "0.1.0"
 SPEC_VERSION = "1"
 
 __all__ = [
-    "BackendUnavailableError", "CacheFileError", "CacheWriteError", "CompressorState", "ConversionError", "Field", "Fp8DsMla", "Fp8DsMlaV32", "Fp8Indexer", "InputError",
+    "BackendUnavailableError", "CacheFileError", "CacheWriteError", "CompressorState", "ConversionError", "Field", "Fp4DsMlaV41", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41", "Fp8Indexer", "InputError",
     "InputTypeError", "KVFormatError", "Layout", "LayoutError", "Mxfp4Indexer", "OutputError", "PROFILE_NAMES", "Profile",
     "Region", "Segment", "UnsupportedError", "UsageError", "error_record", "get_format", "list_formats", "pending_error", "raise_pending",
     "strict_checks", "supported_profiles", "SPEC_VERSION", "__version__",

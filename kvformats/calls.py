@@ -26,7 +26,8 @@ HEAD, ROPE, INDEX_HEAD, HEADS, PAGE = 512, 64, 128, 64, 64
 WINDOW = 128
 _LAYOUT_ARGS = {"fp8_ds_mla": {"head_dim": HEAD, "rope_dim": ROPE}, "fp8_ds_mla_v32": {},
                 "fp8_indexer": {"head_dim": INDEX_HEAD}, "mxfp4_indexer": {"head_dim": INDEX_HEAD},
-                "compressor_state": {"head_dim": HEAD, "ratio": 4}}
+                "compressor_state": {"head_dim": HEAD, "ratio": 4},
+                "fp8_ds_mla_v41": {"head_dim": HEAD}, "fp4_ds_mla_v41": {"head_dim": HEAD}}
 
 
 _NORMAL: dict[str, torch.Generator] = {}

@@ -56,7 +56,11 @@ def _block_bound(layout, x32: torch.Tensor, block: int, kind: str) -> torch.Tens
     """Per-element bound for ``x32 [N, D]`` quantized in ``block``-wide blocks."""
     n, d = x32.shape
     blocks = x32.reshape(n, d // block, block)
-    e = layout.scale_rule.exponents(blocks).unsqueeze(-1).to(torch.float32)
+    rule = layout.scale_rule
+    if not rule.power_of_two and kind == "e2m1":  # a stored e4m3 scale s: within s, or the clip above 6 s
+        s = rule.scales_of_amax(blocks.abs().amax(-1)).unsqueeze(-1)
+        return torch.maximum(s.expand_as(blocks), blocks.abs() - 6 * s).reshape(n, d)
+    e = rule.exponents(blocks).unsqueeze(-1).to(torch.float32)
     if kind == "e2m1":
         return torch.exp2(e).expand_as(blocks).reshape(n, d)
     return torch.maximum(blocks.abs() / 16, torch.exp2(e - 10)).reshape(n, d)

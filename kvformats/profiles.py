@@ -18,6 +18,8 @@ Profiles by name (which formats support each: ``supported_profiles()``; prose: s
                   scale), for the 584 B MODEL1 row and the 656 B V3.2 row (default of the latter).
 * ``ocp``         OCP MX v1.0 for the MXFP4 indexer: e = floor(log2 amax) - 2, elements RNE and
                   saturating, sign of zero kept.
+* ``kvformats``   our own rule, for formats no engine publishes a writer of (the V4.1 528 B and
+                  288 B rows: spec/formats/fp8_ds_mla_v41.md, fp4_ds_mla_v41.md).
 
 The Triton encode kernels honour every profile of fp8_ds_mla (584 B and V3.2 656 B rows),
 fp8_indexer and mxfp4_indexer (the kernel package declares them with
@@ -35,7 +37,7 @@ import attrs
 from kvformats.errors import LayoutError
 from kvformats.numerics import E2M1_ROUNDINGS, UE8M0_FF_READINGS, ScaleRule
 
-PROFILE_NAMES = ("tokenspeed", "vllm", "deepgemm-ref", "flashmla-ref", "ocp")
+PROFILE_NAMES = ("tokenspeed", "vllm", "deepgemm-ref", "flashmla-ref", "ocp", "kvformats")
 FLT_MIN = 2.0**-126  # float32's smallest normal, vLLM's scale floor for the V3.2 row
 
 

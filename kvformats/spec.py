@@ -38,6 +38,7 @@ ELEMENT_RULES = {
 SCALE_STORAGE = {
     "float8_e8m0fnu": "ue8m0 byte s = clamp(e + 127, 0, 255); scale = 2^(s - 127)",
     "float32": "float32 little-endian multiplier 2^e (an exact power of two)",
+    "float8_e4m3fn": "float8_e4m3fn byte: the scale's value s (positive; 0x7F = NaN)",
 }
 # Per-element bounds of spec/upstream.md §11 / spec/README.md, written against the value the element
 # codec sees (x_bf16 for fp8_ds_mla, the float32 input for the indexers); e = block exponent.
@@ -95,6 +96,9 @@ def _element_rounding(data, profile) -> str:
 def _exponent_rule(rule: dict) -> str:
     m, f = rule["element_max"], rule["floor"]
     q = f"max(amax, {f}) / {m}" if rule["floor_on"] == "absmax" else f"max(amax / {m}, {f})"
+    if rule.get("scale_dtype") == "float8_e4m3fn":  # numerics.ScaleRule subclasses that store e4m3 scales
+        return (f"no exponent: scale s = e4m3_rne(clamp(fl32(amax / {m}), {f}, {rule['scale_max']})), sign "
+                f"bit cleared (a NaN amax gives 0x7F); elements are fl32(x / s) (one correctly rounded division)")
     if not rule.get("power_of_two", True):
         return (f"no exponent: scale s = fl32({q}) stored as an arbitrary float32; elements are "
                 f"fl32(x / s) (one correctly rounded division), clamped to +-{m}")
@@ -118,7 +122,7 @@ def numerics_spec(layout) -> dict:
     rule_dict = rule.as_dict()
     profile = getattr(layout, "numerics", None)
     storage = SCALE_STORAGE[scale.dtype]
-    if not rule.power_of_two:
+    if not rule.power_of_two and scale.dtype == "float32":
         storage = "float32 little-endian multiplier (arbitrary, not rounded to a power of two)"
     extra = {}
     if profile is not None:

@@ -21,7 +21,7 @@ if AVAILABLE:
     from kvformats.paged import PAGED_OPS
     from kvformats.profiles import profile_table
     from kvformats.registry import register_kernel_profiles, register_op
-    from kvformats_kernels import fp8_ds_mla, indexer, state
+    from kvformats_kernels import fp8_ds_mla, indexer, state, v41
 
     IMPLEMENTATIONS = {
         "fp8_ds_mla": fp8_ds_mla,
@@ -29,6 +29,8 @@ if AVAILABLE:
         "fp8_indexer": indexer,
         "mxfp4_indexer": indexer,
         "compressor_state": state,
+        "fp8_ds_mla_v41": v41,  # the V4.1 rows (528 B; 288 B fp4 extra cache)
+        "fp4_ds_mla_v41": v41,
     }
     for _fmt, _module in IMPLEMENTATIONS.items():
         for _op in ("encode", "decode", "gather", *PAGED_OPS):

@@ -125,7 +125,8 @@ def test_rope_argument_errors_are_typed(call, err, words):
 # zero stride, which a byte view refuses (fp8_indexer deepgemm-ref, fp8_ds_mla_v32 head 192)
 ONE_BLOCK = {"compressor_state": dict(head_dim=1), "fp8_ds_mla": dict(head_dim=128, rope_dim=64),
              "fp8_ds_mla_v32": dict(head_dim=192, rope_dim=64), "fp8_indexer": dict(head_dim=128),
-             "mxfp4_indexer": dict(head_dim=32)}
+             "mxfp4_indexer": dict(head_dim=32), "fp8_ds_mla_v41": dict(head_dim=32),
+             "fp4_ds_mla_v41": dict(head_dim=16)}
 EMPTY_CASES = [pytest.param(name, profile, geometry, id=f"{name}-{profile}-{geometry}")
                for name in kvf.list_formats()
                for profile in (supported_profiles().get(name) or (None,))

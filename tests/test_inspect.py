@@ -9,7 +9,8 @@ from kvformats.diff import diff_caches
 from kvformats.fsck import check, scale_exponent_range
 from kvformats.render import hexdump_page, json_number, page_lines, slot_record
 
-SMALL = {"fp8_ds_mla": {"page_size": 4}, "fp8_ds_mla_v32": {"page_size": 4}, "fp8_indexer": {"page_size": 4}, "mxfp4_indexer": {"page_size": 4},
+SMALL = {"fp8_ds_mla_v41": {"head_dim": 64, "page_size": 4}, "fp4_ds_mla_v41": {"head_dim": 64, "page_size": 4},
+         "fp8_ds_mla": {"page_size": 4}, "fp8_ds_mla_v32": {"page_size": 4}, "fp8_indexer": {"page_size": 4}, "mxfp4_indexer": {"page_size": 4},
          "compressor_state": {"head_dim": 8, "page_size": 4}}
 
 

@@ -24,7 +24,8 @@ def filled(layout, pages=3, page_stride=None, seed=0):
     return cache
 
 
-SMALL = {"fp8_ds_mla": {"page_size": 4}, "fp8_ds_mla_v32": {"page_size": 4}, "fp8_indexer": {"page_size": 4}, "mxfp4_indexer": {"page_size": 4},
+SMALL = {"fp8_ds_mla_v41": {"head_dim": 64, "page_size": 4}, "fp4_ds_mla_v41": {"head_dim": 64, "page_size": 4},
+         "fp8_ds_mla": {"page_size": 4}, "fp8_ds_mla_v32": {"page_size": 4}, "fp8_indexer": {"page_size": 4}, "mxfp4_indexer": {"page_size": 4},
          "compressor_state": {"head_dim": 8, "page_size": 4}}
 
 

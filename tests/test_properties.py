@@ -125,7 +125,30 @@ def bound_fp8_ds_mla_v32(layout, x, kwargs, rows, out):
     assert same_bits(out[:, nope:], xb[:, nope:])
 
 
-BOUNDS = {"fp8_ds_mla": bound_fp8_ds_mla, "fp8_ds_mla_v32": bound_fp8_ds_mla_v32, "fp8_indexer": bound_fp8_indexer,
+def bound_fp8_ds_mla_v41(layout, x, kwargs, rows, out):
+    n, d = rows.shape[0], layout.head_dim
+    blocks = x.to(torch.bfloat16).double().reshape(n, -1, 32)
+    e = rows[:, d:].to(torch.int64) - 127
+    assert torch.equal(e, _exact_exponent(blocks.abs().amax(-1), 1e-4, 448.0, "absmax"))  # no quirk in bf16
+    err = (blocks - out.double().reshape(n, -1, 32)).abs()
+    assert bool((err <= torch.maximum(blocks.abs() / 16, torch.pow(2.0, e - 10).unsqueeze(-1).double())).all())
+
+
+def bound_fp4_ds_mla_v41(layout, x, kwargs, rows, out):
+    n, d = rows.shape[0], layout.head_dim
+    blocks = x.to(torch.bfloat16).double().reshape(n, -1, 16)
+    s = rows[:, d // 2:].view(torch.float8_e4m3fn).double()
+    q = (blocks.abs().amax(-1) / 6).clamp(2.0**-6, 448.0)  # the scale is e4m3's rounding of q (normal)
+    assert bool(((s - q).abs() <= q / 16).all())
+    s = s.unsqueeze(-1)
+    err = (blocks - out.double().reshape(n, -1, 16)).abs()
+    assert bool((err <= torch.maximum(s, blocks.abs() - 6 * s)).all())
+    small = blocks.abs() <= 2 * s
+    assert bool((err[small] <= (s / 4).expand_as(err)[small]).all())
+
+
+BOUNDS = {"fp8_ds_mla": bound_fp8_ds_mla, "fp8_ds_mla_v41": bound_fp8_ds_mla_v41,
+          "fp4_ds_mla_v41": bound_fp4_ds_mla_v41, "fp8_ds_mla_v32": bound_fp8_ds_mla_v32, "fp8_indexer": bound_fp8_indexer,
           "mxfp4_indexer": bound_mxfp4_indexer, "compressor_state": bound_compressor_state}
 
 
@@ -242,7 +265,7 @@ def test_int32_and_int64_slots_agree(fmt, data):
 
 
 # ----- accepted input dtypes --------------------------------------------------------------------
-OUT_DTYPES = {"fp8_ds_mla": (torch.bfloat16,), "fp8_ds_mla_v32": (torch.bfloat16,), "fp8_indexer": (torch.float32,),
+OUT_DTYPES = {"fp8_ds_mla": (torch.bfloat16,), "fp8_ds_mla_v41": (torch.bfloat16,), "fp4_ds_mla_v41": (torch.bfloat16,), "fp8_ds_mla_v32": (torch.bfloat16,), "fp8_indexer": (torch.float32,),
               "mxfp4_indexer": (torch.float32,), "compressor_state": (torch.float32, torch.float32)}
 
 

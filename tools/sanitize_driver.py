@@ -50,6 +50,8 @@ ODD = {
     "fp8_indexer": dict(head_dim=256, page_size=5),
     "mxfp4_indexer": dict(head_dim=96, page_size=2),
     "compressor_state": dict(head_dim=48, ratio=128, page_size=8),
+    "fp8_ds_mla_v41": dict(head_dim=96, page_size=3),
+    "fp4_ds_mla_v41": dict(head_dim=48, page_size=5),
 }
 DONE = "SANITIZE-DRIVER-DONE"
 

@@ -256,9 +256,10 @@ def build_all() -> dict[str, dict]:
     """Every vector, by file name."""
     import adversarial
     import vector_f
+    import vector_v41
 
     vecs = [*vectors_a(), vector_b(), vector_c(), vector_d(), vector_e(), vector_f.build(vector, tensor, hx, int64s),
-            *adversarial.build(vector)]
+            *adversarial.build(vector), *vector_v41.build(vector, tensor)]
     return {f"{v['id']}.json": v for v in vecs}
 
 

@@ -131,3 +131,57 @@ def rope_gptj(x, p: int, rope_dim: int = 64) -> list[float]:
         out[nope + 2 * i] = float(e * c - o * s)
         out[nope + 2 * i + 1] = float(e * s + o * c)
     return out
+
+
+# ----- DeepSeek V4.1 rows (spec/formats/fp8_ds_mla_v41.md, fp4_ds_mla_v41.md): our encode rules ---
+E4M3_MIN_NORMAL = 2.0 ** -6  # the smallest normal e4m3 value: the fp4 rows' scale floor
+
+
+def v41_fp8_row(x) -> tuple[bytes, bytes]:
+    """fp8_ds_mla_v41 (row bytes, decoded bf16 bytes) of one row: every dim rounded to bf16, then
+    per 32 values the fp8_ds_mla exponent rule, e4m3 codes, one ue8m0 byte."""
+    xb = [bf16(v) for v in x]
+    codes, scales, decoded = bytearray(), bytearray(), []
+    for b in range(len(xb) // 32):
+        block = xb[32 * b:32 * b + 32]
+        e = exponent(max(abs(v) for v in block), FP8_MAX, 1e-4, "absmax")
+        block_codes = [e4m3_byte(v * 2.0 ** -e) for v in block]
+        codes += bytes(block_codes)
+        scales.append(min(max(e + 127, 0), 255))
+        decoded += [e4m3_value(c) * 2.0 ** e for c in block_codes]
+    return bytes(codes) + bytes(scales), bf16_bytes(decoded)
+
+
+def e4m3_scale_byte(amax: float) -> int:
+    """The fp4 rows' scale byte: e4m3 (ml_dtypes, round to nearest even) of float32(amax / 6)
+    clamped to [2^-6, 448]."""
+    q = float(F32(amax) / F32(6.0))
+    return e4m3_byte(min(max(q, E4M3_MIN_NORMAL), FP8_MAX))
+
+
+def e2m1_nibble(y: float) -> int:
+    """The e2m1 nibble of float32 y by ml_dtypes (round half to even), clamped to ±6 first
+    (the sign of zero kept: -0.0 and tiny negatives give 0x8)."""
+    y = min(max(f32(y), -6.0), 6.0)
+    return int(np.array([F32(y)]).astype(ml_dtypes.float4_e2m1fn).view(np.uint8)[0]) & 0xF
+
+
+def e2m1_float(n: int) -> float:
+    return float(np.array([n], dtype=np.uint8).view(ml_dtypes.float4_e2m1fn)[0])
+
+
+def v41_fp4_row(x) -> tuple[bytes, bytes]:
+    """fp4_ds_mla_v41 (row bytes, decoded bf16 bytes) of one row: bf16 input, per 16 values an
+    e4m3 scale s, nibbles e2m1(fl32(x / s)), element 2k in the low nibble."""
+    xb = [bf16(v) for v in x]
+    nibbles, scales, decoded = [], bytearray(), []
+    for b in range(len(xb) // 16):
+        block = xb[16 * b:16 * b + 16]
+        sb = e4m3_scale_byte(max(abs(v) for v in block))
+        s = e4m3_value(sb)
+        block_nibbles = [e2m1_nibble(float(F32(v) / F32(s))) for v in block]
+        nibbles += block_nibbles
+        scales.append(sb)
+        decoded += [e2m1_float(n) * s for n in block_nibbles]
+    packed = bytes(nibbles[2 * k] | nibbles[2 * k + 1] << 4 for k in range(len(nibbles) // 2))
+    return packed + bytes(scales), bf16_bytes(decoded)

@@ -44,6 +44,10 @@ LAYOUTS = {  # id -> (layout, quant block, element max)
     "fp8_indexer-256": (kvf.Fp8Indexer(head_dim=256, page_size=5), 128, 448.0),
     "mxfp4_indexer": (kvf.Mxfp4Indexer(page_size=4), 32, 6.0),
     "mxfp4_indexer-96": (kvf.Mxfp4Indexer(head_dim=96, page_size=2), 32, 6.0),
+    "fp8_ds_mla_v41": (kvf.Fp8DsMlaV41(page_size=4), 32, 448.0),
+    "fp8_ds_mla_v41-96": (kvf.Fp8DsMlaV41(head_dim=96, page_size=3), 32, 448.0),
+    "fp4_ds_mla_v41": (kvf.Fp4DsMlaV41(page_size=4), 16, 6.0),
+    "fp4_ds_mla_v41-48": (kvf.Fp4DsMlaV41(head_dim=48, page_size=5), 16, 6.0),
     "compressor_state": (kvf.CompressorState(head_dim=64, ratio=4, page_size=4), 0, 0.0),
     "compressor_state-128": (kvf.CompressorState(head_dim=48, ratio=128, page_size=8), 0, 0.0),
 }
@@ -516,7 +520,8 @@ def test_empty_inputs(name):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_indexer", "mxfp4_indexer", "compressor_state"])
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_indexer", "mxfp4_indexer", "compressor_state",
+                                 "fp8_ds_mla_v41", "fp4_ds_mla_v41"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_public_api_matches_reference(fmt, dtype):
     layout = kvf.get_format(fmt)
@@ -542,7 +547,8 @@ def test_gpu_public_api_matches_reference(fmt, dtype):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_indexer", "mxfp4_indexer", "compressor_state"])
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_indexer", "mxfp4_indexer", "compressor_state",
+                                 "fp8_ds_mla_v41", "fp4_ds_mla_v41"])
 def test_gpu_cuda_graph_capture_and_replay(fmt):
     layout = kvf.get_format(fmt)
     n, pages = 64, 40

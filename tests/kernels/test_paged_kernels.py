@@ -33,10 +33,14 @@ DECODE_LAYOUTS = {
     "mxfp4_indexer": kvf.Mxfp4Indexer(page_size=4),
     "mxfp4_indexer-96": kvf.Mxfp4Indexer(head_dim=96, page_size=2),
     "fp8_indexer-p1": kvf.Fp8Indexer(head_dim=256, page_size=1),  # page size 1: once a Triton 3.6 compile failure
+    "fp8_ds_mla_v41": kvf.Fp8DsMlaV41(page_size=4),
+    "fp8_ds_mla_v41-96": kvf.Fp8DsMlaV41(head_dim=96, page_size=3),
+    "fp4_ds_mla_v41": kvf.Fp4DsMlaV41(page_size=4),
+    "fp4_ds_mla_v41-48": kvf.Fp4DsMlaV41(head_dim=48, page_size=5),
 }
 BYTE_LAYOUTS = {k: v for k, v in DECODE_LAYOUTS.items()
                 if k in ("fp8_ds_mla", "fp8_ds_mla-256", "fp8_ds_mla_v32", "fp8_indexer", "fp8_indexer-p1",
-                         "mxfp4_indexer", "mxfp4_indexer-96")}
+                         "mxfp4_indexer", "mxfp4_indexer-96", "fp8_ds_mla_v41", "fp4_ds_mla_v41-48")}
 ALL_LAYOUTS = dict(DECODE_LAYOUTS, compressor_state=kvf.CompressorState(head_dim=32, ratio=4, page_size=4))
 
 
@@ -97,7 +101,8 @@ def sentinel_like(shape, dtype, device=DEV) -> torch.Tensor:
 # ----------------------------------------------------------------------------- registration
 
 
-@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer", "compressor_state"])
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer", "compressor_state",
+                                 "fp8_ds_mla_v41", "fp4_ds_mla_v41"])
 @pytest.mark.parametrize("op", paged.PAGED_OPS)
 def test_paged_triton_ops_registered(fmt, op):
     if fmt == "compressor_state" and op != "decode_topk":

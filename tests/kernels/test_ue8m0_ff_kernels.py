@@ -99,3 +99,30 @@ def test_gpu_public_reads_ff_as_the_profile_says(fmt, profile):
     layout.dequantize_gather(cache, out, block_table=torch.tensor([[0]], device=DEV),
                              seq_lens=torch.tensor([rows.shape[0]], device=DEV), backend="triton")
     assert_reads(out[0], want)
+
+
+def _e8m0_formats() -> list[str]:
+    return [f for f in kvf.list_formats() if any(
+        v.dtype == torch.float8_e8m0fnu for v in kvf.get_format(f).views(kvf.get_format(f).allocate(1)).values())]
+
+
+@pytest.mark.parametrize("fmt", _e8m0_formats())
+def test_every_ue8m0_format_kernel_reads_ff_as_its_reference(fmt):
+    """Every registered format with ue8m0 scales (found from its regions, so a new one is covered
+    without an edit here): a kernel decode of rows whose scale bytes are partly 0xFF equals the
+    reference decode, NaN at the same positions and every other value bit for bit."""
+    layout = kvf.get_format(fmt)
+    n = 2 * layout.page_size
+    cache = layout.allocate(2, device=DEV)
+    slots = torch.arange(n, device=DEV)
+    x = torch.randn(n, layout.head_dim, generator=torch.Generator().manual_seed(1)).to(DEV)
+    ops.encode(layout, x, cache, slots, backend="reference")
+    for v in layout.views(cache).values():
+        if v.dtype == torch.float8_e8m0fnu:
+            v.view(torch.uint8)[..., 0] = 0xFF
+            v.view(torch.uint8)[0, 1] = 0xFF
+    want = ops.decode(layout, cache, slots, backend="reference").float()
+    got = kk.IMPLEMENTATIONS[fmt].decode(layout, cache, slots).float()
+    assert torch.isnan(want).any() or torch.isinf(want).any()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert torch.equal(torch.nan_to_num(got, 0.0), torch.nan_to_num(want, 0.0))

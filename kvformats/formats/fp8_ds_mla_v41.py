@@ -1,0 +1,92 @@
+"""fp8_ds_mla_v41: the DeepSeek V4.1 attention row of 528 bytes (spec/formats/fp8_ds_mla_v41.md).
+
+Row = a 512 B data record (all 512 head dims as float8_e4m3fn: the 64 RoPE dims are quantized
+too) + a 16 B scale record (one ue8m0 byte per 32 values). A page holds its ``page_size`` data
+records, then its ``page_size`` scale records; no page pad. The layout is the one FlashMLA's
+interface documents for DeepSeek V4.1 (528 B per token); no writer for it is published, so the
+scale rule is ours (profile ``kvformats``): the V4 fp8_ds_mla rule applied per 32 values.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from kvformats import numerics as nx
+from kvformats.errors import LayoutError
+from kvformats.layout import Field, Layout, Segment, positive
+from kvformats.ops import register_reference_ops
+from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
+from kvformats.registry import register_format
+
+QUANT_BLOCK = 32
+# The V4 584 B row's rule (spec/upstream.md §2.2: amax floored at 1e-4, 2^ceil(log2(A / 448)),
+# so no element saturates), on blocks of 32 as the MX formats group their ue8m0 scales.
+SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax")
+PROFILES = declare(
+    "fp8_ds_mla_v41",
+    Profile(name="kvformats", scale_rule=SCALE_RULE,
+            engine="kvformats' own writer (FlashMLA and tokenspeed publish no writer for the 528 B row)",
+            source="spec/formats/fp8_ds_mla_v41.md 'Our choice': the fp8_ds_mla rule of spec/upstream.md §2.2 "
+                   "per 32 values"),
+)
+
+
+@register_format
+@attrs.frozen(kw_only=True)
+class Fp8DsMlaV41(ProfiledLayout, Layout):
+    """``Fp8DsMlaV41(head_dim=512, page_size=64)``: 528 B rows, 33792 B pages.
+
+    ``encode(x [N, head_dim])`` rounds x to bf16 and quantizes every dim (RoPE included) per
+    32-block with a power-of-two scale ``2^ceil(log2(max(amax, 1e-4) / 448))``. ``decode``
+    returns bf16 ``[N, head_dim]`` (``bf16(e4m3 value * 2^(s - 127))``).
+    """
+
+    name = "fp8_ds_mla_v41"
+    PROFILES = PROFILES
+    scale_rule = ProfiledRule(PROFILES)
+    quant_input_dtype = torch.bfloat16  # rounded to bf16 before quantizing, as the V4 rows
+
+    head_dim: int = attrs.field(default=512, validator=positive)
+    page_size: int = attrs.field(default=64, validator=positive)
+    profile: str = profile_field(PROFILES)
+
+    def _check_geometry(self) -> None:
+        if self.head_dim % QUANT_BLOCK:
+            raise LayoutError(f"fp8_ds_mla_v41 head_dim must be a multiple of {QUANT_BLOCK}, got {self.head_dim}")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.head_dim // QUANT_BLOCK
+
+    @property
+    def decode_dtype(self) -> torch.dtype:
+        return torch.bfloat16
+
+    def _segments(self):
+        return (
+            Segment("data", (Field("values", "float8_e4m3fn", self.head_dim,
+                                   doc="every head dim (RoPE too), scaled by 2^-e per 32-block",
+                                   scale="scale", block=QUANT_BLOCK),)),
+            Segment("scales", (Field("scale", "float8_e8m0fnu", self.num_blocks, role="scale",
+                                     doc="e + 127 per 32-block"),)),
+        )
+
+    def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
+        n, d, nb = x.shape[0], self.head_dim, self.num_blocks
+        blocks = x.to(torch.bfloat16).float().reshape(n, nb, QUANT_BLOCK)
+        e = self.scale_rule.exponents(blocks)
+        out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
+        out[:, :d] = nx.e4m3_quantize_blocks(blocks, e).reshape(n, d)
+        out[:, d:] = nx.ue8m0_encode(e)
+        return out
+
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        n, d, nb = rows.shape[0], self.head_dim, self.num_blocks
+        values = nx.e4m3_decode(rows[:, :d]).reshape(n, nb, QUANT_BLOCK)
+        # exact in float32 (4 significant bits times a power of two), then one RNE to bf16;
+        # a NaN code or a NaN scale (0xFF) gives NaN
+        return (values * nx.ue8m0_decode(rows[:, d:]).unsqueeze(-1)).reshape(n, d).to(torch.bfloat16)
+
+
+register_reference_ops(Fp8DsMlaV41.name)

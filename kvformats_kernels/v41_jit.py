@@ -1,0 +1,142 @@
+"""Triton kernels of the DeepSeek V4.1 page formats: fp8_ds_mla_v41 (528 B rows, every dim e4m3
+with a ue8m0 scale per 32) and fp4_ds_mla_v41 (288 B rows, e2m1 nibbles with an e4m3 scale per 16).
+
+A row is NB blocks of QB values, a data record then a scale record; every offset arrives as a
+constexpr read off the layout's regions (kvformats_kernels/v41.py). FP4 picks the format in the
+shared bodies. Rounding is done as the reference does it (kvformats/formats/*_v41.py), on bit
+patterns where the interpreter's float casts would round otherwise (numerics_jit).
+"""
+
+import triton
+import triton.language as tl
+
+from kvformats_kernels import numerics_jit as nj
+from kvformats_kernels.fp8_ds_mla_jit import ue8m0_block_bits
+from kvformats_kernels.rows_jit import locate_slot, record_request, record_slots, request_rows
+
+
+@triton.jit
+def _store_block_nibbles(at, codes, mask):
+    """e2m1 codes [BM, NB, QB] as QB / 2 bytes per block at the byte pointers ``at`` [BM, NB]
+    (element 2k in the low nibble)."""
+    BM: tl.constexpr = codes.shape[0]
+    NB: tl.constexpr = codes.shape[1]
+    HQ: tl.constexpr = codes.shape[2] // 2
+    lo, hi = tl.split(tl.reshape(codes, (BM, NB, HQ, 2)))  # element 2k, element 2k + 1
+    k = tl.arange(0, HQ)
+    tl.store(at[:, :, None] + k[None, None, :], (lo | (hi << 4)).to(tl.uint8), mask=mask[:, :, None])
+
+
+@triton.jit
+def v41_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
+                  PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
+                  SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
+                  NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, FP4: tl.constexpr,
+                  FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
+                  E_MIN: tl.constexpr, E_MAX: tl.constexpr, SCALE_MAX: tl.constexpr,
+                  IS_BF16: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr, HW: tl.constexpr = False):
+    """Rows x [N, NB * QB] (bf16 / fp16 / fp32, rounded to bf16 first) into the rows at slots
+    (skipped outside [0, capacity); a slot >= capacity recorded at SITE).
+
+    528 B rows: e = the ScaleRule's exponent of the block maximum, bytes e4m3(x * 2^-e), scale
+    byte clamp(e + 127, 0, 255). FP4 (288 B rows): s = e4m3(clamp(fl32(amax / ELEM_MAX), FLOOR,
+    SCALE_MAX)) with its sign bit clear (e4m3_code saturates at 448 and gives 0x7F for NaN, so
+    only the floor needs a compare), nibbles e2m1(fl32(x / s)) round-half-even with the sign
+    of zero kept, and 0 where x / s is NaN."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    base = page * page_stride
+    blk = tl.arange(0, NB_P2)
+    elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
+    inb = (blk < NB)[None, :]
+    # x is read under the row-range mask only, so its load overlaps the slot load
+    x = nj.load_f32((x_ptr + rows * x_stride)[:, None, None] + elem[None, :, :], in_range[:, None, None] & inb[:, :, None],
+                    IS_BF16)
+    if not IS_BF16:
+        x = nj.bf16_round(x)
+    amax = nj.abs_max(x, 2)
+    scale_at = (cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :]
+    m2 = ok[:, None] & inb
+    if FP4:
+        q = nj.max_nan(tl.math.div_rn(amax, tl.full(amax.shape, ELEM_MAX, tl.float32)), FLOOR)
+        sbyte = nj.e4m3_code(q, HW) & 0x7F  # clamps at SCALE_MAX = 448 itself; NaN -> 0x7F
+        s = nj.e4m3_value(sbyte)
+        y = tl.math.div_rn(x, tl.broadcast_to(s[:, :, None], x.shape))
+        codes = tl.where(y == y, nj.e2m1_code(y, True, True), 0)  # NaN has no code: 0
+        _store_block_nibbles((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None] + blk[None, :] * (QB // 2),
+                             codes, m2)
+        tl.store(scale_at, sbyte.to(tl.uint8), mask=m2)
+    else:
+        e = nj.block_exponent(amax, FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
+        codes = nj.e4m3_code(x * nj.pow2(-e)[:, :, None], HW)
+        tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
+                 codes.to(tl.uint8), mask=m2[:, :, None])
+        tl.store(scale_at, tl.minimum(tl.maximum(e + 127, 0), 255).to(tl.uint8), mask=m2)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
+
+
+@triton.jit
+def decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
+                VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
+                SCALE_STRIDE: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
+                FP4: tl.constexpr, FF_NAN: tl.constexpr, BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
+    """bf16 bits (int16) of the rows at (page, row) [BM] (zeros where not ok) into ``out_row``
+    [BM pointers] where live: 528 B rows e4m3 * 2^(s - 127), FP4 rows e2m1 * e4m3 scale (exact),
+    each rounded once to bf16 (NaN codes and scales give NaN; a ue8m0 byte 0xFF reads NaN with
+    FF_NAN, else +Inf, as the profile says)."""
+    base = page * page_stride
+    blk = tl.arange(0, NB_P2)
+    inb = (blk < NB)[None, :]
+    s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
+                mask=ok[:, None] & inb, other=0)
+    if FP4:
+        HQ: tl.constexpr = QB // 2
+        pair = blk[:, None] * HQ + tl.arange(0, HQ)[None, :]
+        b = tl.load((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + pair[None, :, :],
+                    mask=ok[:, None, None] & inb[:, :, None], other=0)
+        sc = nj.e4m3_to_f32(s, HW)[:, :, None]
+        v = tl.join(nj.e2m1_value(b) * sc, nj.e2m1_value(b.to(tl.int32) >> 4) * sc)  # low nibble first
+        bits = nj.bf16_bits(tl.reshape(v, (BLOCK_M, NB_P2, QB)), HW)
+    else:
+        elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
+        b = tl.load((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
+                    mask=ok[:, None, None] & inb[:, :, None], other=0)
+        bits = ue8m0_block_bits(b, s, HW, FF_NAN)
+    out = blk[:, None] * QB + tl.arange(0, QB)[None, :]
+    tl.store(out_row[:, None, None] + out[None, :, :], bits.to(tl.int16), mask=live[:, None, None] & inb[:, :, None])
+
+
+@triton.jit
+def v41_decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
+                  PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
+                  SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
+                  NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, FP4: tl.constexpr,
+                  FF_NAN: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr, HW: tl.constexpr = False):
+    """out (int16 bits of bf16) [N, NB * QB]: the rows at slots; zero rows for invalid slots (a
+    slot >= capacity recorded at SITE)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
+                VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, FP4, FF_NAN, BLOCK_M, HW)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
+
+
+@triton.jit
+def v41_paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr, err_ptr,
+                        t_stride0, t_stride1, table_cols, num_pages, page_stride,
+                        out_stride0, out_stride1, offset, width, req0,
+                        PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
+                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
+                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, FP4: tl.constexpr,
+                        FF_NAN: tl.constexpr, HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
+                        GLEN_SITE: tl.constexpr, OUT_SITE: tl.constexpr, HW: tl.constexpr = False):
+    """dequantize_gather: bf16 bits out[req, offset + i] = the decoded row of position
+    seq_len - gather_len + i of request req (program axis 1, plus req0) through the table; an
+    invalid gather_len or workspace width recorded (rows_jit.request_rows)."""
+    req = tl.program_id(1).to(tl.int64) + req0
+    i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    live, ok, page, row, seq, glen = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr,
+                                                  glen_ptr, base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
+    decode_body(cache_ptr, page, row, ok, out_ptr + req * out_stride0 + (offset + i) * out_stride1, live,
+                page_stride, VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, FP4, FF_NAN, BLOCK_M, HW)
+    record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE, OUT_SITE)

@@ -1,0 +1,88 @@
+"""The DeepSeek V4.1 page formats (spec/formats/fp8_ds_mla_v41.md, fp4_ds_mla_v41.md): the
+geometry the interface text fixes, the bytes of the edge cases the format files state for our
+encode rule, NaN / Inf, and the typed errors of bad parameters."""
+
+import pytest
+import torch
+
+import kvformats as kvf
+
+
+def encode_one(layout, row: list[float]) -> torch.Tensor:
+    cache = layout.allocate(1)
+    x = torch.tensor([row], dtype=torch.float32)
+    layout.encode(x, cache, torch.tensor([0]))
+    return layout.gather(cache, torch.tensor([0]))[0]
+
+
+def test_geometry_from_the_interface_text():
+    big, fp4 = kvf.Fp8DsMlaV41(), kvf.Fp4DsMlaV41()
+    assert (big.row_bytes, big.page_bytes) == (528, 64 * 528)
+    assert (fp4.row_bytes, fp4.page_bytes) == (288, 64 * 288)
+    # data rows of the whole page first, then the scale rows; no page pad
+    assert [(r.name, r.offset, r.row_stride) for r in big.regions] == [("values", 0, 512), ("scale", 64 * 512, 16)]
+    assert [(r.name, r.offset, r.row_stride) for r in fp4.regions] == [("values", 0, 256), ("scale", 64 * 256, 32)]
+    assert big.slot_offsets(70) == {"values": 36864, "scale": 66656}
+    assert fp4.slot_offsets(70) == {"values": 19968, "scale": 35008}
+
+
+def test_the_extra_cache_shares_the_page_geometry():
+    """Beside a 528 B cache of P rows per page sits a 288 B cache of P rows: the same slot names
+    the same (page, row) in both."""
+    for p in (2, 64):
+        big, fp4 = kvf.Fp8DsMlaV41(page_size=p), kvf.Fp4DsMlaV41(page_size=p)
+        for slot in (0, p - 1, 5 * p + 1):
+            assert divmod(slot, big.page_size) == divmod(slot, fp4.page_size)
+
+
+def test_fp8_v41_edge_bytes():
+    layout = kvf.Fp8DsMlaV41(head_dim=64, page_size=1)
+    row = encode_one(layout, [0.0] * 32 + [56.0, -56.0, 17 * 2.0**-3] + [0.0] * 29)
+    assert row[64] == 0x69 and not row[:32].any()  # zero block: e = -22
+    assert row[65] == 127 - 3 and row[32:35].tolist() == [0x7E, 0xFE, 0x58]  # 56 = 448 / 8; 17 -> 16 (even)
+
+
+def test_fp4_v41_edge_bytes():
+    layout = kvf.Fp4DsMlaV41(head_dim=64, page_size=1)
+    ties = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] * 2
+    row = encode_one(layout, [0.0] * 16 + [-0.0, -(2.0**-12)] * 8 + ties + [4096.0] + [1.0] * 15)
+    scales = row[32:36].tolist()
+    assert scales == [0x08, 0x08, 0x38, 0x7E]  # floor 2^-6, floor 2^-6, 6 / 6 = 1.0, clamped at 448
+    assert not row[:8].any() and set(row[8:16].tolist()) == {0x88}  # signed zero kept
+    assert row[16:20].tolist() == [0x07, 0x22, 0x44, 0x66]  # ties to even: 0, 1, 1, 2, 2, 4, 4
+    out = layout.decode(layout.allocate(1), torch.tensor([-1]))
+    assert out.dtype == torch.bfloat16 and not out.any()
+
+
+def test_fp4_v41_decode_is_exact():
+    layout = kvf.Fp4DsMlaV41(head_dim=16, page_size=1)
+    cache = layout.allocate(1)
+    cache[0, :8] = torch.tensor([0x17, 0x2F, 0xA9, 0x00, 0x88, 0x7E, 0x5D, 0x31], dtype=torch.uint8)
+    cache[0, 8] = 0x3F  # e4m3 1.875
+    got = layout.decode(cache, torch.tensor([0])).float()[0]
+    codes = [0x7, 0x1, 0xF, 0x2, 0x9, 0xA, 0x0, 0x0, 0x8, 0x8, 0xE, 0x7, 0xD, 0x5, 0x1, 0x3]
+    mags = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    want = [(-1.0 if c & 8 else 1.0) * mags[c & 7] * 1.875 for c in codes]
+    assert got.tolist() == want
+
+
+def test_nan_and_inf_follow_the_format_files():
+    fp4 = kvf.Fp4DsMlaV41(head_dim=32, page_size=1)
+    row = encode_one(fp4, [float("nan")] + [1.0] * 15 + [float("-inf")] + [1.0] * 15)
+    assert row[16] == 0x7F and not row[:8].any()  # NaN block: NaN scale, every nibble 0
+    assert row[17] == 0x7E and row[8] & 0xF == 0xF  # -Inf block: s = 448, the Inf saturates at -6
+    big = kvf.Fp8DsMlaV41(head_dim=32, page_size=1)
+    assert encode_one(big, [float("inf")] + [1.0] * 31)[32] == 0xFF
+
+
+@pytest.mark.parametrize("fmt,bad", [("fp8_ds_mla_v41", 48), ("fp4_ds_mla_v41", 40), ("fp4_ds_mla_v41", 0)])
+def test_bad_head_dim_is_a_layout_error(fmt, bad):
+    with pytest.raises(kvf.LayoutError):
+        kvf.get_format(fmt, head_dim=bad)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla_v41", "fp4_ds_mla_v41"])
+def test_only_our_profile(fmt):
+    assert kvf.get_format(fmt).profile == "kvformats"
+    with pytest.raises(kvf.LayoutError, match="does not apply"):
+        kvf.get_format(fmt, profile="tokenspeed")
