@@ -25,10 +25,6 @@ PAGE = "conformance.md"
 
 # Why a (format, profile) has no captured vector, or what its captured vectors leave out.
 NOT_CAPTURED = {
-    ("fp8_ds_mla", "vllm"): "pending the GPU run: vLLM's writer quantize_and_insert_k_cache is a Triton kernel, "
-                            "loaded alone with stubbed imports by `tools/capture/from_vllm.py` (vllm 0.34.0 pins "
-                            "torch 2.14 and ships CUDA extensions, so `import vllm` fails here; its V4 CPU path "
-                            "calls compiled C++ ops)",
     ("fp8_ds_mla_v32", "vllm"): "cannot run here: concat_and_cache_ds_mla is a CUDA kernel with no Python path",
     ("fp8_indexer", "vllm"): "cannot run here: indexer_k_quant_and_cache is a CUDA kernel with no Python path",
     ("mxfp4_indexer", "vllm"): "not captured: vLLM writes MXFP4 only in its fused compress Triton kernels (PTX "
@@ -36,9 +32,11 @@ NOT_CAPTURED = {
     ("mxfp4_indexer", "ocp"): "no engine code: OCP MX v1.0 is a specification",
 }
 CAPTURE_NOTES = {
-    ("mxfp4_indexer", "tokenspeed"): "readers only: the writer is Triton, pending the GPU run "
-                                     "of `tools/capture/from_tokenspeed.py --part gpu`",
-    ("fp8_ds_mla", "tokenspeed"): "torch writer and readers; the Triton reader is pending the GPU run",
+    ("mxfp4_indexer", "tokenspeed"): "torch readers on CPU, the Triton writer on an H200",
+    ("fp8_ds_mla", "tokenspeed"): "torch writer and readers on CPU, the Triton reader on an H200",
+    ("fp8_ds_mla", "vllm"): "the Triton writer quantize_and_insert_k_cache on an H200, its file loaded alone with "
+                            "stubbed imports by `tools/capture/from_vllm.py` (vllm 0.34.0 pins torch 2.14 and "
+                            "ships CUDA extensions, so `import vllm` fails on the machines here)",
 }
 
 

@@ -35,6 +35,12 @@ DEPARTURES = {
         "reads as 0.0; kvformats reads 2^-127"),
     "deepgemm_mxfp4_decode_ff_scale": (
         "DeepGEMM's unpack_ue8m0_from_int reads ue8m0 byte 0xFF as +Inf (0x7F800000); kvformats reads NaN"),
+    "tokenspeed_fp8_ds_mla_read_triton_bytes": (
+        "tokenspeed's Triton deepseek_v4_dequantize_and_gather_k_cache computes the scale with tl.exp2, "
+        "which the GPU evaluates with a flush to zero: scale byte 0x00 (2^-127, a float32 subnormal) reads "
+        "as 0, so those blocks decode to zeros; kvformats' tokenspeed profile reads 2^-127 exactly, as "
+        "tokenspeed's torch reader does (spec/nan-policy.md §5). Every differing block of the capture has "
+        "scale byte 0x00"),
     "deepgemm_mxfp4_decode_negative_zero": (
         "DeepGEMM's _dequantize_from_fp4_e2m1 decodes nibble 0x8 (e2m1 -0) as +0.0; kvformats as -0.0"),
 }
