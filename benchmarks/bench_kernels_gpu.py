@@ -319,7 +319,7 @@ def main():
                          "dequantize_gather, gather_paged, decode_topk (paged); default all")
     ap.add_argument("--set", action="append", default=[], metavar="[FAMILY.OP.]KEY=INT",
                     help="override KEY in every kernel config that has it (e.g. hw_cvt=0), or in the "
-                         "config of one (family, op) only (e.g. mxfp4.encode.block_m=64), or with a small. "
+                         "config of one (family, op) only (e.g. mxfp4.encode.block_m=64, v41.decode.num_warps=8), or with a small. "
                          "prefix in the overrides of calls of few rows (cm.SMALL); repeatable")
     ap.add_argument("--small-rows", type=int, default=None,
                     help="calls of at most this many rows take the small-call overrides (default: the "
@@ -337,6 +337,10 @@ def main():
         table = cm.CONFIG
         if where[:1] == ["small"]:  # the overrides of calls of at most cm.SMALL_ROWS rows
             table, where = cm.SMALL, where[1:]
+        if where[:1] == ["v41"]:  # the V4.1 formats' own table, keyed by op (kvformats_kernels/v41.py)
+            from kvformats_kernels import v41
+
+            table, where = {(op,): cfg for op, cfg in v41.CONFIG.items()}, where[1:]
         chosen = [table[tuple(where)]] if where else list(table.values())
         if not any(key in cfg for cfg in chosen):
             raise SystemExit(f"--set {item}: no config has {key!r}")
