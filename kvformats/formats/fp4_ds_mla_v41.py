@@ -15,8 +15,8 @@ import attrs
 import torch
 
 from kvformats import numerics as nx
-from kvformats.errors import LayoutError
-from kvformats.layout import Field, Layout, Segment, positive
+from kvformats.formats._v41 import BlockScaledRows
+from kvformats.layout import Layout, positive
 from kvformats.ops import register_reference_ops
 from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 from kvformats.registry import register_format
@@ -61,7 +61,7 @@ PROFILES = declare(
 
 @register_format
 @attrs.frozen(kw_only=True)
-class Fp4DsMlaV41(ProfiledLayout, Layout):
+class Fp4DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
     """``Fp4DsMlaV41(head_dim=512, page_size=64)``: 288 B rows, 18432 B pages; the fp4 extra
     cache that sits beside an fp8_ds_mla_v41 cache of the same page_size.
 
@@ -79,26 +79,9 @@ class Fp4DsMlaV41(ProfiledLayout, Layout):
     page_size: int = attrs.field(default=64, validator=positive)
     profile: str = profile_field(PROFILES)
 
-    def _check_geometry(self) -> None:
-        if self.head_dim % QUANT_BLOCK:
-            raise LayoutError(f"fp4_ds_mla_v41 head_dim must be a multiple of {QUANT_BLOCK}, got {self.head_dim}")
-
-    @property
-    def num_blocks(self) -> int:
-        return self.head_dim // QUANT_BLOCK
-
-    @property
-    def decode_dtype(self) -> torch.dtype:
-        return torch.bfloat16
-
-    def _segments(self):
-        return (
-            Segment("data", (Field("values", "float4_e2m1fn_x2", self.head_dim,
-                                   doc="e2m1 codes of x / s, element 2k in the low nibble",
-                                   scale="scale", block=QUANT_BLOCK),)),
-            Segment("scales", (Field("scale", "float8_e4m3fn", self.num_blocks, role="scale",
-                                     doc="e4m3 scale s per 16-block"),)),
-        )
+    QUANT_BLOCK = QUANT_BLOCK
+    VALUES = ("float4_e2m1fn_x2", "e2m1 codes of x / s, element 2k in the low nibble")
+    SCALES = ("float8_e4m3fn", "e4m3 scale s per 16-block")
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
         n, d, nb = x.shape[0], self.head_dim, self.num_blocks

@@ -13,8 +13,8 @@ import attrs
 import torch
 
 from kvformats import numerics as nx
-from kvformats.errors import LayoutError
-from kvformats.layout import Field, Layout, Segment, positive
+from kvformats.formats._v41 import BlockScaledRows
+from kvformats.layout import Layout, positive
 from kvformats.ops import register_reference_ops
 from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 from kvformats.registry import register_format
@@ -34,7 +34,7 @@ PROFILES = declare(
 
 @register_format
 @attrs.frozen(kw_only=True)
-class Fp8DsMlaV41(ProfiledLayout, Layout):
+class Fp8DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
     """``Fp8DsMlaV41(head_dim=512, page_size=64)``: 528 B rows, 33792 B pages.
 
     ``encode(x [N, head_dim])`` rounds x to bf16 and quantizes every dim (RoPE included) per
@@ -51,26 +51,9 @@ class Fp8DsMlaV41(ProfiledLayout, Layout):
     page_size: int = attrs.field(default=64, validator=positive)
     profile: str = profile_field(PROFILES)
 
-    def _check_geometry(self) -> None:
-        if self.head_dim % QUANT_BLOCK:
-            raise LayoutError(f"fp8_ds_mla_v41 head_dim must be a multiple of {QUANT_BLOCK}, got {self.head_dim}")
-
-    @property
-    def num_blocks(self) -> int:
-        return self.head_dim // QUANT_BLOCK
-
-    @property
-    def decode_dtype(self) -> torch.dtype:
-        return torch.bfloat16
-
-    def _segments(self):
-        return (
-            Segment("data", (Field("values", "float8_e4m3fn", self.head_dim,
-                                   doc="every head dim (RoPE too), scaled by 2^-e per 32-block",
-                                   scale="scale", block=QUANT_BLOCK),)),
-            Segment("scales", (Field("scale", "float8_e8m0fnu", self.num_blocks, role="scale",
-                                     doc="e + 127 per 32-block"),)),
-        )
+    QUANT_BLOCK = QUANT_BLOCK
+    VALUES = ("float8_e4m3fn", "every head dim (RoPE too), scaled by 2^-e per 32-block")
+    SCALES = ("float8_e8m0fnu", "e + 127 per 32-block")
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
         n, d, nb = x.shape[0], self.head_dim, self.num_blocks
