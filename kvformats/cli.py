@@ -24,61 +24,11 @@ import sys
 from pathlib import Path
 
 import kvformats as kvf
+from kvformats.cli_args import PARAM_HELP, layout_arg
 from kvformats.errors import KVFormatError, UsageError  # noqa: F401 - UsageError re-exported
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
-
-
-def _param_types(name: str) -> dict[str, type]:
-    """Parameter name -> its declared type (int or str) for format ``name``."""
-    import attrs
-
-    try:
-        cls = type(kvf.get_format(name))
-    except KVFormatError as err:
-        raise UsageError(str(err).splitlines()[0]) from None
-    return {a.name: int if a.type in (int, "int") else str for a in attrs.fields(cls)}
-
-
-def _parse_params(name: str, items: list[str] | None) -> dict[str, int | str]:
-    """``KEY=VALUE`` items -> keyword arguments of format ``name``, each value parsed by its
-    parameter's declared type (``page_size=2`` an int, ``profile=vllm`` a string)."""
-    types = _param_types(name)
-    params: dict[str, int | str] = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--param takes KEY=VALUE, got {item!r}")
-        if key not in types:
-            raise UsageError(f"{name} has no parameter {key!r}; its parameters: {', '.join(types)}")
-        if types[key] is int:
-            try:
-                params[key] = int(value)
-            except ValueError:
-                raise UsageError(f"--param {key} must be an integer, got {value!r}") from None
-        else:
-            params[key] = value
-    return params
-
-
-def _layout(name: str, items: list[str] | None):
-    """The layout ``name`` with the ``--param`` items applied (UsageError if it cannot be built)."""
-    params = _parse_params(name, items)
-    try:
-        return kvf.get_format(name, **params)
-    except (KVFormatError, TypeError, ValueError) as err:
-        raise UsageError(str(err).splitlines()[0]) from None
-
-
-def write_output(path: str, text: str, what: str) -> str:
-    """Write ``text`` to the output file ``path``; UsageError (one line) if it cannot be written."""
-    from kvformats.io import write_text
-
-    try:
-        return write_text(path, text, what)
-    except KVFormatError as err:
-        raise UsageError(str(err).splitlines()[0]) from None
 
 
 def _print_json(out, obj) -> None:
@@ -105,7 +55,7 @@ def cmd_list(args, out) -> int:
 
 
 def cmd_show(args, out) -> int:
-    layout = _layout(args.format, args.param)
+    layout = layout_arg(args.format, args.param)
     if args.json:
         from kvformats.spec import spec_text
 
@@ -175,22 +125,19 @@ def cmd_docs(args, out) -> int:
     root = Path(args.root)
     if args.write:
         try:
-            written = docgen.write_docs(root)
+            written = docgen.write_docs(root, build_parser())
         except KVFormatError as err:
             raise UsageError(str(err).splitlines()[0]) from None
         for path in written:
             out(f"wrote {path}")
         return 0
-    problems = docgen.check_docs(root)
+    problems = docgen.check_docs(root, build_parser())
     for p in problems:
         out(f"drift: {p}")
     if problems:
         return 1
     out(f"{root / 'docs'}: every generated page is up to date")
     return 0
-
-
-PARAM_HELP = "layout parameter, typed as the format declares it (page_size=2, profile=vllm); repeatable"
 
 
 def _formatter(prog: str) -> argparse.HelpFormatter:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 
+from kvformats.cli_args import PARAM_HELP, layout_arg, write_output
 from kvformats.errors import KVFormatError, UsageError
 
 
@@ -147,10 +148,9 @@ def _print_check(report: dict, out) -> None:
 
 
 def cmd_diagram(args, out) -> int:
-    from kvformats.cli import _layout, write_output
     from kvformats.diagram import layout_svg
 
-    layout = _layout(args.format, args.param)
+    layout = layout_arg(args.format, args.param)
     if args.output:
         from kvformats.io import writable_file
 
@@ -169,8 +169,6 @@ def cmd_diagram(args, out) -> int:
 
 def add_parsers(sub) -> None:
     """Register dump, diff, check and diagram on the CLI's subparsers."""
-    from kvformats.cli import PARAM_HELP
-
     dump = sub.add_parser("dump", help="annotated hexdump of a page, or one slot with decoded values")
     dump.add_argument("file")
     dump.add_argument("--tensor", help="which cache of a file holding several")

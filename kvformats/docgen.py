@@ -48,11 +48,9 @@ def format_page(name: str, repo: Path) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def cli_page() -> str:
-    """Markdown page of every CLI command's help text."""
-    from kvformats.cli import build_parser
-
-    parser = build_parser()
+def cli_page(parser) -> str:
+    """Markdown page of every CLI command's help text, from the CLI's argparse ``parser`` (the
+    CLI hands it over: this module, which the CLI's ``docs`` command runs, does not import it)."""
     parts = ["# Command line\n", "*Generated from the argparse parser; do not edit by hand.*\n",
              "```text\n" + parser.format_help().rstrip() + "\n```\n"]
     for action in parser._subparsers._group_actions:  # argparse keeps subcommands here
@@ -61,22 +59,22 @@ def cli_page() -> str:
     return "\n".join(parts)
 
 
-def expected_docs(repo: Path) -> dict[str, str]:
-    """Relative path under docs/ -> generated text."""
+def expected_docs(repo: Path, parser) -> dict[str, str]:
+    """Relative path under docs/ -> generated text (``parser``: the CLI's, for its page)."""
     from kvformats.conformance import conformance_page
 
-    out = {"reference/cli.md": cli_page(), "conformance.md": conformance_page(repo)}
+    out = {"reference/cli.md": cli_page(parser), "conformance.md": conformance_page(repo)}
     for name in list_formats():
         out[f"reference/formats/{name}.md"] = format_page(name, repo)
         out[f"diagrams/{name}.svg"] = layout_svg(get_format(name))
     return out
 
 
-def write_docs(repo: Path) -> list[Path]:
+def write_docs(repo: Path, parser) -> list[Path]:
     """Regenerate every generated page under ``repo/docs``; OutputError (naming the path) if one
     cannot be written."""
     written = []
-    for rel, text in expected_docs(repo).items():
+    for rel, text in expected_docs(repo, parser).items():
         path = repo / "docs" / rel
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,9 +85,9 @@ def write_docs(repo: Path) -> list[Path]:
     return written
 
 
-def check_docs(repo: Path) -> list[str]:
+def check_docs(repo: Path, parser) -> list[str]:
     problems = []
-    for rel, text in expected_docs(repo).items():
+    for rel, text in expected_docs(repo, parser).items():
         path = repo / "docs" / rel
         if not path.is_file():
             problems.append(f"docs/{rel} is missing (run: kvformats docs --write)")

@@ -228,13 +228,14 @@ def test_docs_check_says_ok_and_writes_refuse_unwritable_places(capsys, tmp_path
 
 def test_spec_and_docs_writers_raise_output_errors(tmp_path):
     from kvformats import docgen, spec
+    from kvformats.cli import build_parser
     from kvformats.errors import OutputError
 
     (tmp_path / "afile").write_text("x")
     with pytest.raises(OutputError, match="not a directory"):
         spec.write_specs(tmp_path / "afile")
     with pytest.raises(OutputError, match="cannot write"):
-        docgen.write_docs(tmp_path / "afile")
+        docgen.write_docs(tmp_path / "afile", build_parser())
 
 
 class _ClosedPipe:

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 import kvformats as kvf
+from kvformats.cli import build_parser
 from kvformats.docgen import check_docs
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_generated_docs_match_the_declarations():
-    assert check_docs(REPO) == []
+    assert check_docs(REPO, build_parser()) == []
 
 
 @pytest.mark.parametrize("name", kvf.list_formats())
