@@ -79,9 +79,8 @@ def min_bytes(layout, op: str, x, n: int) -> int:
         return sum(t.element_size() * t.shape[1] for t in xs) * n + row * n + slots
     if op == "gather":
         return 2 * row * n + slots
-    out = {"fp8_ds_mla": 2, "fp8_indexer": 4, "mxfp4_indexer": 4}.get(layout.name)
-    out_bytes = row if out is None else out * layout.head_dim
-    return (row + out_bytes) * n + slots
+    decoded = row if layout.decode_dtype is None else out_bytes(layout)  # the state decodes what it stores
+    return (row + decoded) * n + slots
 
 
 def input_sets(layout, impl, cache, pages, n, pattern, g):
@@ -181,7 +180,8 @@ def paged_sets(layout, pages: int, requests: int, length: int, g: torch.Generato
 
 
 def out_bytes(layout) -> int:
-    return {"fp8_ds_mla": 2, "fp8_indexer": 4, "mxfp4_indexer": 4}[layout.name] * layout.head_dim
+    """Bytes of one decoded row (the layout's decoded dtype times its head dim)."""
+    return torch.empty((), dtype=layout.decode_dtype).element_size() * layout.head_dim
 
 
 def paged_cases(layout, impl, cache, pages, g):
