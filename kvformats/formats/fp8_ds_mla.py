@@ -95,9 +95,8 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
         # s = 0xFF gives e = 128: e4m3_decode_pow2 multiplies by 2^128 = +Inf (the "inf" reading)
         values = nx.e4m3_decode_pow2(codes, s.to(torch.int32) - nx.UE8M0_BIAS)
         if self.numerics.ue8m0_ff == "nan":
-            nan_scale = s == 0xFF  # a ue8m0 NaN: the direct expression gives value * NaN
-            if bool(nan_scale.any()):
-                values[nan_scale] = nx.e4m3_decode(codes[nan_scale]) * nx.ue8m0_decode(s[nan_scale]).unsqueeze(-1)
+            # a ue8m0 NaN scales every element of its block to NaN (a mask, not a host read)
+            values = values.masked_fill((s == 0xFF).unsqueeze(-1), float("nan"))
         out = torch.empty((n, self.head_dim), dtype=torch.bfloat16, device=rows.device)
         out[:, :nope] = values.view(n, nope)
         out.view(torch.uint8)[:, 2 * nope:] = rows[:, nope:token]
