@@ -32,6 +32,10 @@ class BlockScaledRows:
     def decode_dtype(self) -> torch.dtype:
         return torch.bfloat16
 
+    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 ``[N, num_blocks, QUANT_BLOCK]`` of rows ``x``, rounded to bf16 first."""
+        return x.to(torch.bfloat16).float().reshape(x.shape[0], self.num_blocks, self.QUANT_BLOCK)
+
     def _segments(self):
         return (
             Segment("data", (Field("values", self.VALUES[0], self.head_dim, doc=self.VALUES[1], scale="scale",

@@ -84,8 +84,8 @@ class Fp4DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
     SCALES = ("float8_e4m3fn", "e4m3 scale s per 16-block")
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
-        n, d, nb = x.shape[0], self.head_dim, self.num_blocks
-        blocks = x.to(torch.bfloat16).float().reshape(n, nb, QUANT_BLOCK)
+        n, d = x.shape[0], self.head_dim
+        blocks = self._blocks(x)
         prof = self.numerics
         sbytes = prof.scale_rule.scale_bytes(nx.absmax(blocks))
         y = blocks / nx.e4m3_decode(sbytes).unsqueeze(-1)

@@ -56,8 +56,8 @@ class Fp8DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
     SCALES = ("float8_e8m0fnu", "e + 127 per 32-block")
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
-        n, d, nb = x.shape[0], self.head_dim, self.num_blocks
-        blocks = x.to(torch.bfloat16).float().reshape(n, nb, QUANT_BLOCK)
+        n, d = x.shape[0], self.head_dim
+        blocks = self._blocks(x)
         e = self.scale_rule.exponents(blocks)
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
         out[:, :d] = nx.e4m3_quantize_blocks(blocks, e).reshape(n, d)
