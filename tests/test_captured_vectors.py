@@ -45,12 +45,6 @@ DEPARTURES = {
         "DeepGEMM's _dequantize_from_fp4_e2m1 decodes nibble 0x8 (e2m1 -0) as +0.0; kvformats as -0.0"),
 }
 
-# Vectors the GPU part of the capture writes (tools/capture/from_tokenspeed.py --part gpu,
-# tools/capture/from_vllm.py); listed so their expected departures can be named before they land.
-GPU_PENDING = {"tokenspeed_mxfp4_write_triton_fp32", "tokenspeed_mxfp4_write_triton_bf16",
-               "tokenspeed_fp8_ds_mla_read_triton_bytes", "tokenspeed_fp8_ds_mla_read_triton_ff_scale",
-               "vllm_fp8_ds_mla_write_triton"}
-
 
 def _failures(vec) -> list[str]:
     return [f"{c.name}: got {c.actual[:96]} want {c.expected[:96]}" for c in run_vector(vec) if not c.ok]
@@ -90,7 +84,7 @@ def test_captured_vectors_are_well_formed():
 
 
 def test_departures_name_existing_vectors():
-    assert set(DEPARTURES) <= {p.stem for p in PATHS} | GPU_PENDING
+    assert set(DEPARTURES) <= {p.stem for p in PATHS}
 
 
 def test_nan_any_still_catches_a_changed_value():
