@@ -277,3 +277,12 @@ def topk(decode, layout, cache: torch.Tensor, topk_slots: torch.Tensor):
     if isinstance(decoded, tuple):
         return tuple(d.reshape(*shape, d.shape[-1]) for d in decoded)
     return decoded.reshape(*shape, decoded.shape[-1])
+
+
+def words_aligned(u8: torch.Tensor, stride: int, geometry: dict) -> bool:
+    """Whether every nibble-record address of a cache (its bytes ``u8``, page ``stride``, the
+    launcher's geometry: VAL_OFF, VAL_STRIDE, QB) is a multiple of 4, so that e2m1 nibbles may
+    be stored as int32 words. A function of the base address's alignment, which the replay key
+    holds."""
+    g = geometry
+    return (u8.data_ptr() | stride | g["VAL_OFF"] | g["VAL_STRIDE"] | (g["QB"] // 2)) % 4 == 0

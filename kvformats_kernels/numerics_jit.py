@@ -304,6 +304,22 @@ _E2M1_WORDS_ASM = tl.constexpr(
 
 
 @triton.jit
+def _words_asm(y, ASM: tl.constexpr):
+    """One int32 per eight values of y [BM, 8k] from the PTX ``ASM`` of the e2m1 word helpers,
+    whose inputs are the pairs (0, 4), (2, 6), (1, 5), (3, 7) of each eight."""
+    BM: tl.constexpr = y.shape[0]
+    j0a, j0b = tl.split(tl.reshape(y, (BM, y.shape[1] // 8, 2, 2, 2)))  # element 8w + 4 j2 + 2 j1 + j0
+    e0_4, e2_6 = tl.split(j0a)
+    e1_5, e3_7 = tl.split(j0b)
+    e0, e4 = tl.split(e0_4)
+    e2, e6 = tl.split(e2_6)
+    e1, e5 = tl.split(e1_5)
+    e3, e7 = tl.split(e3_7)
+    return tl.inline_asm_elementwise(ASM, "=r,f,f,f,f,f,f,f,f", [e0, e4, e2, e6, e1, e5, e3, e7],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
 def e2m1_words_hw(y):
     """e2m1 nibbles of y [BM, 8k] as little-endian words [BM, k] (``e2m1_code_short`` of element
     8w + j in bits 4j..4j+3 of word w; GPU only: inline PTX), for the short code's inputs (at most
@@ -317,16 +333,152 @@ def e2m1_words_hw(y):
     disjoint nibbles and OR into the word: about 9 instructions per pair, against 11 and the
     byte packing for codes made a pair at a time. tests/kernels/test_hw_cvt.py compares it with
     e2m1_code_short on every such value."""
-    BM: tl.constexpr = y.shape[0]
-    j0a, j0b = tl.split(tl.reshape(y, (BM, y.shape[1] // 8, 2, 2, 2)))  # element 8w + 4 j2 + 2 j1 + j0
-    e0_4, e2_6 = tl.split(j0a)
-    e1_5, e3_7 = tl.split(j0b)
-    e0, e4 = tl.split(e0_4)
-    e2, e6 = tl.split(e2_6)
-    e1, e5 = tl.split(e1_5)
-    e3, e7 = tl.split(e3_7)
-    return tl.inline_asm_elementwise(_E2M1_WORDS_ASM, "=r,f,f,f,f,f,f,f,f", [e0, e4, e2, e6, e1, e5, e3, e7],
-                                     dtype=tl.int32, is_pure=True, pack=1)
+    return _words_asm(y, _E2M1_WORDS_ASM)
+
+
+def _e2m1_rne_lane_codes(lo: str, hi: str, out: str) -> str:
+    """PTX of e2m1_rne_words (HW) for one pair: ``out`` gets the round-half-even codes of f32
+    registers lo / hi in bits 9-12 of its low / high 16-bit lane (bit 12 the sign bit of the
+    input), every other bit 0; a NaN input gives some code (the caller masks NaN blocks)."""
+    return (f"cvt.rn.f16x2.f32 h, {hi}, {lo};\n"
+            "and.b32 m, h, 0x7FFF7FFF;\n"
+            "min.u16x2 m, m, sat;\n"  # saturate at 6.0 (Inf too)
+            "set.lt.f16x2.f16x2 lt, m, one;\n"  # 1.0 (0x3C00) where |h| < 1, else 0
+            "add.rn.f16x2 a1, m, lt;\n"
+            "and.b32 c, lt, 0x04000400;\n"  # two codes (2 << 9) less where |h| < 1
+            "shr.b32 k, a1, 9;\n"
+            "and.b32 k, k, 0x00010001;\n"  # the kept mantissa bit: ties go to the even code
+            "add.u32 t, a1, k;\n"
+            "sub.u32 t, t, c;\n"
+            "sub.u32 t, t, 0x37013701;\n"  # + 0xFF - (28 << 9) per lane; no lane borrows (a1 >= 1.0)
+            "shr.b32 sg, h, 3;\n"  # the sign (bit 15) to bit 12
+            "lop3.b32 t, t, sg, 0x0E000E00, 0xE4;\n"  # bits 9-11 from t, the others from sg
+            f"and.b32 {out}, t, 0x1E001E00;\n")
+
+
+_E2M1_RNE_WORDS_ASM = tl.constexpr(
+    "{\n.reg .b32 h, m, one, sat, lt, a1, c, k, t, sg, ta, tb, tc, td;\n"
+    "mov.b32 one, 0x3C003C00;\n"
+    "mov.b32 sat, 0x46004600;\n"  # 6.0, 6.0
+    + _e2m1_rne_lane_codes("$1", "$2", "ta") + _e2m1_rne_lane_codes("$3", "$4", "tb")
+    + _e2m1_rne_lane_codes("$5", "$6", "tc") + _e2m1_rne_lane_codes("$7", "$8", "td")
+    + "shr.u32 ta, ta, 9;\n"
+    "shr.u32 tb, tb, 1;\n"
+    "shr.u32 tc, tc, 5;\n"
+    "shl.b32 td, td, 3;\n"
+    "or.b32 ta, ta, tb;\n"
+    "or.b32 tc, tc, td;\n"
+    "or.b32 $0, ta, tc;\n}")
+
+
+@triton.jit
+def e2m1_rne_words(y, HW: tl.constexpr):
+    """Round-half-even, saturating e2m1 nibbles of y [BM, 8k] (sign bit = the input's) as
+    little-endian words [BM, k], word layout as e2m1_words_hw; NaN values give unspecified
+    nibbles (the fp4 encode zeroes a NaN block's words: its scale is NaN, so all of its values
+    are). HW: the f16-pair PTX (GPU only); else the same steps in Triton (the interpreter's
+    path): the snap to f16, then e2m1_code's round-half-even.
+
+    For y = fl32(x * r) with x a bf16 value, s an e4m3 scale (at most 4 significant bits) and r
+    within 2^-21 of 1 / s (fp4_reciprocal): the codes equal e2m1(fl32(x / s)), the reference's
+    division. Why: x / s is either exactly a rounding midpoint t (0.25, 0.75, ..., 5: x = t s)
+    or more than 2^-8 (relative) away from every midpoint, since x - t s is a multiple of the
+    smaller of x's and t s's last bits. y is within 2^-20 (relative) of x / s, and the
+    conversion to f16 (11 significant bits) snaps an exact midpoint's y onto t while leaving
+    every other value on its side; from there the lanes round as e2m1_words_hw does, plus the
+    kept bit for the even code, with |h| clamped at 6. tests/kernels/test_fp4_words_hw.py
+    checks every bf16 x against every e4m3 scale of at least 2^-6 on the GPU;
+    tests/test_e2m1_snap.py replays the lane arithmetic in numpy on the same pairs, with r
+    off by up to 2 ulps."""
+    if HW:
+        return _words_asm(y, _E2M1_RNE_WORDS_ASM)
+    else:
+        snap = y.to(tl.float16).to(tl.float32)
+        return nibble_words(tl.where(snap == snap, e2m1_code(snap, True, True), 0))
+
+
+@triton.jit
+def fp4_reciprocal(s, HW: tl.constexpr):
+    """1 / s for the fp4 encode's scales: with HW the GPU's rcp.approx (one instruction, within
+    1 ulp: inside e2m1_rne_words' 2^-21), else correctly rounded."""
+    if HW:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [s], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+
+
+@triton.jit
+def quotient_short(a, D: tl.constexpr, HW: tl.constexpr):
+    """fl32(a / D), correctly rounded, for a >= 0 with at most 8 significant bits (the maximum
+    of bf16 values) or NaN / Inf, and D = 6.0: with HW the product by fl32(1 / D) and one fused
+    correction (no branch; equal to the division on every such a, checked on the GPU by
+    tests/kernels/test_fp4_words_hw.py), else div_rn (the interpreter has no fused multiply-add)."""
+    if HW:
+        tl.static_assert(D == 6.0, "the fused correction is checked for a divisor of 6 only")
+        c: tl.constexpr = 1.0 / D
+        q0 = a * c
+        # the correction of an infinite a is NaN: keep q0 there (and for NaN, which is NaN)
+        return tl.where(a < float("inf"), tl.fma(tl.fma(-q0, D, a), c, q0), q0)
+    else:
+        return tl.math.div_rn(a, tl.full(a.shape, D, tl.float32))
+
+
+@triton.jit
+def nibble_words(codes):
+    """Nibble codes [BM, 8k] (int32 0..15) as little-endian words [BM, k]: element 8w + j in
+    bits 4j..4j+3 of word w (a sum of disjoint bit fields: their OR)."""
+    BM: tl.constexpr = codes.shape[0]
+    K: tl.constexpr = codes.shape[1] // 8
+    return tl.sum(tl.reshape(codes, (BM, K, 8)) << (4 * tl.arange(0, 8))[None, None, :], axis=2)
+
+
+def _e2m1_bf16_pair(j: int) -> str:
+    """PTX of e2m1_bf16_words (HW) for byte j of word $4 (elements 2j, 2j + 1) into output $j:
+    each nibble's code as bf16 bits (magnitude bits 0-2 at 6-8, the sign at 15: value * 2^-126,
+    code 1 a subnormal), rescaled by 2^126 and multiplied by the scale pair $5, both exact."""
+    sel = j | j << 4 | (4 + j) << 8 | (4 + j) << 12  # [w.byte j, (ignored), hn.byte j, (ignored)]
+    return (f"prmt.b32 u, $4, hn, {sel:#06x};\n"
+            "shl.b32 a, u, 6;\n"
+            "and.b32 a, a, 0x01C001C0;\n"
+            "shl.b32 b, u, 12;\n"
+            "lop3.b32 a, b, a, 0x80008000, 0xEC;\n"  # (b & sign bits) | a
+            "mul.rn.bf16x2 a, a, p2;\n"
+            f"mul.rn.bf16x2 ${j}, a, $5;\n")
+
+
+_E2M1_BF16_WORDS_ASM = tl.constexpr(
+    "{\n.reg .b32 hn, u, a, b, p2;\n"
+    "mov.b32 p2, 0x7E807E80;\n"  # 2^126, 2^126
+    "shr.b32 hn, $4, 4;\n"  # the high nibbles at the low nibbles' places
+    + "".join(_e2m1_bf16_pair(j) for j in range(4)) + "}")
+
+
+@triton.jit
+def e2m1_bf16_words(w, s, HW: tl.constexpr):
+    """bf16 pairs of the e2m1 nibbles of the words w [P, K] (element 2k in the low nibble of
+    byte k, little-endian) times the float32 scales s [P] (e4m3 values, NaN allowed), as words
+    [P, 4K]: word 4k + j holds elements 8k + 2j (low half) and 8k + 2j + 1. Exact: a code (at
+    most 2 significant bits) times a scale with at most 4 needs at most 5, with no rounding, so
+    the bits are those of the reference's float32 product rounded to bf16; a NaN scale gives
+    NaN. HW: bf16x2 multiplies in inline PTX (GPU only), about four instructions a value;
+    else in Triton. tests/kernels/test_fp4_words_hw.py checks every byte against every scale."""
+    P: tl.constexpr = w.shape[0]
+    K: tl.constexpr = w.shape[1]
+    if HW:
+        s16 = f32_bits(s) >> 16  # exact: e4m3 values are bf16 values
+        s2 = tl.broadcast_to(((s16 & 0xFFFF) | (s16 << 16))[:, None], (P, K))
+        o0, o1, o2, o3 = tl.inline_asm_elementwise(_E2M1_BF16_WORDS_ASM, "=r,=r,=r,=r,r,r", [w, s2],
+                                                   dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True,
+                                                   pack=1)
+        # tl.join stacks on a new last axis, so the outer join's operand index is the last
+        # digit: (o0, o2) and (o1, o3) give the order o0, o1, o2, o3
+        return tl.reshape(tl.join(tl.join(o0, o2), tl.join(o1, o3)), (P, 4 * K))
+    else:
+        codes = (w[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]) & 0xF
+        bits = (f32_bits(e2m1_value(codes) * s[:, None, None]) >> 16) & 0xFFFF  # exact (see above)
+        lo, hi = tl.split(tl.reshape(bits, (P, 4 * K, 2)))
+        return lo | (hi << 16)
 
 
 @triton.jit

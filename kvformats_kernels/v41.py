@@ -2,7 +2,7 @@
 dequantize_gather, decode_topk; gather and gather_paged are the shared byte copies (rows.py).
 
 Which codec a launch takes is read off the layout's declaration (the element type of its data
-region), not its name. Launch shapes are first guesses, not yet measured on a GPU.
+region), not its name.
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ from kvformats_kernels import v41_jit as jit
 from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
-# Rows per program and warps, by op (decode: 2 warps, chosen by an H200 sweep of 2-16 rows per
-# program and 2-8 warps); hw_cvt: the GPU's float8 / bf16 conversions (cm.hw_cvt).
+# Rows per program and warps, by op, chosen by H200 sweeps of 2-16 rows per program and 2-8
+# warps (encode_lanes, the fp4 encode of aligned bf16 rows: 16 rows of 4 warps, four (row,
+# block) pairs a lane, 54 against 60 µs at 4 rows; decodes: 2 warps); hw_cvt: the GPU's
+# float8 / bf16 conversions (cm.hw_cvt).
 CONFIG = {
     "encode": {"block_m": 4, "num_warps": 4, "hw_cvt": 1},
+    "encode_lanes": {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
     "decode": {"block_m": 4, "num_warps": 2, "hw_cvt": 1},
     "paged": {"block_m": 4, "num_warps": 4, "hw_cvt": 1},
 }
@@ -47,13 +50,35 @@ def _rule_constants(layout) -> dict:
 
 
 @functools.lru_cache(maxsize=256)
-def _encode_plan(layout, is_bf16: bool, cfg_items: tuple, hw: bool):
+def _encode_plan(layout, is_bf16: bool, cfg_items: tuple, hw: bool, words: bool, lanes: bool):
     """(rows per program, every constexpr and launch option of the encode): nothing here
-    depends on a tensor's values or addresses."""
+    depends on a tensor's values; ``words``: every data address is a multiple of 4;
+    ``lanes``: the fp4 one-pair-per-lane path (_encode_config)."""
     cfg = dict(cfg_items)
     return cfg["block_m"], cm.frozen(dict(_geometry(layout), **_rule_constants(layout), IS_BF16=is_bf16,
-                                          BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"], HW=hw,
-                                          **cm.launch_opts(cfg)))
+                                          BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"], HW=hw, WORDS=words,
+                                          LANES=lanes, **cm.launch_opts(cfg)))
+
+
+def _encode_config(layout, is_bf16: bool, aligned: bool) -> tuple[dict, bool]:
+    """(launch config, whether it takes the lane path): the fp4 encode of bf16 rows that start
+    on 16 bytes takes encode_lanes where its shape allows (_lanes); every other encode the
+    per-row kernel's."""
+    lanes = CONFIG["encode_lanes"]
+    if is_bf16 and aligned and _lanes(layout, lanes):
+        return lanes, True
+    return CONFIG["encode"], False
+
+
+def _lanes(layout, cfg: dict) -> bool:
+    """Whether an fp4 kernel may take its one-(row, block)-pair-per-lane layout: its blocks hold
+    whole words (eight values) and the program has a pair for every lane (with fewer, Triton
+    spreads a block over lanes that repeat each other: see indexer._whole_blocks_per_lane).
+    The encode also needs bf16 rows on 16 bytes (a block in one lane's two vector loads): from
+    float32 rows, or rows Triton cannot load in vectors, it built programs that scaled blocks
+    by part of their maximum on the H200 (Triton 3.6)."""
+    g = _geometry(layout)
+    return g["FP4"] and g["QB"] % 8 == 0 and cfg["block_m"] * g["NB_P2"] >= 32 * cfg["num_warps"]
 
 
 def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
@@ -64,18 +89,20 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
         return
     x, is_bf16 = cm.rows_input(x)
     u8, stride = cm.byte_cache(layout, cache)
-    cfg = CONFIG["encode"]
-    block_m, consts = _encode_plan(layout, is_bf16, tuple(cfg.items()), cm.hw_cvt(cfg))
+    cfg, lanes = _encode_config(layout, is_bf16, (x.data_ptr() | cm.row_stride(x) * x.element_size()) % 16 == 0)
+    words = cm.words_aligned(u8, stride, _geometry(layout))
+    block_m, consts = _encode_plan(layout, is_bf16, tuple(cfg.items()), cm.hw_cvt(cfg), words, lanes)
     fast(jit.v41_encode_kernel)[(cm.grid_rows(n, block_m),)](
         x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cache.shape[0] * layout.page_size,
         stride, **consts)
 
 
 @functools.lru_cache(maxsize=256)
-def _decode_plan(layout, cfg_items: tuple, hw: bool, site: int):
+def _decode_plan(layout, cfg_items: tuple, hw: bool, site: int, words: bool):
     cfg = dict(cfg_items)
     return cfg["block_m"], cm.frozen(dict(_geometry(layout), **cm.read_constants(layout), BLOCK_M=cfg["block_m"],
-                                          SITE=site, HW=hw, **cm.launch_opts(cfg)))
+                                          SITE=site, HW=hw, WORDS=words, LANES=_lanes(layout, cfg),
+                                          **cm.launch_opts(cfg)))
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITES["decode"]) -> torch.Tensor:
@@ -86,7 +113,8 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITE
     if n > 0:
         u8, stride = cm.byte_cache(layout, cache)
         cfg = CONFIG["decode"]
-        block_m, consts = _decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site)
+        block_m, consts = _decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site,
+                                       cm.words_aligned(u8, stride, _geometry(layout)))
         fast(jit.v41_decode_kernel)[(cm.grid_rows(n, block_m),)](
             u8, slots, out, cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size, stride,
             **consts)

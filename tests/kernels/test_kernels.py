@@ -424,6 +424,30 @@ def test_mxfp4_encode_layouts_and_e2m1_paths(lane, dtype, profile, monkeypatch):
     assert torch.equal(bits(arena_tri), bits(arena_ref))
 
 
+@pytest.mark.parametrize("n", [1, 5, 24, 130])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp4_v41_lane_paths_match_reference(n, dtype):
+    """fp4_ds_mla_v41's one-(row, block)-pair-per-lane encode and decode, which take bf16 input
+    rows on 16 bytes and word-aligned caches (the other tests' padded rows and offset arenas,
+    and float32 rows here, take the per-row kernels): the reference's bytes and values, on the
+    adversarial blocks."""
+    from kvformats_kernels import v41
+
+    layout = kvf.Fp4DsMlaV41(page_size=4)
+    assert v41._encode_config(layout, True, True)[1] and v41._lanes(layout, v41.CONFIG["decode"])
+    x = rows(n, layout.head_dim, 16, 6.0, dtype, seed=n).to(DEV)  # contiguous: rows on 16 bytes
+    pages = n // layout.page_size + 2
+    slots = encode_slots(n, pages * layout.page_size, seed=n)
+    ref, tri = layout.allocate(pages).fill_(SENTINEL).to(DEV), layout.allocate(pages).fill_(SENTINEL).to(DEV)
+    ops.encode_reference(layout, x, ref, slots)
+    v41.encode(layout, x, tri, slots)
+    assert torch.equal(bits(tri), bits(ref))
+    want, got = ops.decode_reference(layout, ref, slots), v41.decode(layout, ref, slots)
+    nan = torch.isnan(want.float())
+    assert torch.equal(torch.isnan(got.float()), nan)
+    assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+
+
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("n", [1, 2, 5, 40])
 def test_mxfp4_encode_narrow_rows_and_ties(head_dim, n, launch_config):
