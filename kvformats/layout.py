@@ -396,6 +396,14 @@ class Layout:
             raise InputError(f"{self.name}.encode takes no keyword arguments, got {sorted(kwargs)}")
         return check_float_rows("x", x, self.head_dim, device), {}
 
+    def example_encode_args(self, n: int, values, gen: torch.Generator) -> tuple[object, dict, torch.Tensor]:
+        """Valid ``encode`` arguments for ``n`` rows and the float32 ``[n, D]`` values that
+        ``decode`` (its outputs side by side) gives back within the format's bound: here rows
+        ``x = values((n, head_dim))`` (``values``: the caller's random float tensors of a shape)
+        and ``x`` itself. A format whose encode takes other inputs says so by overriding this."""
+        x = values((n, self.head_dim))
+        return x, {}, x.float()
+
     # ----- codec (implemented per format) --------------------------------------------------
     def encode_rows(self, x, **kwargs) -> torch.Tensor:  # pragma: no cover - abstract
         """Quantize rows -> uint8 ``[N, row_bytes]`` (the gather order)."""
