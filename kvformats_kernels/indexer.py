@@ -13,7 +13,7 @@ from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-expor
 
 _KERNELS = {  # format -> (encode kernel, decode kernel, values region, scales region)
     "fp8_indexer": (jit.fp8_encode_kernel, jit.fp8_decode_kernel, "values", "scale"),
-    "mxfp4_indexer": (jit.mxfp4_encode_kernel, jit.mxfp4_decode_kernel, "values", "scales"),
+    "mxfp4_indexer": (jit.mxfp4_encode_kernel, jit.mxfp4_decode_kernel, "values", "scale"),
 }
 
 

@@ -79,8 +79,8 @@ class Mxfp4Indexer(ProfiledLayout, Layout):
         return (
             Segment("values", (Field("values", "float4_e2m1fn_x2", self.head_dim,
                                      doc="e2m1 codes, element 2k in the low nibble",
-                                     scale="scales", block=QUANT_BLOCK),)),
-            Segment("scales", (Field("scales", "float8_e8m0fnu", self.num_blocks, role="scale",
+                                     scale="scale", block=QUANT_BLOCK),)),
+            Segment("scales", (Field("scale", "float8_e8m0fnu", self.num_blocks, role="scale",
                                      doc="e + 127 per 32-block"),)),
         )
 

@@ -92,8 +92,7 @@ def _target_geometry(layout) -> dict:
         geo["QB"] = layout.nope_dim // layout.num_blocks
     else:
         geo["OFF0"], geo["STRIDE0"], _ = cm.region(layout, "values")
-        scales = "scales" if layout.name == "mxfp4_indexer" else "scale"
-        geo["SCALE_OFF"], geo["SCALE_STRIDE"], _ = cm.region(layout, scales)
+        geo["SCALE_OFF"], geo["SCALE_STRIDE"], _ = cm.region(layout, "scale")
         geo["QB"] = layout.head_dim // layout.num_blocks
         if layout.name == "mxfp4_indexer":
             geo.update(cm.profile_constants(layout, e2m1=True))
