@@ -1,9 +1,9 @@
 """``kvformats demo``: every registered format, random rows through encode/decode on one device,
 checked against the format's documented per-element error bound, then a cache-file round trip.
 
-Bounds come from the layout's regions: each scaled data region is bounded by the entry of its
+Bounds come from the layout's regions: each scaled data region is bounded by the grid of its
 element type in ``kvformats.elements`` at the scale s of each block (``2^e`` for power-of-two
-rules, the stored value otherwise), ``max(bound_rel |x|, bound_abs s, |x| - max s)``:
+rules, the stored value otherwise): ``max(rel |x|, abs s, |x| - max s)``:
 
 * e4m3 (``float8_e4m3fn``): 3 mantissa bits with round-to-nearest-even, so a normal code is off
   by at most half an ulp, 2^-4 of its binade, i.e. ``|x|/16``; a subnormal code (|x / 2^e| <

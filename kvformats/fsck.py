@@ -61,8 +61,8 @@ def _bad_codes(raw: torch.Tensor, kind: str) -> torch.Tensor:
     """Bytes (or words) holding a NaN code of element type ``kind`` (its short name: "e4m3"), or
     for a type without NaN codes the negative zero its writers never emit ("e2m1")."""
     elem = next(e for e in ELEMENTS.values() if e.short == kind)
-    if elem.nan_code is not None:
-        return _fields_equal(raw, elem.bits, elem.nan_mask, elem.nan_code)
+    if elem.nan is not None:
+        return _fields_equal(raw, elem.bits, elem.nan.mask, elem.nan.code)
     return _fields_equal(raw, elem.bits, (1 << elem.bits) - 1, elem.negative_zero)
 
 
@@ -98,7 +98,7 @@ def _violations(layout: Layout, region: Region, raw: torch.Tensor, written: torc
     if region.role == "pad":
         found["pad_zero"] = (raw != 0).any(-1)  # empty where the page has no pad bytes
     elif elem.exponent_bias:  # exponent bytes: never the NaN code, and in the range encode reaches
-        found[elem.nan_rule] = rows(elem.is_nan_code(raw))
+        found[elem.nan.rule] = rows(elem.is_nan_code(raw))
         if erange is not None:
             lo, hi = erange[0] + elem.exponent_bias, erange[1] + elem.exponent_bias
             found["scale_range"] = rows((raw < lo) | (raw > hi)) & written
@@ -115,8 +115,8 @@ def _violations(layout: Layout, region: Region, raw: torch.Tensor, written: torc
         else:  # arbitrary float scales (e.g. vLLM's): positive and finite
             bad = (bits <= 0) | (exp == (emax >> 1) + 1)
             found["scale_positive_finite"] = rows(bad) & written
-    elif elem.nan_code is not None:
-        found[elem.nan_rule] = rows(_bad_codes(raw, elem.short))
+    elif elem.nan is not None:
+        found[elem.nan.rule] = rows(_bad_codes(raw, elem.short))
     elif elem.negative_zero is not None:
         if not _signed_zero_allowed(layout):
             found[f"{elem.short}_no_negative_zero"] = rows(_bad_codes(raw, elem.short))

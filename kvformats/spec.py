@@ -29,9 +29,9 @@ ADDRESSING = ("page = slot // page_size; row = slot % page_size; byte of a regio
 EXAMPLE_SLOT = 70
 
 # The element types' rounding rules, scale storage and bounds (kvformats.elements), by name.
-ELEMENT_RULES = {name: e.rounding for name, e in ELEMENTS.items() if e.rounding}
+ELEMENT_RULES = {name: e.grid.rounding for name, e in ELEMENTS.items() if e.quantized}
 SCALE_STORAGE = {name: e.scale_storage for name, e in ELEMENTS.items() if e.scale_storage}
-ERROR_BOUNDS = {name: e.error_bound for name, e in ELEMENTS.items() if e.error_bound}
+ERROR_BOUNDS = {name: e.grid.error_bound for name, e in ELEMENTS.items() if e.quantized}
 
 
 def _region_dict(region) -> dict:
@@ -66,12 +66,12 @@ def _input_rounding(layout) -> str:
 
 
 def _element_rounding(data, profile) -> str:
-    elem = data.element
-    if elem.rne_rounding and profile is not None and profile.e2m1_rounding == "rne":
+    grid = data.element.grid
+    if grid.rne_rounding and profile is not None and profile.e2m1_rounding == "rne":
         sign = "sign bit copies the input's (negative zero 0x8 possible)" if profile.e2m1_signed_zero \
             else "sign only on a non-zero code"
-        return f"{elem.rne_rounding}; {sign}"
-    return elem.rounding
+        return f"{grid.rne_rounding}; {sign}"
+    return grid.rounding
 
 
 def _exponent_rule(rule: dict) -> str:
@@ -120,7 +120,7 @@ def numerics_spec(layout) -> dict:
         "scale_storage": storage,
         "scale_dtype": scale.dtype,
         "error_bound": (profile.error_bound if profile is not None and profile.error_bound
-                        else data.element.error_bound),
+                        else data.element.grid.error_bound),
     }
 
 

@@ -40,7 +40,7 @@ def ordinal(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def split_row(layout, rows: torch.Tensor) -> tuple[list[tuple[torch.Tensor, int]], torch.Tensor]:
     """(value codes ``[N, k]`` with their bit width, bytes that must be equal ``[N, m]``) of
     gathered rows (uint8 ``[N, row_bytes]``), read from the layout's regions: each data region's
-    elements are codes of its element type; scale and pad bytes must be equal. Defined for
+    elements are codes of its (sign-magnitude) element type; scale and pad bytes must be equal. Defined for
     layouts with block-scaled values (not for exact copies such as compressor_state)."""
     if not any(r.scale for r in layout.data_regions):
         raise LayoutError(f"code distance is defined for rows with block-scaled values, not {layout.name!r}")
@@ -49,7 +49,7 @@ def split_row(layout, rows: torch.Tensor) -> tuple[list[tuple[torch.Tensor, int]
         if region.per_page:
             continue
         raw = rows[:, region.row_span]
-        if region.role == "data":
+        if region.role == "data" and region.element.sign_magnitude:
             values.append((region.element.codes(raw), region.element.bits))
         else:
             exact.append(raw)
