@@ -147,6 +147,10 @@ class Layout:
     page_alignment: ClassVar[str | None] = None  # name of a segment whose record size pages round up to
     container_dtype: ClassVar[torch.dtype] = torch.uint8
     quant_input_dtype: ClassVar[torch.dtype] = torch.float32  # what encode rounds its input to first
+    # Valid parameter sets worth fuzzing besides the defaults (keyword arguments for get_format;
+    # kvformats.strategies draws one, the first when it shrinks) and the page sizes to draw.
+    example_params: ClassVar[tuple[dict, ...]] = ({},)
+    page_size_range: ClassVar[tuple[int, int]] = (1, 64)
 
     page_size: int = attrs.field(default=64, validator=positive)
 

@@ -52,6 +52,7 @@ class Fp8Indexer(BlockScaledRows, ProfiledLayout, Layout):
     name = "fp8_indexer"
     PROFILES = PROFILES
     scale_rule = ProfiledRule(PROFILES)
+    example_params = (dict(head_dim=128), dict(head_dim=256))
 
     head_dim: int = attrs.field(default=128, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)

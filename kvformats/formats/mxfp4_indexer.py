@@ -62,6 +62,7 @@ class Mxfp4Indexer(BlockScaledRows, ProfiledLayout, Layout):
     name = "mxfp4_indexer"
     PROFILES = PROFILES
     scale_rule = ProfiledRule(PROFILES)
+    example_params = (dict(head_dim=128), dict(head_dim=32), dict(head_dim=64), dict(head_dim=256))
 
     head_dim: int = attrs.field(default=128, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)
