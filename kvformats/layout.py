@@ -151,6 +151,9 @@ class Layout:
     # kvformats.strategies draws one, the first when it shrinks) and the page sizes to draw.
     example_params: ClassVar[tuple[dict, ...]] = ({},)
     page_size_range: ClassVar[tuple[int, int]] = (1, 64)
+    # Whether decode(encode(decode(encode(x)))) == decode(encode(x)) is a stated property of the
+    # format's default numerics (spec/README.md §5); the codec state machine checks it where so.
+    value_idempotent: ClassVar[bool] = False
 
     page_size: int = attrs.field(default=64, validator=positive)
 

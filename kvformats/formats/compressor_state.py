@@ -34,6 +34,7 @@ class CompressorState(Layout):
     container_dtype = torch.float32
     example_params = tuple(dict(ratio=r, head_dim=h) for r in RATIOS for h in (1, 2, 3, 8, 16))
     page_size_range = (1, 8)
+    value_idempotent = True
 
     head_dim: int = attrs.field(default=512, validator=positive)
     ratio: int = attrs.field(default=4, validator=one_of(*RATIOS))

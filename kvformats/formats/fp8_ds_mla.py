@@ -52,6 +52,7 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
     scale_rule = ProfiledRule(PROFILES)
     quant_block = QUANT_BLOCK
     quant_input_dtype = torch.bfloat16  # NoPE values are rounded to bf16 before quantizing
+    value_idempotent = True
     example_params = (dict(head_dim=512, rope_dim=64), dict(head_dim=192, rope_dim=64), dict(head_dim=128, rope_dim=64),
                       dict(head_dim=96, rope_dim=32), dict(head_dim=66, rope_dim=2))
 

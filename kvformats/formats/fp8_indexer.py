@@ -53,6 +53,7 @@ class Fp8Indexer(BlockScaledRows, ProfiledLayout, Layout):
     PROFILES = PROFILES
     scale_rule = ProfiledRule(PROFILES)
     example_params = (dict(head_dim=128), dict(head_dim=256))
+    value_idempotent = True
 
     head_dim: int = attrs.field(default=128, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)

@@ -63,6 +63,7 @@ class Mxfp4Indexer(BlockScaledRows, ProfiledLayout, Layout):
     PROFILES = PROFILES
     scale_rule = ProfiledRule(PROFILES)
     example_params = (dict(head_dim=128), dict(head_dim=32), dict(head_dim=64), dict(head_dim=256))
+    value_idempotent = True
 
     head_dim: int = attrs.field(default=128, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)
