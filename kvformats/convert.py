@@ -2,9 +2,11 @@
 re-quantization (decode, map dims, encode; exact only where the target grid holds every value).
 
 * ``convert_rows(src, rows, dst, exact=...)``: gathered rows of layout ``src`` -> rows of ``dst``.
-  Supported pairs: same format with another profile (or any parameters of equal head geometry),
-  and V4 ``fp8_ds_mla`` (head 512 = 448 NoPE + 64 RoPE) <-> V3.2 ``fp8_ds_mla_v32`` (head 576 =
-  512 NoPE + 64 RoPE):
+  Supported pairs, read from the layouts' data regions: the same format with another profile (or
+  any parameters of equal data regions), and two formats whose data regions have the same names
+  and element types, each region's elements mapped by index (a longer target region takes
+  zeros, a shorter one drops the source's last elements). So V4 ``fp8_ds_mla`` (head 512 = 448
+  NoPE + 64 RoPE) <-> V3.2 ``fp8_ds_mla_v32`` (head 576 = 512 NoPE + 64 RoPE):
 
   * 584 -> 656: V3.2 NoPE dims 0..447 = V4 NoPE dims 0..447 (V4 blocks 2t, 2t+1 form V3.2 tile
     t), V3.2 NoPE dims 448..511 = 0, V3.2 RoPE = V4 RoPE (bf16 bytes copied). Values are the V4
@@ -40,37 +42,52 @@ from kvformats.checks import check_cache
 from kvformats.errors import ConversionError, InputError, InputTypeError, describe  # noqa: F401 - ConversionError re-exported
 from kvformats.rowio import read_rows, write_rows
 
-V4_NOPE, V32_NOPE, ROPE = 448, 512, 64
+
+def _data(layout) -> list[tuple[str, str]]:
+    return [(r.name, r.dtype) for r in layout.data_regions]
 
 
-def _pair(src, dst) -> str:
-    names = (src.name, dst.name)
-    if names == ("fp8_ds_mla", "fp8_ds_mla_v32"):
-        kind = "v4_to_v32"
-    elif names == ("fp8_ds_mla_v32", "fp8_ds_mla"):
-        kind = "v32_to_v4"
-    elif src.name == dst.name:
-        kind = "same"
-    else:
-        raise ConversionError(f"no converter from {src.name} to {dst.name}; supported: the same format "
-                              f"(another profile), fp8_ds_mla <-> fp8_ds_mla_v32")
-    width = lambda lay: getattr(lay, "width", getattr(lay, "head_dim", None))  # noqa: E731
-    if kind == "same" and width(src) != width(dst):
+def _pairs(src, dst) -> list[tuple]:
+    """(source, target) data regions, in row order: a conversion maps each region's elements by
+    index. The same format converts between parameters of equal data regions (another profile);
+    two formats convert when their data regions have the same names and element types, a target
+    region longer than its source taking zeros, a shorter one dropping the source's last elements
+    (the V4 and V3.2 rows: NoPE 448 <-> 512, RoPE 64 <-> 64)."""
+    same = type(src) is type(dst)
+    if not same and _data(src) != _data(dst):
+        raise ConversionError(f"no converter from {src.name} to {dst.name}; supported: the same format (another "
+                              f"profile), and formats whose data regions have the same names and element types "
+                              f"({src.name}: {_data(src)}, {dst.name}: {_data(dst)})")
+    pairs = list(zip(src.data_regions, dst.data_regions))
+    if same and any(s.count != d.count for s, d in pairs):
+        width = lambda lay: sum(r.count for r in lay.data_regions)  # noqa: E731
         raise ConversionError(f"{src.name} -> {dst.name}: head sizes differ ({width(src)} vs {width(dst)})")
-    if kind == "v4_to_v32" and (src.head_dim, src.rope_dim, dst.head_dim, dst.rope_dim) != (512, 64, 576, 64):
-        raise ConversionError("fp8_ds_mla -> fp8_ds_mla_v32 needs head_dim 512 / rope 64 -> 576 / 64")
-    if kind == "v32_to_v4" and (src.head_dim, src.rope_dim, dst.head_dim, dst.rope_dim) != (576, 64, 512, 64):
-        raise ConversionError("fp8_ds_mla_v32 -> fp8_ds_mla needs head_dim 576 / rope 64 -> 512 / 64")
-    return kind
+    return pairs
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
+def _map(pairs, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple[str, int, torch.Tensor]]]:
+    """Decoded source rows ``x`` -> the target's decoded order, and what was dropped: (region,
+    first dropped element, the dropped values) per region the target holds fewer of."""
+    parts, dropped, at = [], [], 0
+    for s, d in pairs:
+        part = x[:, at:at + s.count]
+        at += s.count
+        if d.count < s.count:
+            dropped.append((s.name, d.count, part[:, d.count:]))
+            part = part[:, :d.count]
+        elif d.count > s.count:
+            part = torch.cat([part, part.new_zeros((x.shape[0], d.count - s.count))], dim=1)
+        parts.append(part)
+    return torch.cat(parts, dim=1), dropped
+
+
 def convert_rows(src, rows: torch.Tensor, dst, *, exact: bool = False) -> torch.Tensor:
     """Gathered rows of ``src`` (uint8 ``[N, src.row_bytes]``) -> uint8 ``[N, dst.row_bytes]``."""
-    kind = _pair(src, dst)
+    pairs = _pairs(src, dst)
     if not isinstance(rows, torch.Tensor) or rows.dtype != torch.uint8 or rows.dim() != 2 \
             or rows.shape[1] != src.row_bytes:
         raise InputError(f"rows must be a uint8 tensor [N, {src.row_bytes}] ({src.name} gathered rows), "
@@ -79,19 +96,13 @@ def convert_rows(src, rows: torch.Tensor, dst, *, exact: bool = False) -> torch.
         if not exact or src == dst:
             return rows.clone()
         raise ConversionError(f"{src.name} has no quantization to convert; copy the rows instead")
-    x = src.decode_rows(rows)
-    dropped = None
-    if kind == "v4_to_v32":
-        zeros = x.new_zeros((x.shape[0], V32_NOPE - V4_NOPE))
-        x = torch.cat([x[:, :V4_NOPE], zeros, x[:, V4_NOPE:]], dim=1)
-    elif kind == "v32_to_v4":
-        dropped = x[:, V4_NOPE:V32_NOPE]
-        x = torch.cat([x[:, :V4_NOPE], x[:, V32_NOPE:]], dim=1)
+    x, dropped = _map(pairs, src.decode_rows(rows))
     out = dst.encode_rows(x.to(torch.float32) if src.decode_dtype == torch.float32 else x)
     if exact:
-        if dropped is not None and bool((dropped != 0).any()):
-            raise ConversionError("fp8_ds_mla_v32 -> fp8_ds_mla drops NoPE dims 448..511, which are not all "
-                                  "zero here; pass exact=False to drop them")
+        for region, first, values in dropped:
+            if bool((values != 0).any()):
+                raise ConversionError(f"{src.name} -> {dst.name} drops {region} dims {first}..{first + values.shape[1] - 1}, "
+                                      f"which are not all zero here; pass exact=False to drop them")
         back = dst.decode_rows(out)
         want = x.to(back.dtype)
         if not torch.equal(_bits(back), _bits(want)):

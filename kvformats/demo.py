@@ -1,8 +1,9 @@
 """``kvformats demo``: every registered format, random rows through encode/decode on one device,
 checked against the format's documented per-element error bound, then a cache-file round trip.
 
-Bounds come from the layout's regions (x = what the format quantizes; e = the exponent of the
-element's block scale, scale = 2^e); each scaled data region is bounded by its element type:
+Bounds come from the layout's regions: each scaled data region is bounded by the grid of its
+element type in ``kvformats.elements`` at the scale s of each block (``2^e`` for power-of-two
+rules, the stored value otherwise): ``max(rel |x|, abs s, |x| - max s)``:
 
 * e4m3 (``float8_e4m3fn``): 3 mantissa bits with round-to-nearest-even, so a normal code is off
   by at most half an ulp, 2^-4 of its binade, i.e. ``|x|/16``; a subnormal code (|x / 2^e| <
@@ -10,7 +11,8 @@ element's block scale, scale = 2^e); each scaled data region is bounded by its e
   2^e by construction). Bound: ``max(|x|/16, 2^(e-10))``. For fp8_ds_mla x is the bf16-rounded
   input (its decode is exact in bf16: 4 significant bits).
 * e2m1 (``float4_e2m1fn_x2``): the grid {0, .5, 1, 1.5, 2, 3, 4, 6} 2^e has gaps of at most
-  2 2^e and |x / 2^e| <= 6, so the threshold rule is off by at most half a gap: ``2^e``.
+  2 2^e and |x / 2^e| <= 6, so the threshold rule is off by at most half a gap: ``2^e``; with
+  a stored e4m3 scale s that rounded down, the part of |x| beyond 6 s clips.
 * unscaled data regions (the bf16 RoPE tail, the float32 compressor state): exact (bound 0).
 
 The reported ratio is max(err / bound) over elements with a positive bound (and 0 where an
@@ -32,7 +34,6 @@ import torch
 
 import kvformats as kvf
 from kvformats.errors import UnsupportedError
-from kvformats.inspect import elements_per_byte
 
 WIDTH = 100  # every line the demo prints fits a terminal this wide
 SCALE_EXPONENTS = (-8, 7)  # each random row is N(0, 1) times 2^k, k uniform in this range
@@ -52,21 +53,18 @@ def _ratio(err: torch.Tensor, bound: torch.Tensor) -> float:
     return r
 
 
-def _block_bound(layout, x32: torch.Tensor, block: int, kind: str) -> torch.Tensor:
-    """Per-element bound for ``x32 [N, D]`` quantized in ``block``-wide blocks."""
+def _block_bound(layout, region, x32: torch.Tensor) -> torch.Tensor:
+    """Per-element bound for ``x32 [N, D]``, the values of a data region quantized in blocks of
+    ``region.block`` against the scales the layout's rule picks for them: the bound of the
+    region's element type (kvformats.elements) at each block's scale."""
     n, d = x32.shape
-    blocks = x32.reshape(n, d // block, block)
+    blocks = x32.reshape(n, d // region.block, region.block)
     rule = layout.scale_rule
-    if not rule.power_of_two and kind == "e2m1":  # a stored e4m3 scale s: within s, or the clip above 6 s
-        s = rule.scales_of_amax(blocks.abs().amax(-1)).unsqueeze(-1)
-        return torch.maximum(s.expand_as(blocks), blocks.abs() - 6 * s).reshape(n, d)
-    e = rule.exponents(blocks).unsqueeze(-1).to(torch.float32)
-    if kind == "e2m1":
-        return torch.exp2(e).expand_as(blocks).reshape(n, d)
-    return torch.maximum(blocks.abs() / 16, torch.exp2(e - 10)).reshape(n, d)
-
-
-ELEMENT_KINDS = {"float8_e4m3fn": "e4m3", "float4_e2m1fn_x2": "e2m1"}  # element type -> bound of _block_bound
+    if rule.power_of_two:
+        scale = torch.exp2(rule.exponents(blocks).to(torch.float32))
+    else:  # a stored scale that is not a power of two: its value
+        scale = rule.scales_of_amax(blocks.abs().amax(-1))
+    return region.element.bound(blocks, scale.unsqueeze(-1)).reshape(n, d)
 
 
 def element_bound(layout, x32: torch.Tensor) -> torch.Tensor:
@@ -75,16 +73,13 @@ def element_bound(layout, x32: torch.Tensor) -> torch.Tensor:
     every unscaled data region exact (0)."""
     bound = torch.zeros_like(x32)
     at = 0
-    for region in layout.regions:
-        if region.role != "data":
-            continue
-        count = int(region.nbytes * elements_per_byte(region))
+    for region in layout.data_regions:
+        count = region.count
         if region.scale:
-            if region.dtype not in ELEMENT_KINDS:
+            if not region.element.quantized:
                 raise UnsupportedError(f"the demo has no error bound for {region.dtype} "
                                        f"({layout.name}.{region.name})")
-            bound[:, at:at + count] = _block_bound(layout, x32[:, at:at + count], region.block,
-                                                   ELEMENT_KINDS[region.dtype])
+            bound[:, at:at + count] = _block_bound(layout, region, x32[:, at:at + count])
         at += count
     if at != x32.shape[1]:
         raise UnsupportedError(f"{layout.name}: data regions hold {at} elements per row, "
@@ -92,27 +87,38 @@ def element_bound(layout, x32: torch.Tensor) -> torch.Tensor:
     return bound
 
 
+def _rows(gen: torch.Generator):
+    """The demo's row values of a shape: N(0, 1) times 2^k per row (k in SCALE_EXPONENTS), in bf16."""
+    lo, hi = SCALE_EXPONENTS
+
+    def values(shape: tuple[int, ...]) -> torch.Tensor:
+        x = torch.randn(shape, generator=gen)
+        return (x * torch.exp2(torch.randint(lo, hi + 1, (shape[0], 1), generator=gen).float())).to(torch.bfloat16)
+
+    return values
+
+
+def _on(device: str, obj):
+    """``obj`` (a tensor, or a tuple or dict of them) moved to ``device``."""
+    if isinstance(obj, tuple):
+        return tuple(_on(device, t) for t in obj)
+    if isinstance(obj, dict):
+        return {k: _on(device, t) for k, t in obj.items()}
+    return obj.to(device)
+
+
 def _case(layout, n: int, device: str, gen: torch.Generator):
     """(encode thunk, decode thunk, reference float32 [N, D], bound [N, D], cache, slots)."""
     cache = layout.allocate(-(-n // layout.page_size) + 1, device=device)
     slots = torch.randperm(cache.shape[0] * layout.page_size, generator=gen)[:n].to(device)
-    if layout.name == "compressor_state":  # the one format that encodes (kv, score) with positions
-        w = layout.width
-        kv = torch.randn(n, w, generator=gen).to(device)
-        score = torch.randn(n, w, generator=gen).to(device)
-        ape = torch.randn(layout.ratio, w, generator=gen).to(device)
-        pos = torch.randint(0, 1 << 20, (n,), generator=gen).to(device)
-        ref = torch.cat([kv, score + ape[pos % layout.ratio]], dim=1)
-        enc = lambda: layout.encode((kv, score), cache, slots, positions=pos, ape=ape)  # noqa: E731
-        dec = lambda: torch.cat(layout.decode(cache, slots), dim=1)  # noqa: E731
-        return enc, dec, ref, element_bound(layout, ref), cache, slots
-    lo, hi = SCALE_EXPONENTS
-    x = (torch.randn(n, layout.head_dim, generator=gen) *
-         torch.exp2(torch.randint(lo, hi + 1, (n, 1), generator=gen).float())).to(torch.bfloat16).to(device)
-    enc = lambda: layout.encode(x, cache, slots)  # noqa: E731
-    dec = lambda: layout.decode(cache, slots).float()  # noqa: E731
-    x32 = x.float()
-    return enc, dec, x32, element_bound(layout, x32), cache, slots
+    x, kwargs, ref = _on(device, layout.example_encode_args(n, _rows(gen), gen))
+
+    def dec():
+        out = layout.decode(cache, slots)
+        return torch.cat(out, dim=1) if isinstance(out, tuple) else out.float()
+
+    enc = lambda: layout.encode(x, cache, slots, **kwargs)  # noqa: E731
+    return enc, dec, ref, element_bound(layout, ref), cache, slots
 
 
 def _timed(fn, device: str, repeats: int = 3) -> tuple[float, object]:
@@ -220,9 +226,10 @@ def _file_round_trip(caches: dict, save_to: str | None, out) -> dict[str, bool]:
         out(f"file: wrote {path}" if save_to else "file: wrote a temporary cache file (removed; --save FILE keeps it)")
         ok = "read back byte-identical" if all(same.values()) else "READ BACK CHANGED"
         out(f"  {size / 2**20:.1f} MiB, {len(caches)} caches, every cache {ok}")
-        layout, _, slot = caches["fp8_ds_mla"]
-        out(f"  first bytes of one fp8_ds_mla slot, as `kvformats dump FILE --tensor fp8_ds_mla --slot {slot}`:")
-        for line in slot_lines(layout, back["fp8_ds_mla"].cache, slot):
+        shown = max(caches, key=lambda name: len(caches[name][0].regions))  # the richest dump; first by name
+        layout, _, slot = caches[shown]
+        out(f"  first bytes of one {shown} slot, as `kvformats dump FILE --tensor {shown} --slot {slot}`:")
+        for line in slot_lines(layout, back[shown].cache, slot):
             out(line)
         if save_to:
             out(f"next: kvformats check {path}")

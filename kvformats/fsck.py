@@ -10,9 +10,12 @@ exempt from the scale-range rules. Pages are streamed in chunks, so memory stays
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kvformats import numerics as nx
+from kvformats.elements import ELEMENTS
 from kvformats.inspect import region_bytes
 from kvformats.layout import Layout, Region
 
@@ -41,16 +44,26 @@ def has_field(words: torch.Tensor, value: int, width: int) -> torch.Tensor:
     return ((x - _ONES[width]) & ~x & _HIGH[width]) != 0
 
 
-def _bad_codes(raw: torch.Tensor, kind: str) -> torch.Tensor:
-    """Bytes holding an e4m3 NaN code (kind "e4m3") or an e2m1 negative-zero nibble ("e2m1")."""
+def _fields_equal(raw: torch.Tensor, width: int, mask: int, value: int) -> torch.Tensor:
+    """Per 8-byte word when alignment allows (else per byte): does any ``width``-bit field c (4
+    or 8) hold ``c & mask == value``?"""
     words = _words(raw)
-    if kind == "e4m3":
-        if words is not None:
-            return has_field(words & 0x7F7F7F7F7F7F7F7F, 0x7F, 8)
-        return (raw & 0x7F) == 0x7F
     if words is not None:
-        return has_field(words, 0x8, 4)
-    return ((raw & 0xF) == 0x8) | ((raw >> 4) == 0x8)
+        wide = 0
+        for shift in range(0, 64, width):
+            wide |= mask << shift
+        return has_field(words & (wide - (1 << 64) if wide >= 1 << 63 else wide), value, width)
+    full = (1 << width) - 1
+    return functools.reduce(torch.logical_or, (((raw >> shift) & full & mask) == value for shift in range(0, 8, width)))
+
+
+def _bad_codes(raw: torch.Tensor, kind: str) -> torch.Tensor:
+    """Bytes (or words) holding a NaN code of element type ``kind`` (its short name: "e4m3"), or
+    for a type without NaN codes the negative zero its writers never emit ("e2m1")."""
+    elem = next(e for e in ELEMENTS.values() if e.short == kind)
+    if elem.nan is not None:
+        return _fields_equal(raw, elem.bits, elem.nan.mask, elem.nan.code)
+    return _fields_equal(raw, elem.bits, (1 << elem.bits) - 1, elem.negative_zero)
 
 
 def scale_exponent_range(layout: Layout) -> tuple[int, int] | None:
@@ -81,29 +94,34 @@ def _violations(layout: Layout, region: Region, raw: torch.Tensor, written: torc
     """Rule name -> bool tensor [pages] of rows/pages breaking it, for one region of a chunk."""
     rows = lambda bad: (bad.reshape(*bad.shape[:2], -1).any(-1))  # noqa: E731 - [P, rows]
     found = {}
+    elem = region.element
     if region.role == "pad":
         found["pad_zero"] = (raw != 0).any(-1)  # empty where the page has no pad bytes
-    elif region.dtype == "float8_e8m0fnu":
-        found["ue8m0_not_ff"] = rows(raw == 0xFF)
+    elif elem.exponent_bias:  # exponent bytes: never the NaN code, and in the range encode reaches
+        found[elem.nan.rule] = rows(elem.is_nan_code(raw))
         if erange is not None:
-            lo, hi = erange[0] + nx.UE8M0_BIAS, erange[1] + nx.UE8M0_BIAS
+            lo, hi = erange[0] + elem.exponent_bias, erange[1] + elem.exponent_bias
             found["scale_range"] = rows((raw < lo) | (raw > hi)) & written
-    elif region.dtype == "float32" and region.role == "scale":
-        bits = raw.contiguous().view(torch.int32)
-        exp = ((bits >> 23) & 0xFF) - 127
+    elif elem.ieee and region.role == "scale":
+        bits = raw.contiguous().view(getattr(torch, f"int{elem.bits}")).to(torch.int64)  # sign-extended
+        ebits = elem.bits - 1 - elem.mantissa_bits
+        emax = (1 << ebits) - 1
+        exp = ((bits >> elem.mantissa_bits) & emax) - (emax >> 1)
         if erange is not None:
-            bad = (bits & 0x807FFFFF) != 0  # sign or mantissa set: not a positive power of two
+            sign_or_fraction = (1 << (elem.bits - 1)) | ((1 << elem.mantissa_bits) - 1)
+            bad = (bits & sign_or_fraction) != 0  # not a positive power of two
             bad |= (exp < erange[0]) | (exp > erange[1])
             found["scale_pow2_range"] = rows(bad) & written
-        else:  # arbitrary float32 scales (e.g. vLLM's): positive and finite
-            bad = (bits <= 0) | (exp == 128)
+        else:  # arbitrary float scales (e.g. vLLM's): positive and finite
+            bad = (bits <= 0) | (exp == (emax >> 1) + 1)
             found["scale_positive_finite"] = rows(bad) & written
-    elif region.dtype == "float8_e4m3fn":
-        found["e4m3_not_nan"] = rows(_bad_codes(raw, "e4m3"))
-    elif region.dtype == "float4_e2m1fn_x2" and not _signed_zero_allowed(layout):
-        found["e2m1_no_negative_zero"] = rows(_bad_codes(raw, "e2m1"))
-    elif region.dtype in ("bfloat16", "float32"):
-        values = raw.contiguous().view(getattr(torch, region.dtype))
+    elif elem.nan is not None:
+        found[elem.nan.rule] = rows(_bad_codes(raw, elem.short))
+    elif elem.negative_zero is not None:
+        if not _signed_zero_allowed(layout):
+            found[f"{elem.short}_no_negative_zero"] = rows(_bad_codes(raw, elem.short))
+    elif elem.ieee:
+        values = raw.contiguous().view(elem.torch_dtype)
         found[f"{region.dtype}_finite"] = rows(~torch.isfinite(values))
     return {name: bad.any(-1) if bad.dim() > 1 else bad for name, bad in found.items()}
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import numerics as nx
 from kvformats.layout import Layout, Region
 
 
@@ -43,16 +42,7 @@ def region_bytes(layout: Layout, cache: torch.Tensor, region: Region, pages: sli
 def element_values(region: Region, raw: torch.Tensor, ue8m0_ff: str = "nan") -> torch.Tensor:
     """Decode raw region bytes ``[..., nbytes]`` to unscaled float32 elements ``[..., count]``;
     ue8m0 byte 0xFF reads as ``ue8m0_ff`` says (a profile's reading, numerics.ue8m0_decode)."""
-    kind = region.dtype
-    if kind == "float8_e4m3fn":
-        return nx.e4m3_decode(raw)
-    if kind == "float8_e8m0fnu":
-        return nx.ue8m0_decode(raw, ue8m0_ff)
-    if kind == "float4_e2m1fn_x2":
-        return nx.e2m1_decode(nx.unpack_nibbles(raw))
-    if kind in ("bfloat16", "float32"):
-        return raw.contiguous().view(getattr(torch, kind)).float()
-    return raw.float()
+    return region.element.decode(raw, ue8m0_ff)
 
 
 def ue8m0_reading(layout: Layout) -> str:
@@ -79,9 +69,7 @@ def scaled_values(layout: Layout, cache: torch.Tensor, region: Region, pages: sl
 
 
 def elements_per_byte(region: Region) -> float:
-    unit_bytes = {"bfloat16": 2, "float32": 4}.get(region.dtype, 1)
-    per_unit = 2 if region.dtype == "float4_e2m1fn_x2" else 1
-    return per_unit / unit_bytes
+    return region.element.elements_per_byte
 
 
 def label(layout: Layout, region: Region, row: int, within: int) -> str:

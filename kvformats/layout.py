@@ -17,18 +17,13 @@ import torch
 
 from kvformats import ops, paged, replay
 from kvformats.checks import check_cache, check_float_rows
+from kvformats.elements import ELEMENTS, ElementType
 from kvformats.errors import InputError, LayoutError
 
-# Element types by their ml_dtypes/torch names: (bytes per stored unit, elements per unit).
-ELEMENT_TYPES = {
-    "float8_e4m3fn": (1, 1),
-    "float8_e8m0fnu": (1, 1),
-    "float4_e2m1fn_x2": (1, 2),
-    "bfloat16": (2, 1),
-    "float32": (4, 1),
-    "uint8": (1, 1),
-}
-TORCH_DTYPES = {name: getattr(torch, name) for name in ELEMENT_TYPES}
+# Element types by their ml_dtypes/torch names (kvformats.elements): (bytes per stored unit,
+# elements per unit) and the torch dtype of a typed view, as read from the one table.
+ELEMENT_TYPES = {name: (e.unit_bytes, e.per_unit) for name, e in ELEMENTS.items()}
+TORCH_DTYPES = {name: e.torch_dtype for name, e in ELEMENTS.items()}
 
 
 INT64_MAX = 2**63 - 1  # the largest tensor dimension (and byte count) torch can hold
@@ -75,7 +70,7 @@ class Field:
     """One typed run of elements inside a segment record. ``role``: data, scale or pad."""
 
     name: str
-    dtype: str = attrs.field(validator=attrs.validators.in_(ELEMENT_TYPES))
+    dtype: str = attrs.field(validator=attrs.validators.in_(ELEMENTS))
     count: int
     role: str = attrs.field(default="data", validator=attrs.validators.in_(("data", "scale", "pad")))
     doc: str = ""
@@ -84,8 +79,7 @@ class Field:
 
     @property
     def nbytes(self) -> int:
-        unit_bytes, per_unit = ELEMENT_TYPES[self.dtype]
-        return self.count // per_unit * unit_bytes
+        return ELEMENTS[self.dtype].nbytes(self.count)
 
 
 @attrs.frozen
@@ -127,6 +121,21 @@ class Region:
     def page_nbytes(self) -> int:
         return self.nbytes if self.per_page else self.nbytes * self.rows
 
+    @property
+    def element(self) -> ElementType:
+        """The entry of the element-type table for ``dtype``."""
+        return ELEMENTS[self.dtype]
+
+    @property
+    def count(self) -> int:
+        """Elements per row (``shape`` counts stored units: an e2m1 byte holds two elements)."""
+        return self.shape[0] * ELEMENTS[self.dtype].per_unit
+
+    @property
+    def row_span(self) -> slice:
+        """The bytes of this field inside a gathered row."""
+        return slice(self.row_offset, self.row_offset + self.nbytes)
+
 
 @replay.by_id
 @attrs.frozen(kw_only=True)
@@ -138,6 +147,13 @@ class Layout:
     page_alignment: ClassVar[str | None] = None  # name of a segment whose record size pages round up to
     container_dtype: ClassVar[torch.dtype] = torch.uint8
     quant_input_dtype: ClassVar[torch.dtype] = torch.float32  # what encode rounds its input to first
+    # Valid parameter sets worth fuzzing besides the defaults (keyword arguments for get_format;
+    # kvformats.strategies draws one, the first when it shrinks) and the page sizes to draw.
+    example_params: ClassVar[tuple[dict, ...]] = ({},)
+    page_size_range: ClassVar[tuple[int, int]] = (1, 64)
+    # Whether decode(encode(decode(encode(x)))) == decode(encode(x)) is a stated property of the
+    # format's default numerics (spec/README.md §5); the codec state machine checks it where so.
+    value_idempotent: ClassVar[bool] = False
 
     page_size: int = attrs.field(default=64, validator=positive)
 
@@ -196,7 +212,7 @@ class Layout:
         for seg in self.segments:
             at = self.segment_offsets[seg.name]
             for f in seg.fields:
-                per_unit = ELEMENT_TYPES[f.dtype][1]
+                per_unit = ELEMENTS[f.dtype].per_unit
                 out.append(Region(name=f.name, dtype=f.dtype, shape=(f.count // per_unit,), offset=at,
                                   row_stride=seg.record_bytes, nbytes=f.nbytes, role=f.role,
                                   segment=seg.name, row_offset=row_at, rows=self.page_size, doc=f.doc,
@@ -215,6 +231,15 @@ class Layout:
             if r.name == name:
                 return r
         raise LayoutError(f"{self.name} has no region {name!r}; regions: {[r.name for r in self.regions]}")
+
+    def row_span(self, name: str) -> slice:
+        """The bytes of region ``name`` inside a gathered row (``Region.row_span``)."""
+        return self.region(name).row_span
+
+    @property
+    def data_regions(self) -> tuple[Region, ...]:
+        """The regions holding values, in row order: what ``decode`` returns, side by side."""
+        return tuple(r for r in self.regions if r.role == "data")
 
     @property
     def params(self) -> dict:
@@ -377,6 +402,14 @@ class Layout:
         if kwargs:
             raise InputError(f"{self.name}.encode takes no keyword arguments, got {sorted(kwargs)}")
         return check_float_rows("x", x, self.head_dim, device), {}
+
+    def example_encode_args(self, n: int, values, gen: torch.Generator) -> tuple[object, dict, torch.Tensor]:
+        """Valid ``encode`` arguments for ``n`` rows and the float32 ``[n, D]`` values that
+        ``decode`` (its outputs side by side) gives back within the format's bound: here rows
+        ``x = values((n, head_dim))`` (``values``: the caller's random float tensors of a shape)
+        and ``x`` itself. A format whose encode takes other inputs says so by overriding this."""
+        x = values((n, self.head_dim))
+        return x, {}, x.float()
 
     # ----- codec (implemented per format) --------------------------------------------------
     def encode_rows(self, x, **kwargs) -> torch.Tensor:  # pragma: no cover - abstract

@@ -40,6 +40,19 @@ def register_format(cls):
     return cls
 
 
+def unregister_format(name: str) -> None:
+    """Undo ``register_format`` and every op registered for ``name`` (a format registered for a
+    while, e.g. by a test); LayoutError for a name that is not registered."""
+    if name not in _FORMATS:
+        raise LayoutError(f"unknown format {name!r}; registered formats: {', '.join(list_formats())}")
+    del _FORMATS[name]
+    for key in [k for k in _OPS if k[0] == name]:
+        del _OPS[key]
+    _KERNEL_PROFILES.pop(name, None)
+    _RESOLVED.clear()
+    replay.clear()
+
+
 def list_formats() -> list[str]:
     """Sorted names of the registered formats."""
     return sorted(_FORMATS)

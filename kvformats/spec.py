@@ -19,6 +19,7 @@ from pathlib import Path
 import attrs
 
 import kvformats
+from kvformats.elements import E2M1_RNE_RULE, ELEMENTS  # noqa: F401 - E2M1_RNE_RULE re-exported
 from kvformats.errors import OutputError
 from kvformats.registry import get_format, list_formats
 
@@ -27,26 +28,10 @@ ADDRESSING = ("page = slot // page_size; row = slot % page_size; byte of a regio
               ">= page_bytes allowed); slot < 0 = no row")
 EXAMPLE_SLOT = 70
 
-# Element rounding rules by element type (spec/upstream.md §2.2, §3.2, §4.3).
-ELEMENT_RULES = {
-    "float8_e4m3fn": "round-to-nearest-even after clamp to +-448",
-    "float4_e2m1fn_x2": ("e2m1 thresholds on a = min(|y|, 6): a <= 0.25 -> 0, <= 0.75 -> 0.5, "
-                         "<= 1.25 -> 1, <= 1.75 -> 1.5, <= 2.5 -> 2, <= 3.5 -> 3, <= 5 -> 4, else 6; "
-                         "ties toward smaller magnitude; sign only on a non-zero code; element 2k "
-                         "in the low nibble"),
-}
-SCALE_STORAGE = {
-    "float8_e8m0fnu": "ue8m0 byte s = clamp(e + 127, 0, 255); scale = 2^(s - 127)",
-    "float32": "float32 little-endian multiplier 2^e (an exact power of two)",
-    "float8_e4m3fn": "float8_e4m3fn byte: the scale's value s (positive; 0x7F = NaN)",
-}
-# Per-element bounds of spec/upstream.md §11 / spec/README.md, written against the value the element
-# codec sees (x_bf16 for fp8_ds_mla, the float32 input for the indexers); e = block exponent.
-ERROR_BOUNDS = {
-    "float8_e4m3fn": "|x - x_hat| <= max(|x|/16, 2^(e-10)) per element, x = the value quantized",
-    "float4_e2m1fn_x2": ("|x - x_hat| <= 2^e per element (<= 2^(e-2) where |x| <= 2^(e+1), "
-                         "<= 2^(e-1) where |x| <= 2^(e+2)), x = float32 input"),
-}
+# The element types' rounding rules, scale storage and bounds (kvformats.elements), by name.
+ELEMENT_RULES = {name: e.grid.rounding for name, e in ELEMENTS.items() if e.quantized}
+SCALE_STORAGE = {name: e.scale_storage for name, e in ELEMENTS.items() if e.scale_storage}
+ERROR_BOUNDS = {name: e.grid.error_bound for name, e in ELEMENTS.items() if e.quantized}
 
 
 def _region_dict(region) -> dict:
@@ -57,7 +42,7 @@ def _region_dict(region) -> dict:
 
 def _quantized_regions(layout):
     """(element data region, scale region) of a block-scaled layout; None where absent."""
-    data = next((r for r in layout.regions if r.role == "data" and r.dtype in ELEMENT_RULES), None)
+    data = next((r for r in layout.data_regions if r.element.quantized), None)
     scales = [r for r in layout.regions if r.role == "scale"]
     named = getattr(data, "scale", "")  # regions that name their scale region say which one
     scale = next((r for r in scales if r.name == named), scales[0] if scales else None)
@@ -68,8 +53,7 @@ def _quant_block(data, scale) -> int:
     declared = getattr(data, "block", 0)
     if declared:
         return declared
-    elements = data.shape[0] * (2 if data.dtype == "float4_e2m1fn_x2" else 1)
-    return elements // scale.shape[0]
+    return data.count // scale.count
 
 
 def _input_rounding(layout) -> str:
@@ -81,16 +65,13 @@ def _input_rounding(layout) -> str:
     return f"{dtype} (round-to-nearest-even) before the absmax and the scaling"
 
 
-E2M1_RNE_RULE = ("e2m1 round-half-even on a = min(|y|, 6): midpoints 0.25, 1.25, 2.5, 5 go down, "
-                 "0.75, 1.75, 3.5 go up (to the even code); saturating at 6; element 2k in the low nibble")
-
-
 def _element_rounding(data, profile) -> str:
-    if data.dtype == "float4_e2m1fn_x2" and profile is not None and profile.e2m1_rounding == "rne":
+    grid = data.element.grid
+    if grid.rne_rounding and profile is not None and profile.e2m1_rounding == "rne":
         sign = "sign bit copies the input's (negative zero 0x8 possible)" if profile.e2m1_signed_zero \
             else "sign only on a non-zero code"
-        return f"{E2M1_RNE_RULE}; {sign}"
-    return ELEMENT_RULES[data.dtype]
+        return f"{grid.rne_rounding}; {sign}"
+    return grid.rounding
 
 
 def _exponent_rule(rule: dict) -> str:
@@ -121,9 +102,9 @@ def numerics_spec(layout) -> dict:
                 "error_bound": "exact: decode returns the stored float32 values bit for bit"}
     rule_dict = rule.as_dict()
     profile = getattr(layout, "numerics", None)
-    storage = SCALE_STORAGE[scale.dtype]
-    if not rule.power_of_two and scale.dtype == "float32":
-        storage = "float32 little-endian multiplier (arbitrary, not rounded to a power of two)"
+    storage = scale.element.scale_storage
+    if not rule.power_of_two and scale.element.ieee:
+        storage = f"{scale.dtype} little-endian multiplier (arbitrary, not rounded to a power of two)"
     extra = {}
     if profile is not None:
         extra = {"profile": profile.as_dict(), "profiles": list(layout.PROFILES.names)}
@@ -139,7 +120,7 @@ def numerics_spec(layout) -> dict:
         "scale_storage": storage,
         "scale_dtype": scale.dtype,
         "error_bound": (profile.error_bound if profile is not None and profile.error_bound
-                        else ERROR_BOUNDS[data.dtype]),
+                        else data.element.grid.error_bound),
     }
 
 

@@ -24,8 +24,8 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from kvformats import numerics as nx
 from kvformats.checks import FLOAT_DTYPES
+from kvformats.elements import ELEMENTS
 from kvformats.errors import StrategyArgumentError
 from kvformats.formats import CompressorState
 from kvformats.inspect import storage_bytes
@@ -38,20 +38,6 @@ __all__ = ["BLOCK_KINDS", "SENTINELS", "StrategyArgumentError", "caches", "encod
 SENTINELS = (0x00, 0xA5, 0xCC, 0xDD, 0xFF)
 BLOCK_KINDS = ("random", "zero", "max", "ties", "subnormal", "outlier", "ulp_above_max", "tiny")
 _RANDOM_WEIGHT = 3  # random blocks appear this many times as often as each adversarial kind
-
-# Non-default parameters worth fuzzing, per format; page_size is drawn separately.
-_PARAMS = {
-    "fp8_ds_mla": st.sampled_from([dict(head_dim=512, rope_dim=64), dict(head_dim=192, rope_dim=64),
-                                   dict(head_dim=128, rope_dim=64), dict(head_dim=96, rope_dim=32),
-                                   dict(head_dim=66, rope_dim=2)]),
-    "fp8_indexer": st.sampled_from([dict(head_dim=128), dict(head_dim=256)]),
-    "mxfp4_indexer": st.sampled_from([dict(head_dim=128), dict(head_dim=32), dict(head_dim=64),
-                                      dict(head_dim=256)]),
-    "compressor_state": st.fixed_dictionaries({"ratio": st.sampled_from([4, 128]),
-                                               "head_dim": st.sampled_from([1, 2, 3, 8, 16])}),
-}
-_PAGE_SIZES = {"compressor_state": st.integers(1, 8)}
-
 
 def _check_int(name: str, value, low: int, high: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
@@ -75,8 +61,9 @@ def layouts(formats=None) -> st.SearchStrategy[Layout]:
     """Layouts of the registered formats (all of them for None; a name or a list of names),
     with default and valid non-default parameters: page sizes 1..64 (1..8 for
     compressor_state), fp8_ds_mla head_dim/rope_dim such as 192/64, indexer head_dim 32..256,
-    compressor_state ratio 4 or 128 with small head_dim. A format registered later without an
-    entry here is drawn with its defaults and a drawn page_size when it accepts one."""
+    compressor_state ratio 4 or 128 with small head_dim: each format's declared
+    ``example_params`` and ``page_size_range`` (a format that declares none is drawn with its
+    defaults and a page_size in 1..64 when it accepts one)."""
     names = list_formats() if formats is None else [formats] if isinstance(formats, str) else formats
     try:
         names = list(names)
@@ -92,8 +79,9 @@ def layouts(formats=None) -> st.SearchStrategy[Layout]:
 
 
 def _layouts_of(name: str) -> st.SearchStrategy[Layout]:
-    params = _PARAMS.get(name, st.just({}))
-    sizes = _PAGE_SIZES.get(name, st.integers(1, 64))
+    cls = type(get_format(name))
+    params = st.sampled_from(cls.example_params)
+    sizes = st.integers(*cls.page_size_range)
 
     def build(p: dict, page_size: int) -> Layout:
         try:
@@ -105,20 +93,23 @@ def _layouts_of(name: str) -> st.SearchStrategy[Layout]:
 
 
 # ----- row values -------------------------------------------------------------------------------
+def _quantized_region(layout: Layout):
+    """The first block-scaled data region (None for a layout that stores exact values)."""
+    return next((r for r in layout.data_regions if r.scale), None)
+
+
 def _element_type(layout: Layout):
-    """(element max, rounding midpoints/thresholds, smallest normal) of the layout's codes."""
-    rule = getattr(layout, "scale_rule", None)
-    if rule is not None and rule.element_max == nx.E2M1_MAX:
-        return nx.E2M1_MAX, torch.tensor(nx.E2M1_THRESHOLDS, dtype=torch.float64), 1.0
-    codes = nx.e4m3_decode(torch.arange(0, 0x7F, dtype=torch.uint8)).double()
-    return nx.FP8_E4M3_MAX, (codes[:-1] + codes[1:]) / 2, 2.0**-6
+    """(element max, rounding midpoints/thresholds, smallest normal) of the layout's codes, from
+    its quantized region's element type (e4m3's for a layout without one)."""
+    region = _quantized_region(layout)
+    grid_type = region.element if region is not None else ELEMENTS["float8_e4m3fn"]
+    codes = grid_type.positive_codes()
+    return grid_type.grid.max, (codes[:-1] + codes[1:]) / 2, grid_type.grid.smallest_normal
 
 
 def _block_size(layout: Layout) -> int:
-    nb = getattr(layout, "num_blocks", None)
-    if nb:
-        return (layout.head_dim - getattr(layout, "rope_dim", 0)) // nb
-    return 32
+    region = _quantized_region(layout)
+    return region.block if region is not None else 32
 
 
 def _input_width(layout: Layout) -> int:

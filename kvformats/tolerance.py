@@ -39,19 +39,21 @@ def ordinal(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def split_row(layout, rows: torch.Tensor) -> tuple[list[tuple[torch.Tensor, int]], torch.Tensor]:
     """(value codes ``[N, k]`` with their bit width, bytes that must be equal ``[N, m]``) of
-    gathered rows (uint8 ``[N, row_bytes]``) of fp8_ds_mla, fp8_indexer or mxfp4_indexer."""
-    rows = rows.to(torch.int64)
-    if layout.name == "fp8_ds_mla":
-        nope, token = layout.nope_dim, layout.nope_dim + 2 * layout.rope_dim
-        rope = rows[:, nope:token:2] | (rows[:, nope + 1:token:2] << 8)  # bf16, little-endian
-        return [(rows[:, :nope], 8), (rope, 16)], rows[:, token:]
-    if layout.name == "fp8_indexer":
-        return [(rows[:, :layout.head_dim], 8)], rows[:, layout.head_dim:]
-    if layout.name == "mxfp4_indexer":
-        half = layout.head_dim // 2
-        return [(rows[:, :half] & 0xF, 4), (rows[:, :half] >> 4, 4)], rows[:, half:]
-    raise LayoutError(f"code distance is defined for fp8_ds_mla, fp8_indexer and mxfp4_indexer rows, "
-                      f"not {layout.name!r}")
+    gathered rows (uint8 ``[N, row_bytes]``), read from the layout's regions: each data region's
+    elements are codes of its (sign-magnitude) element type; scale and pad bytes must be equal. Defined for
+    layouts with block-scaled values (not for exact copies such as compressor_state)."""
+    if not any(r.scale for r in layout.data_regions):
+        raise LayoutError(f"code distance is defined for rows with block-scaled values, not {layout.name!r}")
+    values, exact = [], []
+    for region in layout.regions:
+        if region.per_page:
+            continue
+        raw = rows[:, region.row_span]
+        if region.role == "data" and region.element.sign_magnitude:
+            values.append((region.element.codes(raw), region.element.bits))
+        else:
+            exact.append(raw)
+    return values, torch.cat(exact, dim=1)
 
 
 def code_distance(layout, got_rows: torch.Tensor, want_rows: torch.Tensor) -> CodeDistance:

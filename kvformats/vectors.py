@@ -29,12 +29,12 @@ from pathlib import Path
 import attrs
 import torch
 
+from kvformats.elements import ELEMENTS
 from kvformats.errors import InputError, UnsupportedError
 from kvformats.inspect import storage_bytes
 from kvformats.registry import get_format
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-          "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8}
+DTYPES = {name: e.torch_dtype for name, e in ELEMENTS.items()}  # a stored tensor's dtype by name
 
 
 @attrs.frozen

@@ -22,7 +22,7 @@ def _geometry(layout) -> dict:
     return dict(PAGE_SIZE=layout.page_size, NOPE_OFF=nope_off, NOPE_STRIDE=nope_stride,
                 ROPE_OFF=rope_off, ROPE_STRIDE=rope_stride, SCALE_OFF=scale_off, SCALE_STRIDE=scale_stride,
                 NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks), QB=qb, ROPE=layout.rope_dim,
-                SCALE_F32=layout.name == "fp8_ds_mla_v32")
+                SCALE_F32=layout.region("scale").dtype == "float32")
 
 
 def _rope_alias(layout, u8: torch.Tensor, stride: int) -> tuple[torch.Tensor, int, bool]:

@@ -11,24 +11,32 @@ from kvformats_kernels import indexer_jit as jit
 from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
-_KERNELS = {  # format -> (encode kernel, decode kernel, values region, scales region)
-    "fp8_indexer": (jit.fp8_encode_kernel, jit.fp8_decode_kernel, "values", "scale"),
-    "mxfp4_indexer": (jit.mxfp4_encode_kernel, jit.mxfp4_decode_kernel, "values", "scales"),
+_KERNELS = {  # element type of the values -> (encode kernel, decode kernel)
+    "float8_e4m3fn": (jit.fp8_encode_kernel, jit.fp8_decode_kernel),
+    "float4_e2m1fn_x2": (jit.mxfp4_encode_kernel, jit.mxfp4_decode_kernel),
 }
+
+
+def _kernels(layout) -> tuple:
+    return _KERNELS[layout.region("values").dtype]
+
+
+def _mxfp4(layout) -> bool:
+    """Whether the values are e2m1 nibbles (the MXFP4 kernels and constexprs)."""
+    return layout.region("values").dtype == "float4_e2m1fn_x2"
 
 
 @cm.per_layout
 def _geometry(layout) -> dict:
-    _, _, values, scales = _KERNELS[layout.name]
-    val_off, val_stride, _ = cm.region(layout, values)
-    scale_off, scale_stride, _ = cm.region(layout, scales)
+    val_off, val_stride, _ = cm.region(layout, "values")
+    scale_off, scale_stride, _ = cm.region(layout, "scale")
     return dict(PAGE_SIZE=layout.page_size, VAL_OFF=val_off, VAL_STRIDE=val_stride, SCALE_OFF=scale_off,
                 SCALE_STRIDE=scale_stride, NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks),
                 QB=layout.head_dim // layout.num_blocks)
 
 
 def _profile(layout, hw: bool) -> dict:
-    if layout.name == "fp8_indexer":
+    if not _mxfp4(layout):
         return dict(cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two, HW=hw,
                     **cm.short_exponent(layout.scale_rule))
     # e2m1 has no hardware conversion on Hopper (the GPU path's f16 pairs: _mxfp4_constants)
@@ -64,7 +72,7 @@ def _encode_plan(layout, is_bf16: bool, cfg_items: tuple, hw: bool, words: bool)
     input dtype, a launch config (its items: an overridden config is another key), the
     conversion choice and, for MXFP4, the word alignment; no tensor value or address."""
     cfg = dict(cfg_items)
-    tail = _mxfp4_constants(layout, cfg, hw, words) if layout.name == "mxfp4_indexer" else {}
+    tail = _mxfp4_constants(layout, cfg, hw, words) if _mxfp4(layout) else {}
     return cfg["block_m"], cm.frozen(dict(
         _geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout, hw), IS_BF16=is_bf16,
         EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"], **cm.launch_opts(cfg),
@@ -80,11 +88,11 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
         return
     x, is_bf16 = cm.rows_input(x)
     u8, stride = cm.byte_cache(layout, cache)
-    mxfp4 = layout.name == "mxfp4_indexer"
+    mxfp4 = _mxfp4(layout)
     cfg = cm.config("mxfp4" if mxfp4 else "indexer", "encode", n)
     words = mxfp4 and _words_aligned(layout, u8, stride)
     block_m, consts = _encode_plan(layout, is_bf16, tuple(cfg.items()), cm.hw_cvt(cfg), words)
-    fast(_KERNELS[layout.name][0])[(cm.grid_rows(n, block_m),)](
+    fast(_kernels(layout)[0])[(cm.grid_rows(n, block_m),)](
         x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cache.shape[0] * layout.page_size,
         stride, **consts)
 
@@ -93,7 +101,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
 def _decode_plan(layout, cfg_items: tuple, hw: bool, site: int):
     """(rows per program, the slot decode's constexprs and launch options); as _encode_plan."""
     cfg = dict(cfg_items)
-    reads = cm.read_constants(layout) if layout.name == "mxfp4_indexer" else {}
+    reads = cm.read_constants(layout) if _mxfp4(layout) else {}
     return cfg["block_m"], cm.frozen(dict(_geometry(layout), **reads, BLOCK_M=cfg["block_m"], SITE=site, HW=hw,
                                           **cm.launch_opts(cfg)))
 
@@ -107,7 +115,7 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITE
         u8, stride = cm.byte_cache(layout, cache)
         cfg = cm.config("indexer", "decode", n)
         block_m, consts = _decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site)
-        fast(_KERNELS[layout.name][1])[(cm.grid_rows(n, block_m),)](
+        fast(_kernels(layout)[1])[(cm.grid_rows(n, block_m),)](
             u8, slots, out, cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size, stride,
             **consts)
     return out
@@ -117,7 +125,7 @@ def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITE
 def _paged_plan(layout, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bool):
     """(rows per program, dequantize_gather's constexprs and launch options); as _encode_plan."""
     cfg = dict(cfg_items)
-    mxfp4 = layout.name == "mxfp4_indexer"
+    mxfp4 = _mxfp4(layout)
     geo = dict(_geometry(layout), **cm.read_constants(layout), MXFP4=mxfp4, HW=hw,
                STREAM=mxfp4 and bool(cfg["mxfp4_cs_stores"]))
     return cfg["block_m"], cm.paged_constants(geo, has_glen, has_base, cfg)

@@ -69,11 +69,11 @@ def test_slot_record_reads_scale_ff_as_the_profile(profile):
     cache, slots = filled(layout)
     slot = int(slots[0])
     page, row = divmod(slot, layout.page_size)
-    scales = layout.region("scales")
+    scales = layout.region("scale")
     raw_bytes(cache)[page * layout.page_bytes + scales.offset + row * scales.row_stride] = 0xFF
     rec = {r["name"]: r["values"] for r in slot_record(layout, cache, slot)["regions"]}
     want = [json_number(v) for v in layout.decode(cache, torch.tensor([slot]))[0, :32].tolist()]
-    assert rec["scales"][0] == ("inf" if profile == "tokenspeed" else "nan")
+    assert rec["scale"][0] == ("inf" if profile == "tokenspeed" else "nan")
     assert rec["values"][:32] == want and ("inf" in want or "-inf" in want) == (profile == "tokenspeed")
 
 

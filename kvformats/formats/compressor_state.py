@@ -32,6 +32,9 @@ class CompressorState(Layout):
 
     name = "compressor_state"
     container_dtype = torch.float32
+    example_params = tuple(dict(ratio=r, head_dim=h) for r in RATIOS for h in (1, 2, 3, 8, 16))
+    page_size_range = (1, 8)
+    value_idempotent = True
 
     head_dim: int = attrs.field(default=512, validator=positive)
     ratio: int = attrs.field(default=4, validator=one_of(*RATIOS))
@@ -75,6 +78,17 @@ class CompressorState(Layout):
         check_tensor("positions", kwargs["positions"], dtypes=INDEX_DTYPES, shape=(n,), device=device)
         check_tensor("ape", kwargs["ape"], dtypes=FLOAT_DTYPES, shape=(self.ratio, w), device=device)
         return n, kwargs
+
+    def example_encode_args(self, n, values, gen):
+        """``(kv, score)`` of N(0, 1) float32 values (the state keeps any value exactly, so no
+        spread of magnitudes is needed), positions below 2^20 and an ape table; decode gives back
+        ``[kv | score + ape[p % ratio]]`` exactly."""
+        w = self.width
+        kv = torch.randn(n, w, generator=gen)
+        score = torch.randn(n, w, generator=gen)
+        ape = torch.randn(self.ratio, w, generator=gen)
+        pos = torch.randint(0, 1 << 20, (n,), generator=gen)
+        return (kv, score), {"positions": pos, "ape": ape}, torch.cat([kv, score + ape[pos % self.ratio]], dim=1)
 
     def encode_rows(self, x, *, positions: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
         # A cache write is not differentiable: inputs that require grad are read as plain values

@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from kvformats import numerics as nx
-from kvformats.formats._v41 import BlockScaledRows
+from kvformats.formats._blocks import BlockScaledRows
 from kvformats.layout import Layout, positive
 from kvformats.ops import register_reference_ops
 from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
@@ -84,7 +84,7 @@ class Fp4DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
     SCALES = ("float8_e4m3fn", "e4m3 scale s per 16-block")
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
-        n, d = x.shape[0], self.head_dim
+        n = x.shape[0]
         blocks = self._blocks(x)
         prof = self.numerics
         sbytes = prof.scale_rule.scale_bytes(nx.absmax(blocks))
@@ -92,15 +92,16 @@ class Fp4DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
         codes = nx.e2m1_encode(y, prof.e2m1_rounding, prof.e2m1_signed_zero)
         codes = codes.masked_fill_(torch.isnan(y), 0)  # NaN has no e2m1 code: 0, whatever its sign bit
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
-        out[:, :d // 2] = nx.pack_nibbles(codes.reshape(n, d))
-        out[:, d // 2:] = sbytes
+        out[:, self.row_span("values")] = nx.pack_nibbles(codes.reshape(n, self.head_dim))
+        out[:, self.row_span("scale")] = sbytes
         return out
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         n, d, nb = rows.shape[0], self.head_dim, self.num_blocks
-        values = nx.e2m1_decode(nx.unpack_nibbles(rows[:, :d // 2])).reshape(n, nb, QUANT_BLOCK)
+        codes = nx.unpack_nibbles(rows[:, self.row_span("values")])
+        values = nx.e2m1_decode(codes).reshape(n, nb, self.QUANT_BLOCK)
         # exact in float32 and in bf16 (at most 6 significant bits, magnitudes >= 2^-7 or 0)
-        scaled = values * nx.e4m3_decode(rows[:, d // 2:]).unsqueeze(-1)
+        scaled = values * nx.e4m3_decode(rows[:, self.row_span("scale")]).unsqueeze(-1)
         return scaled.reshape(n, d).to(torch.bfloat16)
 
 

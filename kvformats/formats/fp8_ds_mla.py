@@ -52,6 +52,9 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
     scale_rule = ProfiledRule(PROFILES)
     quant_block = QUANT_BLOCK
     quant_input_dtype = torch.bfloat16  # NoPE values are rounded to bf16 before quantizing
+    value_idempotent = True
+    example_params = (dict(head_dim=512, rope_dim=64), dict(head_dim=192, rope_dim=64), dict(head_dim=128, rope_dim=64),
+                      dict(head_dim=96, rope_dim=32), dict(head_dim=66, rope_dim=2))
 
     head_dim: int = attrs.field(default=512, validator=positive)
     rope_dim: int = attrs.field(default=64, validator=positive)
@@ -73,7 +76,6 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
         n, nope, nb = x.shape[0], self.nope_dim, self.num_blocks
-        token = self.segments[0].record_bytes
         xq = x.to(torch.bfloat16)
         # One float32 copy of the NoPE dims, scaled and clamped in place: the same products,
         # clamp and RNE cast as e4m3_quantize_blocks, without its temporaries.
@@ -81,17 +83,16 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
         e = self.scale_rule._exponents_of_amax(nx.absmax(blocks))
         blocks.mul_(nx.pow2(-e).unsqueeze(-1)).clamp_(-nx.FP8_E4M3_MAX, nx.FP8_E4M3_MAX)
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
-        out[:, :nope].view(torch.float8_e4m3fn).view(n, nb, QUANT_BLOCK).copy_(blocks)
-        out[:, nope:token] = xq[:, nope:].contiguous().view(torch.uint8)
-        out[:, token:token + nb] = nx.ue8m0_encode(e)
-        out[:, token + nb:] = 0
+        out[:, self.row_span("nope")].view(torch.float8_e4m3fn).view(n, nb, QUANT_BLOCK).copy_(blocks)
+        out[:, self.row_span("rope")] = xq[:, nope:].contiguous().view(torch.uint8)
+        out[:, self.row_span("scale")] = nx.ue8m0_encode(e)
+        out[:, self.row_span("scale_pad")] = 0
         return out
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         n, nope, nb = rows.shape[0], self.nope_dim, self.num_blocks
-        token = self.segments[0].record_bytes
-        s = rows[:, token:token + nb]
-        codes = rows[:, :nope].reshape(n, nb, QUANT_BLOCK)
+        s = rows[:, self.row_span("scale")]
+        codes = rows[:, self.row_span("nope")].reshape(n, nb, QUANT_BLOCK)
         # s = 0xFF gives e = 128: e4m3_decode_pow2 multiplies by 2^128 = +Inf (the "inf" reading)
         values = nx.e4m3_decode_pow2(codes, s.to(torch.int32) - nx.UE8M0_BIAS)
         if self.numerics.ue8m0_ff == "nan":
@@ -99,7 +100,7 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
             values = values.masked_fill((s == 0xFF).unsqueeze(-1), float("nan"))
         out = torch.empty((n, self.head_dim), dtype=torch.bfloat16, device=rows.device)
         out[:, :nope] = values.view(n, nope)
-        out.view(torch.uint8)[:, 2 * nope:] = rows[:, nope:token]
+        out.view(torch.uint8)[:, 2 * nope:] = rows[:, self.row_span("rope")]
         return out
 
 

@@ -90,18 +90,18 @@ class Fp8DsMlaV32(NopeRopeRows, ProfiledLayout, Layout):
             scale = rule.scales_of_amax(nx.absmax(blocks))
             codes = nx.e4m3_quantize_by_scale(blocks, scale)
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
-        out[:, :nope] = codes.reshape(n, nope)
-        out[:, nope:nope + 4 * nb] = float_bytes(scale, n)
-        out[:, nope + 4 * nb:] = xq[:, nope:].contiguous().view(torch.uint8)
+        out[:, self.row_span("nope")] = codes.reshape(n, nope)
+        out[:, self.row_span("scale")] = float_bytes(scale, n)
+        out[:, self.row_span("rope")] = xq[:, nope:].contiguous().view(torch.uint8)
         return out
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         n, nope, nb = rows.shape[0], self.nope_dim, self.num_blocks
-        scale = rows[:, nope:nope + 4 * nb].contiguous().view(torch.float32)
-        values = nx.e4m3_decode(rows[:, :nope]).reshape(n, nb, QUANT_BLOCK) * scale.unsqueeze(-1)
+        scale = rows[:, self.row_span("scale")].contiguous().view(torch.float32)
+        values = nx.e4m3_decode(rows[:, self.row_span("nope")]).reshape(n, nb, QUANT_BLOCK) * scale.unsqueeze(-1)
         out = torch.empty((n, self.head_dim), dtype=torch.bfloat16, device=rows.device)
         out[:, :nope] = values.reshape(n, nope)
-        out.view(torch.uint8)[:, 2 * nope:] = rows[:, nope + 4 * nb:]
+        out.view(torch.uint8)[:, 2 * nope:] = rows[:, self.row_span("rope")]
         return out
 
 

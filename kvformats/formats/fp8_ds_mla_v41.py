@@ -13,7 +13,7 @@ import attrs
 import torch
 
 from kvformats import numerics as nx
-from kvformats.formats._v41 import BlockScaledRows
+from kvformats.formats._blocks import BlockScaledRows
 from kvformats.layout import Layout, positive
 from kvformats.ops import register_reference_ops
 from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
@@ -56,20 +56,21 @@ class Fp8DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
     SCALES = ("float8_e8m0fnu", "e + 127 per 32-block")
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
-        n, d = x.shape[0], self.head_dim
+        n = x.shape[0]
         blocks = self._blocks(x)
         e = self.scale_rule.exponents(blocks)
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
-        out[:, :d] = nx.e4m3_quantize_blocks(blocks, e).reshape(n, d)
-        out[:, d:] = nx.ue8m0_encode(e)
+        out[:, self.row_span("values")] = nx.e4m3_quantize_blocks(blocks, e).reshape(n, self.head_dim)
+        out[:, self.row_span("scale")] = nx.ue8m0_encode(e)
         return out
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         n, d, nb = rows.shape[0], self.head_dim, self.num_blocks
-        values = nx.e4m3_decode(rows[:, :d]).reshape(n, nb, QUANT_BLOCK)
+        values = nx.e4m3_decode(rows[:, self.row_span("values")]).reshape(n, nb, self.QUANT_BLOCK)
         # exact in float32 (4 significant bits times a power of two), then one RNE to bf16;
         # a NaN code or a NaN scale (0xFF) gives NaN
-        return (values * nx.ue8m0_decode(rows[:, d:]).unsqueeze(-1)).reshape(n, d).to(torch.bfloat16)
+        scales = nx.ue8m0_decode(rows[:, self.row_span("scale")])
+        return (values * scales.unsqueeze(-1)).reshape(n, d).to(torch.bfloat16)
 
 
 register_reference_ops(Fp8DsMlaV41.name)

@@ -10,9 +10,9 @@ import attrs
 import torch
 
 from kvformats import numerics as nx
-from kvformats.errors import LayoutError
+from kvformats.formats._blocks import BlockScaledRows
 from kvformats.formats._bytes import float_bytes
-from kvformats.layout import Field, Layout, Segment, positive
+from kvformats.layout import Layout, positive
 from kvformats.ops import register_reference_ops
 from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 from kvformats.registry import register_format
@@ -39,7 +39,7 @@ PROFILES = declare(
 
 @register_format
 @attrs.frozen(kw_only=True)
-class Fp8Indexer(ProfiledLayout, Layout):
+class Fp8Indexer(BlockScaledRows, ProfiledLayout, Layout):
     """``Fp8Indexer(head_dim=128, page_size=64)``: 132 B rows, 8448 B pages.
 
     ``encode(x [N, head_dim])`` takes x as float32 (bf16/fp16 upcast exactly); per 128-block
@@ -52,47 +52,39 @@ class Fp8Indexer(ProfiledLayout, Layout):
     name = "fp8_indexer"
     PROFILES = PROFILES
     scale_rule = ProfiledRule(PROFILES)
+    example_params = (dict(head_dim=128), dict(head_dim=256))
+    value_idempotent = True
 
     head_dim: int = attrs.field(default=128, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)
     profile: str = profile_field(PROFILES)
 
-    def _check_geometry(self) -> None:
-        if self.head_dim % QUANT_BLOCK:
-            raise LayoutError(f"fp8_indexer head_dim must be a multiple of {QUANT_BLOCK}, got {self.head_dim}")
-
-    @property
-    def num_blocks(self) -> int:
-        return self.head_dim // QUANT_BLOCK
-
-    def _segments(self):
-        return (
-            Segment("values", (Field("values", "float8_e4m3fn", self.head_dim, doc="x / scale",
-                                     scale="scale", block=QUANT_BLOCK),)),
-            Segment("scales", (Field("scale", "float32", self.num_blocks, role="scale",
-                                     doc="power-of-two multiplier per 128 dims"),)),
-        )
+    QUANT_BLOCK = QUANT_BLOCK
+    DATA_SEGMENT = "values"
+    VALUES = ("float8_e4m3fn", "x / scale")
+    SCALES = ("float32", "power-of-two multiplier per 128 dims")
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
-        n, d, nb = x.shape[0], self.head_dim, self.num_blocks
-        blocks = x.float().reshape(n, nb, QUANT_BLOCK)
+        n = x.shape[0]
+        blocks = self._blocks(x)
+        values, scales = self.row_span("values"), self.row_span("scale")
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
         rule = self.scale_rule
         if rule.power_of_two:
             e = rule.exponents(blocks)
-            out[:, :d] = nx.e4m3_quantize_blocks(blocks, e).reshape(n, d)
+            out[:, values] = nx.e4m3_quantize_blocks(blocks, e).reshape(n, self.head_dim)
             scale = nx.pow2(e)
         else:
             scale = rule.scales_of_amax(nx.absmax(blocks))
-            out[:, :d] = nx.e4m3_quantize_by_scale(blocks, scale).reshape(n, d)
-        out[:, d:] = float_bytes(scale, n)
+            out[:, values] = nx.e4m3_quantize_by_scale(blocks, scale).reshape(n, self.head_dim)
+        out[:, scales] = float_bytes(scale, n)
         return out
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         n, d, nb = rows.shape[0], self.head_dim, self.num_blocks
-        scales = rows[:, d:].contiguous().view(torch.float32)
-        values = nx.e4m3_decode(rows[:, :d]).reshape(n, nb, QUANT_BLOCK) * scales.unsqueeze(-1)
-        return values.reshape(n, d)
+        scales = rows[:, self.row_span("scale")].contiguous().view(torch.float32)
+        values = nx.e4m3_decode(rows[:, self.row_span("values")]).reshape(n, nb, self.QUANT_BLOCK)
+        return (values * scales.unsqueeze(-1)).reshape(n, d)
 
 
 register_reference_ops(Fp8Indexer.name)

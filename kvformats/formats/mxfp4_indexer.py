@@ -11,8 +11,8 @@ import attrs
 import torch
 
 from kvformats import numerics as nx
-from kvformats.errors import LayoutError
-from kvformats.layout import Field, Layout, Segment, positive
+from kvformats.formats._blocks import BlockScaledRows
+from kvformats.layout import Layout, positive
 from kvformats.ops import register_reference_ops
 from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 from kvformats.registry import register_format
@@ -49,7 +49,7 @@ PROFILES = declare(
 
 @register_format
 @attrs.frozen(kw_only=True)
-class Mxfp4Indexer(ProfiledLayout, Layout):
+class Mxfp4Indexer(BlockScaledRows, ProfiledLayout, Layout):
     """``Mxfp4Indexer(head_dim=128, page_size=64)``: 68 B rows, 4352 B pages.
 
     ``encode(x [N, head_dim])`` takes x as float32; per 32-block
@@ -62,44 +62,34 @@ class Mxfp4Indexer(ProfiledLayout, Layout):
     name = "mxfp4_indexer"
     PROFILES = PROFILES
     scale_rule = ProfiledRule(PROFILES)
+    example_params = (dict(head_dim=128), dict(head_dim=32), dict(head_dim=64), dict(head_dim=256))
+    value_idempotent = True
 
     head_dim: int = attrs.field(default=128, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)
     profile: str = profile_field(PROFILES)
 
-    def _check_geometry(self) -> None:
-        if self.head_dim % QUANT_BLOCK:
-            raise LayoutError(f"mxfp4_indexer head_dim must be a multiple of {QUANT_BLOCK}, got {self.head_dim}")
-
-    @property
-    def num_blocks(self) -> int:
-        return self.head_dim // QUANT_BLOCK
-
-    def _segments(self):
-        return (
-            Segment("values", (Field("values", "float4_e2m1fn_x2", self.head_dim,
-                                     doc="e2m1 codes, element 2k in the low nibble",
-                                     scale="scales", block=QUANT_BLOCK),)),
-            Segment("scales", (Field("scales", "float8_e8m0fnu", self.num_blocks, role="scale",
-                                     doc="e + 127 per 32-block"),)),
-        )
+    QUANT_BLOCK = QUANT_BLOCK
+    DATA_SEGMENT = "values"
+    VALUES = ("float4_e2m1fn_x2", "e2m1 codes, element 2k in the low nibble")
+    SCALES = ("float8_e8m0fnu", "e + 127 per 32-block")
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
-        n, d, nb = x.shape[0], self.head_dim, self.num_blocks
-        blocks = x.float().reshape(n, nb, QUANT_BLOCK)
+        n = x.shape[0]
+        blocks = self._blocks(x)
         prof = self.numerics
         e = prof.scale_rule.exponents(blocks)
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
         codes = nx.e2m1_quantize_blocks(blocks, e, prof.e2m1_rounding, prof.e2m1_signed_zero)
-        out[:, :d // 2] = nx.pack_nibbles(codes.reshape(n, d))
-        out[:, d // 2:] = nx.ue8m0_encode(e)
+        out[:, self.row_span("values")] = nx.pack_nibbles(codes.reshape(n, self.head_dim))
+        out[:, self.row_span("scale")] = nx.ue8m0_encode(e)
         return out
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         n, d, nb = rows.shape[0], self.head_dim, self.num_blocks
-        codes = nx.unpack_nibbles(rows[:, :d // 2])
-        values = nx.e2m1_decode(codes).reshape(n, nb, QUANT_BLOCK)
-        scales = nx.ue8m0_decode(rows[:, d // 2:], self.numerics.ue8m0_ff)
+        codes = nx.unpack_nibbles(rows[:, self.row_span("values")])
+        values = nx.e2m1_decode(codes).reshape(n, nb, self.QUANT_BLOCK)
+        scales = nx.ue8m0_decode(rows[:, self.row_span("scale")], self.numerics.ue8m0_ff)
         return (values * scales.unsqueeze(-1)).reshape(n, d)
 
 

@@ -83,7 +83,7 @@ def _target_geometry(layout) -> dict:
     geo = dict(PAGE_SIZE=layout.page_size, NB=layout.num_blocks, **cm.rule_constants(layout.scale_rule),
                **cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two, E2M1_RNE=False,
                E2M1_SIGNED_ZERO=False, OFF1=0, STRIDE1=0, PAD_OFF=0, PAD_STRIDE=0, PAD_BYTES=0, PAD_P2=1)
-    if layout.name == "fp8_ds_mla":
+    if any(r.name == "rope" for r in layout.regions):  # NoPE values, a RoPE tail, a scale pad
         geo["OFF0"], geo["STRIDE0"], _ = cm.region(layout, "nope")
         geo["OFF1"], geo["STRIDE1"], _ = cm.region(layout, "rope")
         geo["SCALE_OFF"], geo["SCALE_STRIDE"], _ = cm.region(layout, "scale")
@@ -92,10 +92,9 @@ def _target_geometry(layout) -> dict:
         geo["QB"] = layout.nope_dim // layout.num_blocks
     else:
         geo["OFF0"], geo["STRIDE0"], _ = cm.region(layout, "values")
-        scales = "scales" if layout.name == "mxfp4_indexer" else "scale"
-        geo["SCALE_OFF"], geo["SCALE_STRIDE"], _ = cm.region(layout, scales)
+        geo["SCALE_OFF"], geo["SCALE_STRIDE"], _ = cm.region(layout, "scale")
         geo["QB"] = layout.head_dim // layout.num_blocks
-        if layout.name == "mxfp4_indexer":
+        if layout.region("values").dtype == "float4_e2m1fn_x2":
             geo.update(cm.profile_constants(layout, e2m1=True))
     return geo
 
@@ -167,7 +166,8 @@ def compress_kv_insert(state_cache, kv_cache, kv_layout, ratio, positions, req_i
 def indexer_compress_insert(state_cache, index_cache, layout, positions, req_indices, state_slots, block_table,
                             base, weight, eps, cos_sin, index_slots) -> None:
     """fp8_indexer / mxfp4_indexer rows of the group-ending tokens at ``index_slots``."""
-    _launch(layout.name, "index", state_cache, 4, positions, req_indices, block_table, base, weight, eps,
+    mode = "mxfp4_indexer" if layout.region("values").dtype == "float4_e2m1fn_x2" else "fp8_indexer"
+    _launch(mode, "index", state_cache, 4, positions, req_indices, block_table, base, weight, eps,
             state_slots=state_slots, target_slots=index_slots, cos_sin=cos_sin, target=index_cache, layout=layout)
 
 

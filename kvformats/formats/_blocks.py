@@ -1,0 +1,48 @@
+"""What the indexer rows and the DeepSeek V4.1 rows share: every head dim in one data record of
+blocks of ``QUANT_BLOCK`` values, then each block's scale in a scale record (fp8_indexer: e4m3
+values and float32 scales; mxfp4_indexer: e2m1 and ue8m0; fp8_ds_mla_v41: e4m3 and ue8m0;
+fp4_ds_mla_v41: e2m1 and e4m3)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from kvformats.errors import LayoutError
+from kvformats.layout import Field, Segment
+
+
+class BlockScaledRows:
+    """Mixin of the block-scaled layouts; a subclass sets QUANT_BLOCK, the name of its data
+    segment and the (dtype, doc) of its values and of its scales. Encode takes its input in
+    ``quant_input_dtype`` and decode returns that dtype."""
+
+    __slots__ = ()
+    QUANT_BLOCK: ClassVar[int]
+    DATA_SEGMENT: ClassVar[str] = "data"
+    VALUES: ClassVar[tuple[str, str]]
+    SCALES: ClassVar[tuple[str, str]]
+
+    def _check_geometry(self) -> None:
+        if self.head_dim % self.QUANT_BLOCK:
+            raise LayoutError(f"{self.name} head_dim must be a multiple of {self.QUANT_BLOCK}, got {self.head_dim}")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.head_dim // self.QUANT_BLOCK
+
+    @property
+    def decode_dtype(self) -> torch.dtype:
+        return self.quant_input_dtype
+
+    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 ``[N, num_blocks, QUANT_BLOCK]`` of rows ``x``, rounded to ``quant_input_dtype`` first."""
+        return x.to(self.quant_input_dtype).float().reshape(x.shape[0], self.num_blocks, self.QUANT_BLOCK)
+
+    def _segments(self):
+        return (
+            Segment(self.DATA_SEGMENT, (Field("values", self.VALUES[0], self.head_dim, doc=self.VALUES[1],
+                                              scale="scale", block=self.QUANT_BLOCK),)),
+            Segment("scales", (Field("scale", self.SCALES[0], self.num_blocks, role="scale", doc=self.SCALES[1]),)),
+        )
