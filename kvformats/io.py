@@ -253,7 +253,7 @@ def read_metadata(path: str | os.PathLike) -> dict:
 
 
 def _layout_of(path: str, name: str, entry: dict) -> Layout:
-    from kvformats.spec import fingerprint
+    from kvformats.spec import accepted_fingerprints, fingerprint
 
     fmt, params = entry["format"], entry["params"]
     if fmt not in list_formats():
@@ -270,7 +270,7 @@ def _layout_of(path: str, name: str, entry: dict) -> Layout:
     except (KVFormatError, TypeError, ValueError) as err:
         raise CacheFileError(f"{path}: tensor {name!r} declares a format this kvformats cannot build "
                              f"({str(err).splitlines()[0]})") from None
-    if entry["fingerprint"] != fingerprint(layout):
+    if entry["fingerprint"] not in accepted_fingerprints(layout):
         raise CacheFileError(f"{path}: tensor {name!r} was written with a different definition of {layout.name} "
                              f"(fingerprint {entry['fingerprint'][:64]!r}, this kvformats has "
                              f"{fingerprint(layout)!r}); "

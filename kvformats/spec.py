@@ -153,7 +153,33 @@ def spec_text(layout) -> str:
 
 def fingerprint(layout) -> str:
     """sha256 hex digest of ``spec_text(layout)``: equal iff the described bytes are equal."""
-    return hashlib.sha256(spec_text(layout).encode("utf-8")).hexdigest()
+    return _digest(format_spec(layout))
+
+
+def accepted_fingerprints(layout) -> set[str]:
+    """The fingerprints a cache file of ``layout`` may carry: today's, and those of the same
+    bytes described under the region names the format had before (``former_region_names``,
+    new name -> old), so that renaming a region does not orphan files written before."""
+    accepted = {fingerprint(layout)}
+    for new, old in getattr(layout, "former_region_names", {}).items():
+        accepted.add(_digest(_rename_region(format_spec(layout), new, old)))
+    return accepted
+
+
+def _digest(spec: dict) -> str:
+    return hashlib.sha256((json.dumps(spec, indent=2, sort_keys=True) + "\n").encode("utf-8")).hexdigest()
+
+
+def _rename_region(spec: dict, new: str, old: str) -> dict:
+    """``spec`` with region ``new`` called ``old`` wherever the spec names a region."""
+    for region in spec["regions"]:
+        region["name"] = old if region["name"] == new else region["name"]
+        region["scale"] = old if region["scale"] == new else region["scale"]
+    for segment in spec["segments"]:
+        segment["fields"] = [old if f == new else f for f in segment["fields"]]
+    offsets = spec["example_offsets"]["offsets"]
+    spec["example_offsets"]["offsets"] = {old if k == new else k: v for k, v in offsets.items()}
+    return spec
 
 
 def _expected_texts() -> dict[str, str]:

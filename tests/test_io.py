@@ -60,6 +60,36 @@ def test_many_layers_in_one_file(tmp_path):
         load_caches(tmp_path / "m.safetensors", expect=b)
 
 
+def _with_fingerprint(path, out, value: str) -> None:
+    """A copy of the cache file ``path`` at ``out`` whose tensor 'cache' carries ``value``."""
+    data = path.read_bytes()
+    header_len = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + header_len])
+    meta = json.loads(header["__metadata__"]["kvformats"])
+    meta["tensors"]["cache"]["fingerprint"] = value
+    header["__metadata__"]["kvformats"] = json.dumps(meta)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    out.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + header_len:])
+
+
+def test_a_file_written_before_a_region_rename_still_loads(tmp_path):
+    """mxfp4_indexer's scale region was called 'scales' (same bytes); a file written then
+    carries the fingerprint of that spec text, which still loads, with its bytes."""
+    layout = kvf.Mxfp4Indexer()  # the default parameters: those of the spec file
+    cache = filled(layout)
+    path = tmp_path / "m.safetensors"
+    save_cache(path, layout, cache)
+    # sha256 of spec/formats/mxfp4_indexer.json at commit d049d6e, before the rename
+    before = "60d5dacdd1da2cf27bfb65492330b4a0666ed676faa40cf1761909cc628c557c"
+    _with_fingerprint(path, tmp_path / "old.safetensors", before)
+    entry = load_caches(tmp_path / "old.safetensors")["cache"]
+    assert entry.layout == layout and torch.equal(entry.cache, cache)
+    _with_fingerprint(path, tmp_path / "bad.safetensors", before[::-1])
+    with pytest.raises(CacheFileError, match="different definition"):
+        load_caches(tmp_path / "bad.safetensors")
+
+
 def test_missing_truncated_foreign_and_tampered_files(tmp_path):
     layout = kvf.Fp8Indexer(page_size=4)
     path = tmp_path / "c.safetensors"
@@ -79,13 +109,6 @@ def test_missing_truncated_foreign_and_tampered_files(tmp_path):
     with pytest.raises(CacheFileError, match="not a kvformats cache file"):
         load_caches(tmp_path / "foreign.safetensors")
     # a fingerprint that does not match this library's definition is refused
-    header_len = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + header_len])
-    meta = json.loads(header["__metadata__"]["kvformats"])
-    meta["tensors"]["cache"]["fingerprint"] = "0" * 64
-    header["__metadata__"]["kvformats"] = json.dumps(meta)
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    (tmp_path / "fp.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + data[8 + header_len:])
+    _with_fingerprint(path, tmp_path / "fp.safetensors", "0" * 64)
     with pytest.raises(CacheFileError, match="different definition"):
         load_caches(tmp_path / "fp.safetensors")

@@ -60,6 +60,9 @@ class Mxfp4Indexer(BlockScaledRows, ProfiledLayout, Layout):
     """
 
     name = "mxfp4_indexer"
+    # the scale region was "scales" until the names were unified (same bytes): files written
+    # then still load (spec.accepted_fingerprints)
+    former_region_names = {"scale": "scales"}
     PROFILES = PROFILES
     scale_rule = ProfiledRule(PROFILES)
     example_params = (dict(head_dim=128), dict(head_dim=32), dict(head_dim=64), dict(head_dim=256))
