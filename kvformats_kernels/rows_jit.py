@@ -231,3 +231,16 @@ def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, err_ptr, t
         rj.record_order(err_ptr, cu_ptr, cu_stride, requests + 1, True, SITE)
         last = tl.load(cu_ptr + requests * cu_stride).to(tl.int64)
         rj.record_scalar(err_ptr, last > t_rows, last * 0, last, last * 0 + t_rows, WORKSPACE_ROWS, SITE)
+
+
+@triton.jit
+def lane_pairs(slots_ptr, slot_stride, n_rows, capacity, BLOCK_M: tl.constexpr, NB: tl.constexpr,
+               NB_P2: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """The (row, block) pairs of a program of BLOCK_M rows, one pair per lane, row-major (lanes
+    k NB_P2 .. (k + 1) NB_P2 - 1 hold one row's blocks): (rows, blk, live: blk < NB, and
+    locate_slot's in_range, ok, page, row, slot) [BLOCK_M * NB_P2]."""
+    pr = tl.arange(0, BLOCK_M * NB_P2)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + pr // NB_P2
+    blk = pr % NB_P2
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    return rows, blk, blk < NB, in_range, ok, page, row, slot

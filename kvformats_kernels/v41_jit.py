@@ -13,7 +13,7 @@ import triton.language as tl
 from kvformats_kernels import numerics_jit as nj
 from kvformats_kernels.fp8_ds_mla_jit import ue8m0_block_bits
 from kvformats_kernels.indexer_jit import _store_nibble_words
-from kvformats_kernels.rows_jit import locate_slot, record_request, record_slots, request_rows
+from kvformats_kernels.rows_jit import lane_pairs, locate_slot, record_request, record_slots, request_rows
 
 
 @triton.jit
@@ -42,11 +42,8 @@ def _fp4_encode_lanes(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, sl
     path, which was bound by issuing them, not by memory."""
     tl.static_assert(QB % 8 == 0, "the e2m1 words take eight values")
     P: tl.constexpr = BLOCK_M * NB_P2
-    pr = tl.arange(0, P)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + pr // NB_P2
-    blk = pr % NB_P2
-    live = blk < NB
-    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    rows, blk, live, in_range, ok, page, row, slot = lane_pairs(slots_ptr, slot_stride, n_rows, capacity, BLOCK_M,
+                                                                NB, NB_P2, PAGE_SIZE)
     # [pairs, QB / 8, 8]: Triton's coalescing then gives the pair axis the lanes
     col = (tl.arange(0, QB // 8) * 8)[:, None] + tl.arange(0, 8)[None, :]
     x = nj.load_f32((x_ptr + rows * x_stride + blk * QB)[:, None, None] + col[None, :, :],
@@ -159,12 +156,8 @@ def _fp4_decode_lanes(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_strid
     byte in, its bf16 values out as int32 pairs (nj.e2m1_bf16_words; with HW about four
     instructions a value, against eighteen for codes decoded one by one and joined)."""
     tl.static_assert(QB % 8 == 0, "a data word holds eight values")
-    P: tl.constexpr = BLOCK_M * NB_P2
-    pr = tl.arange(0, P)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + pr // NB_P2
-    blk = pr % NB_P2
-    live = blk < NB
-    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    rows, blk, live, in_range, ok, page, row, slot = lane_pairs(slots_ptr, slot_stride, n_rows, capacity, BLOCK_M,
+                                                                NB, NB_P2, PAGE_SIZE)
     base = cache_ptr + page * page_stride
     m = ok & live
     sbyte = tl.load(base + SCALE_OFF + row * SCALE_STRIDE + blk, mask=m, other=0)
