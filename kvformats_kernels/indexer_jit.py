@@ -190,7 +190,7 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
                 _store_nibbles(at, nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO), ok & live)
         else:
             _store_nibbles(at, nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO), ok & live)
-        s = tl.minimum(tl.maximum(e + 127, 0), 255)
+        s = nj.ue8m0_byte(e)
         tl.store(base + SCALE_OFF + row * SCALE_STRIDE + blk, s.to(tl.uint8), mask=ok & live)
         record_slots(err_ptr, rows, slot, capacity, SITE)
     else:
@@ -209,7 +209,7 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
         lo, hi = tl.split(tl.reshape(codes, (BLOCK_M, NB_P2, HQ, 2)))  # element 2k, element 2k + 1
         tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + pair[None, :, :],
                  (lo | (hi << 4)).to(tl.uint8), mask=ok[:, None, None] & live)
-        s = tl.minimum(tl.maximum(e + 127, 0), 255)
+        s = nj.ue8m0_byte(e)
         tl.store((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :], s.to(tl.uint8),
                  mask=ok[:, None] & (blk < NB)[None, :])
         record_slots(err_ptr, rows, slot, capacity, SITE)

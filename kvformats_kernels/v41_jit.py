@@ -71,7 +71,7 @@ def v41_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, sl
         codes = nj.e4m3_code(x * nj.pow2(-e)[:, :, None], HW)
         tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
                  codes.to(tl.uint8), mask=m2[:, :, None])
-        tl.store(scale_at, tl.minimum(tl.maximum(e + 127, 0), 255).to(tl.uint8), mask=m2)
+        tl.store(scale_at, nj.ue8m0_byte(e).to(tl.uint8), mask=m2)
     record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
