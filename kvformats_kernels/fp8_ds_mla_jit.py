@@ -14,6 +14,57 @@ from kvformats_kernels.rows_jit import locate_slot, record_request, record_slots
 
 
 @triton.jit
+def store_row(cache_ptr, base, row, ok, nope_ok, codes, s, h, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
+              ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
+              PAD_OFF: tl.constexpr, PAD_STRIDE: tl.constexpr, PAD_BYTES: tl.constexpr, PAD_P2: tl.constexpr,
+              NB: tl.constexpr, ROPE: tl.constexpr, TAIL_AT: tl.constexpr, SCALE_F32: tl.constexpr = False):
+    """Write whole rows where ``ok`` [BM], at the pages' byte offsets ``base`` and rows ``row``
+    [BM]: the NoPE blocks' e4m3 codes [BM, NB_P2, QB] where ``nope_ok`` (``ok`` and block < NB,
+    [BM, NB_P2, 1]), their scales s [BM, NB_P2] (exponents, stored as ue8m0 bytes; with
+    SCALE_F32 float32 bit patterns, four bytes little endian), the record's pad bytes (always 0)
+    and the RoPE tail from h [BM, W] (bf16 bits; tail element j in column TAIL_AT + j), little
+    endian: element j's low byte at 2j, high byte at 2j + 1. The encode kernel and the SWA insert
+    write their rows here (the compress insert's one-row form keeps its own layouts:
+    compress_jit.store_ds_mla).
+
+    ``nope_ok`` comes from the caller so that the encode kernel can form it before its loads, as
+    it did when this code was its own: formed here, the same instructions take more registers."""
+    BM: tl.constexpr = codes.shape[0]
+    NB_P2: tl.constexpr = codes.shape[1]
+    QB: tl.constexpr = codes.shape[2]
+    W: tl.constexpr = h.shape[1]
+    tl.static_assert((s.shape[0] == BM) & (s.shape[1] == NB_P2) & (h.shape[0] == BM), "codes, s, h: one row each")
+    tl.static_assert((NB <= NB_P2) & (TAIL_AT + ROPE <= W), "the NoPE blocks and the tail lie inside their tiles")
+    blk = tl.arange(0, NB_P2)
+    elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
+    nope_at = cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE
+    tl.store(nope_at[:, None, None] + elem[None, :, :], codes.to(tl.uint8), mask=nope_ok)
+    scale_at = cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE
+    m2 = ok[:, None] & (blk < NB)[None, :]
+    if SCALE_F32:
+        for i in tl.static_range(4):
+            tl.store(scale_at[:, None] + 4 * blk[None, :] + i, ((s >> (8 * i)) & 0xFF).to(tl.uint8), mask=m2)
+    else:
+        tl.store(scale_at[:, None] + blk[None, :], nj.ue8m0_byte(s).to(tl.uint8), mask=m2)
+    if PAD_BYTES > 0:
+        p = tl.arange(0, PAD_P2)
+        pad_at = cache_ptr + base + PAD_OFF + row * PAD_STRIDE
+        tl.store(pad_at[:, None] + p[None, :], tl.zeros((BM, PAD_P2), tl.uint8),
+                 mask=ok[:, None] & (p < PAD_BYTES)[None, :])
+    # A tail bound only where a column of the tile lies outside the tail: left of it in the SWA
+    # insert's right-aligned tile, right of it in a tile wider than the tail.
+    pairs = tl.reshape(tl.join(h & 0xFF, (h >> 8) & 0xFF), (BM, 2 * W))
+    k = tl.arange(0, 2 * W) - 2 * TAIL_AT
+    mk = ok[:, None]
+    if TAIL_AT > 0:
+        mk = mk & (k >= 0)[None, :]
+    if TAIL_AT + ROPE < W:
+        mk = mk & (k < 2 * ROPE)[None, :]
+    rope_at = cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE
+    tl.store(rope_at[:, None] + k[None, :], pairs.to(tl.uint8), mask=mk)
+
+
+@triton.jit
 def encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
                   PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
                   ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
@@ -40,7 +91,7 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_s
     # NoPE: bf16-round, per-block power-of-two exponent, e4m3 bytes.
     blk = tl.arange(0, NB_P2)
     elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
-    m3 = ok[:, None, None] & (blk < NB)[None, :, None]
+    nope_ok = ok[:, None, None] & (blk < NB)[None, :, None]
     # x is read under the row-range mask only, so its load overlaps the slot load
     xq = nj.load_f32(x_row[:, None, None] + elem[None, :, :], in_range[:, None, None] & (blk < NB)[None, :, None],
                      IS_BF16)
@@ -64,33 +115,15 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_s
     else:  # arbitrary float32 scale q, applied by one correctly rounded division (as the reference)
         q = nj.block_scale(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE)
         codes = nj.e4m3_code(tl.math.div_rn(xq, tl.broadcast_to(q[:, :, None], xq.shape)), HW)
-    nope_at = cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE
-    tl.store(nope_at[:, None, None] + elem[None, :, :], codes.to(tl.uint8), mask=m3)
-
-    # Scales, then the record's pad bytes (always 0).
-    scale_at = cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE
-    m2 = ok[:, None] & (blk < NB)[None, :]
     if SCALE_F32:
         if POW2:
-            sbits = nj.pow2_bits(e)
+            s = nj.pow2_bits(e)
         else:
-            sbits = nj.f32_bits(q)
-        for i in tl.static_range(4):
-            tl.store(scale_at[:, None] + 4 * blk[None, :] + i, ((sbits >> (8 * i)) & 0xFF).to(tl.uint8), mask=m2)
+            s = nj.f32_bits(q)
     else:
-        s = tl.minimum(tl.maximum(e + 127, 0), 255)
-        tl.store(scale_at[:, None] + blk[None, :], s.to(tl.uint8), mask=m2)
-    if PAD_BYTES > 0:
-        p = tl.arange(0, PAD_P2)
-        pad_at = cache_ptr + base + PAD_OFF + row * PAD_STRIDE
-        tl.store(pad_at[:, None] + p[None, :], tl.zeros((BLOCK_M, PAD_P2), tl.uint8),
-                 mask=ok[:, None] & (p < PAD_BYTES)[None, :])
-
-    # RoPE tail as bf16, little endian: element j's low byte at 2j, high byte at 2j + 1.
-    pairs = tl.reshape(tl.join(h & 0xFF, (h >> 8) & 0xFF), (BLOCK_M, 2 * ROPE_P2))
-    k = tl.arange(0, 2 * ROPE_P2)
-    rope_at = cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE
-    tl.store(rope_at[:, None] + k[None, :], pairs.to(tl.uint8), mask=ok[:, None] & (k < 2 * ROPE)[None, :])
+        s = e
+    store_row(cache_ptr, base, row, ok, nope_ok, codes, s, h, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF,
+              SCALE_STRIDE, PAD_OFF, PAD_STRIDE, PAD_BYTES, PAD_P2, NB, ROPE, 0, SCALE_F32)
     record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
