@@ -22,22 +22,13 @@ WORKSPACE_ROWS = tl.constexpr(6)
 
 
 @triton.jit
-def locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE: tl.constexpr):
-    """For row ids ``rows`` (int64 [BM]): (in range of the call, slot valid, page, row in page).
+def locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE: tl.constexpr):
+    """For row ids ``rows`` (int64 [BM]): (in range of the call, slot valid, page, row in page,
+    the slot as loaded: int64, -1 past the call's rows, for ``record_slots``).
 
     A slot is valid when 0 <= slot < capacity; invalid slots point at page 0, row 0 so every
     address stays inside the cache even where a mask is ignored.
     """
-    in_range = rows < n_rows
-    slot = tl.load(slots_ptr + rows * slot_stride, mask=in_range, other=-1).to(tl.int64)
-    ok = in_range & (slot >= 0) & (slot < capacity)
-    slot = tl.where(ok, slot, 0)
-    return in_range, ok, slot // PAGE_SIZE, slot % PAGE_SIZE
-
-
-@triton.jit
-def locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE: tl.constexpr):
-    """``locate``, and the slot as loaded (int64, -1 past the call's rows) for ``record_slots``."""
     in_range = rows < n_rows
     slot = tl.load(slots_ptr + rows * slot_stride, mask=in_range, other=-1).to(tl.int64)
     ok = in_range & (slot >= 0) & (slot < capacity)
@@ -116,6 +107,21 @@ def record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE: tl.constex
 
 
 @triton.jit
+def search_step(cu_ptr, cu_stride, t, live, lo, hi):
+    """One step of the branch-free binary search for r with cu[r] <= t < cu[r + 1] (rows ``t``,
+    int64 [BM], where live): (lo, hi) narrowed by one dependent load of cu[mid + 1]. Started at
+    (0, R), bit length of R steps leave lo = the number of entries of cu[1..R] at most t
+    (searchsorted's right rule) for a cu that never decreases."""
+    active = live & (lo < hi)
+    mid = (lo + hi) // 2
+    v = tl.load(cu_ptr + (mid + 1) * cu_stride, mask=active, other=0).to(tl.int64)
+    right = (active & (v <= t)).to(tl.int64)
+    left = (active & (v > t)).to(tl.int64)
+    # arithmetic rather than tl.where: Triton 3.6 fails to compile a select here (layouts)
+    return lo + right * (mid + 1 - lo), hi - left * (hi - mid)
+
+
+@triton.jit
 def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr, SCAN: tl.constexpr = 0):
     """For output rows ``t`` (int64 [BM]) of gather_paged: (covered: t < T and t < cu[R],
     request r with cu[r] <= t < cu[r + 1], position t - cu[r]); no host read of cu[-1].
@@ -123,8 +129,8 @@ def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr, SCAN: t
     SCAN > 0 (a power of two >= R, for few requests): r = the number of entries of cu[1..R]
     at most t (searchsorted's right rule), from one vector load of cu[1..R] and a compare
     against every row, so the row's page address waits on three dependent loads (cu[1..R],
-    cu[r], the table entry) instead of STEPS + 2. Else a branch-free binary search over cu[1..R] (STEPS = bit
-    length of R iterations, one dependent load each). Both give the same r for a cu that
+    cu[r], the table entry) instead of STEPS + 2. Else the binary search of search_step (STEPS
+    = bit length of R steps, one dependent load each). Both give the same r for a cu that
     never decreases (which the eager checks ensure)."""
     in_range = t < T_rows
     if SCAN > 0:
@@ -132,21 +138,11 @@ def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr, SCAN: t
         ends = tl.load(cu_ptr + k * cu_stride, mask=k <= requests, other=0).to(tl.int64)
         below = (ends[None, :] <= t[:, None]) & (k <= requests)[None, :]
         lo = tl.sum(below.to(tl.int64), axis=1)
-        covered = in_range & (lo < requests)
-        req = lo * covered.to(tl.int64)
-        start = tl.load(cu_ptr + req * cu_stride, mask=covered, other=0).to(tl.int64)
-        return covered, req, t - start
-    lo = tl.zeros(t.shape, tl.int64)
-    hi = tl.zeros(t.shape, tl.int64) + requests
-    for _ in tl.static_range(STEPS):
-        active = in_range & (lo < hi)
-        mid = (lo + hi) // 2
-        v = tl.load(cu_ptr + (mid + 1) * cu_stride, mask=active, other=0).to(tl.int64)
-        right = (active & (v <= t)).to(tl.int64)
-        left = (active & (v > t)).to(tl.int64)
-        # arithmetic rather than tl.where: Triton 3.6 fails to compile a select here (layouts)
-        lo = lo + right * (mid + 1 - lo)
-        hi = hi - left * (hi - mid)
+    else:
+        lo = tl.zeros(t.shape, tl.int64)
+        hi = tl.zeros(t.shape, tl.int64) + requests
+        for _ in tl.static_range(STEPS):
+            lo, hi = search_step(cu_ptr, cu_stride, t, in_range, lo, hi)
     covered = in_range & (lo < requests)
     req = lo * covered.to(tl.int64)
     start = tl.load(cu_ptr + req * cu_stride, mask=covered, other=0).to(tl.int64)

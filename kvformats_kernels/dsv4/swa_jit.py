@@ -12,7 +12,7 @@ from kvformats_kernels import record_jit as rec
 from kvformats_kernels.dsv4 import transforms_jit as tj
 from kvformats_kernels.dsv4.query_jit import abs_max_nan, rope_pairs, words_f32
 from kvformats_kernels.fp8_ds_mla_jit import store_row
-from kvformats_kernels.rows_jit import locate
+from kvformats_kernels.rows_jit import locate_slot
 
 
 @triton.jit
@@ -108,7 +108,7 @@ def _kv_rows(kv_ptr, slots_ptr, pos_ptr, cs_ptr, cache_ptr, blk_id, n_kv, kv_str
     to bf16, the NoPE dims bf16-rounded and quantized per QB-block, as one fp8_ds_mla row
     (the arithmetic of fp8_ds_mla_jit.encode_kernel, NaN policy included)."""
     rows = blk_id.to(tl.int64) * BLOCK_KV + tl.arange(0, BLOCK_KV)
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_kv, capacity, PAGE_SIZE)
+    in_range, ok, page, row, _ = locate_slot(slots_ptr, slot_stride, rows, n_kv, capacity, PAGE_SIZE)
     base = page * page_stride
     x_row = kv_ptr + rows * kv_stride
 
