@@ -11,9 +11,9 @@ from kvformats_kernels import indexer_jit as jit
 from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
-_KERNELS = {  # format -> (encode kernel, decode kernel, values region, scales region)
-    "fp8_indexer": (jit.fp8_encode_kernel, jit.fp8_decode_kernel, "values", "scale"),
-    "mxfp4_indexer": (jit.mxfp4_encode_kernel, jit.mxfp4_decode_kernel, "values", "scales"),
+_KERNELS = {  # format -> (encode kernel, decode body, values region, scales region)
+    "fp8_indexer": (jit.fp8_encode_kernel, jit.fp8_decode_body, "values", "scale"),
+    "mxfp4_indexer": (jit.mxfp4_encode_kernel, jit.mxfp4_decode_body, "values", "scales"),
 }
 
 
@@ -22,9 +22,8 @@ def _geometry(layout) -> dict:
     _, _, values, scales = _KERNELS[layout.name]
     val_off, val_stride, _ = cm.region(layout, values)
     scale_off, scale_stride, _ = cm.region(layout, scales)
-    return dict(PAGE_SIZE=layout.page_size, VAL_OFF=val_off, VAL_STRIDE=val_stride, SCALE_OFF=scale_off,
-                SCALE_STRIDE=scale_stride, NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks),
-                QB=layout.head_dim // layout.num_blocks)
+    return dict(VAL_OFF=val_off, VAL_STRIDE=val_stride, SCALE_OFF=scale_off, SCALE_STRIDE=scale_stride,
+                NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks), QB=layout.head_dim // layout.num_blocks)
 
 
 def _profile(layout, hw: bool) -> dict:
@@ -66,7 +65,8 @@ def _encode_plan(layout, is_bf16: bool, cfg_items: tuple, hw: bool, words: bool)
     cfg = dict(cfg_items)
     tail = _mxfp4_constants(layout, cfg, hw, words) if layout.name == "mxfp4_indexer" else {}
     return cfg["block_m"], cm.frozen(dict(
-        _geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout, hw), IS_BF16=is_bf16,
+        _geometry(layout), PAGE_SIZE=layout.page_size, **cm.rule_constants(layout.scale_rule),
+        **_profile(layout, hw), IS_BF16=is_bf16,
         EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"], **cm.launch_opts(cfg),
         **tail))
 
@@ -94,23 +94,20 @@ def _decode_plan(layout, cfg_items: tuple, hw: bool, site: int):
     """(rows per program, the slot decode's constexprs and launch options); as _encode_plan."""
     cfg = dict(cfg_items)
     reads = cm.read_constants(layout) if layout.name == "mxfp4_indexer" else {}
-    return cfg["block_m"], cm.frozen(dict(_geometry(layout), **reads, BLOCK_M=cfg["block_m"], SITE=site, HW=hw,
-                                          **cm.launch_opts(cfg)))
+    body = dict(_geometry(layout), **reads, HW=hw, STREAM=False)
+    return cfg["block_m"], cm.decode_constants(_KERNELS[layout.name][1], body, layout.page_size, cfg,
+                                               ROW=layout.head_dim, SITE=site)
+
+
+def _decode_launch(layout, u8: torch.Tensor, stride: int, n: int, site: int):
+    cfg = cm.config("indexer", "decode", n)
+    return (*_decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site), u8, 0)
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITES["decode"]) -> torch.Tensor:
     """float32 ``[N, head_dim]`` rows at ``slots``; zero rows for invalid slots (those >=
     capacity recorded at ``site``)."""
-    n = slots.shape[0]
-    out = torch.empty((n, layout.head_dim), dtype=torch.float32, device=cache.device)
-    if n > 0:
-        u8, stride = cm.byte_cache(layout, cache)
-        cfg = cm.config("indexer", "decode", n)
-        block_m, consts = _decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site)
-        fast(_KERNELS[layout.name][1])[(cm.grid_rows(n, block_m),)](
-            u8, slots, out, cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size, stride,
-            **consts)
-    return out
+    return cm.decode_rows(layout, cache, slots, torch.float32, _decode_launch, site)
 
 
 @functools.lru_cache(maxsize=512)
@@ -118,9 +115,9 @@ def _paged_plan(layout, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bo
     """(rows per program, dequantize_gather's constexprs and launch options); as _encode_plan."""
     cfg = dict(cfg_items)
     mxfp4 = layout.name == "mxfp4_indexer"
-    geo = dict(_geometry(layout), **cm.read_constants(layout), MXFP4=mxfp4, HW=hw,
-               STREAM=mxfp4 and bool(cfg["mxfp4_cs_stores"]))
-    return cfg["block_m"], cm.paged_constants(geo, has_glen, has_base, cfg)
+    body = dict(_geometry(layout), **cm.read_constants(layout), HW=hw, STREAM=mxfp4 and bool(cfg["mxfp4_cs_stores"]))
+    return cfg["block_m"], cm.paged_constants(_KERNELS[layout.name][1], body, layout.page_size, has_glen, has_base,
+                                              cfg)
 
 
 def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
@@ -129,8 +126,8 @@ def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, ba
     cfg = cm.CONFIG[("indexer", "paged")]
     block_m, consts = _paged_plan(layout, gather_lens is not None, base is not None, tuple(cfg.items()),
                                   cm.hw_cvt(cfg))
-    cm.launch_paged(jit.paged_decode_kernel, (u8,), out, block_table, seq_lens, gather_lens, base, offset,
-                    cache.shape[0], (stride,), block_m, consts)
+    cm.launch_paged(u8, stride, out, block_table, seq_lens, gather_lens, base, offset, cache.shape[0], block_m,
+                    consts)
 
 
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:

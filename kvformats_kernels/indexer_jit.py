@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
-from kvformats_kernels.rows_jit import locate_slot, record_request, record_slots, request_rows
+from kvformats_kernels.rows_jit import locate_slot, record_slots
 
 
 @triton.jit
@@ -54,41 +54,24 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, sl
 
 
 @triton.jit
-def fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
-                    VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
-                    SCALE_STRIDE: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                    BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
-    """float32 rows ``out_row`` [BM pointers] (where live) = e4m3 value * float32 scale of the
-    rows at (page, row); zeros where not ok."""
+def fp8_decode_body(cache_ptr, aux_ptr, page, row, ok, out_row, live, page_stride, aux_stride, G: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
+    """The fp8_indexer decode body (rows_jit.decode_kernel): float32 rows ``out_row`` [BM
+    pointers] (where live) = e4m3 value * float32 scale of the rows at (page, row); zeros where
+    not ok. G: the row's geometry (indexer._geometry) and HW, the GPU's e4m3 conversion."""
     base = page * page_stride
-    blk = tl.arange(0, NB_P2)
-    elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
-    inb = (blk < NB)[None, :, None]
-    b = tl.load((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
+    blk = tl.arange(0, G.NB_P2)
+    elem = blk[:, None] * G.QB + tl.arange(0, G.QB)[None, :]
+    inb = (blk < G.NB)[None, :, None]
+    b = tl.load((cache_ptr + base + G.VAL_OFF + row * G.VAL_STRIDE)[:, None, None] + elem[None, :, :],
                 mask=ok[:, None, None] & inb, other=0)
-    scale_at = (cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + 4 * blk[None, :]
-    m2 = ok[:, None] & (blk < NB)[None, :]
-    bits = tl.zeros((BLOCK_M, NB_P2), tl.int32)
+    scale_at = (cache_ptr + base + G.SCALE_OFF + row * G.SCALE_STRIDE)[:, None] + 4 * blk[None, :]
+    m2 = ok[:, None] & (blk < G.NB)[None, :]
+    bits = tl.zeros((BLOCK_M, G.NB_P2), tl.int32)
     for i in tl.static_range(4):
         bits = bits | (tl.load(scale_at + i, mask=m2, other=0).to(tl.int32) << (8 * i))
-    v = nj.e4m3_to_f32(b, HW) * nj.bits_f32(bits)[:, :, None]
+    v = nj.e4m3_to_f32(b, G.HW) * nj.bits_f32(bits)[:, :, None]
     tl.store(out_row[:, None, None] + elem[None, :, :], v, mask=live[:, None, None] & inb)
-
-
-@triton.jit
-def fp8_decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
-                      PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                      SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                      NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr,
-                      SITE: tl.constexpr,
-                      HW: tl.constexpr = False):
-    """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots (a slot >=
-    capacity recorded at SITE)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
-    fp8_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
-                    VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, HW)
-    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -216,74 +199,27 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
 
 
 @triton.jit
-def mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
-                      VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
-                      SCALE_STRIDE: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                      FF_NAN: tl.constexpr, BLOCK_M: tl.constexpr, STREAM: tl.constexpr = False):
-    """float32 rows ``out_row`` (where live) = e2m1 value * 2^(s-127) of the rows at (page, row);
-    a scale byte 0xFF reads NaN with FF_NAN, else +Inf (non-zero codes ±Inf, zero codes 0 * Inf =
-    NaN in the product itself). STREAM: the rows are stored with the .cs (streaming,
-    evict-first) cache hint."""
-    HQ: tl.constexpr = QB // 2
+def mxfp4_decode_body(cache_ptr, aux_ptr, page, row, ok, out_row, live, page_stride, aux_stride, G: tl.constexpr,
+                      BLOCK_M: tl.constexpr):
+    """The mxfp4_indexer decode body (rows_jit.decode_kernel): float32 rows ``out_row`` (where
+    live) = e2m1 value * 2^(s-127) of the rows at (page, row). G: the row's geometry
+    (indexer._geometry); FF_NAN: a scale byte 0xFF reads NaN, else +Inf (non-zero codes ±Inf,
+    zero codes 0 * Inf = NaN in the product itself); STREAM: the rows are stored with the .cs
+    (streaming, evict-first) cache hint."""
+    HQ: tl.constexpr = G.QB // 2
     base = page * page_stride
-    blk = tl.arange(0, NB_P2)
+    blk = tl.arange(0, G.NB_P2)
     pair = blk[:, None] * HQ + tl.arange(0, HQ)[None, :]
-    inb = (blk < NB)[None, :, None]
-    b = tl.load((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + pair[None, :, :],
+    inb = (blk < G.NB)[None, :, None]
+    b = tl.load((cache_ptr + base + G.VAL_OFF + row * G.VAL_STRIDE)[:, None, None] + pair[None, :, :],
                 mask=ok[:, None, None] & inb, other=0)
-    s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
-                mask=ok[:, None] & (blk < NB)[None, :], other=127)
-    sc = nj.ue8m0_value(s, FF_NAN)[:, :, None]
+    s = tl.load((cache_ptr + base + G.SCALE_OFF + row * G.SCALE_STRIDE)[:, None] + blk[None, :],
+                mask=ok[:, None] & (blk < G.NB)[None, :], other=127)
+    sc = nj.ue8m0_value(s, G.FF_NAN)[:, :, None]
     v = tl.join(nj.e2m1_value(b) * sc, nj.e2m1_value(b.to(tl.int32) >> 4) * sc)  # low nibble first
-    elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
+    elem = blk[:, None] * G.QB + tl.arange(0, G.QB)[None, :]
     at = out_row[:, None, None] + elem[None, :, :]
-    if STREAM:
-        tl.store(at, tl.reshape(v, (BLOCK_M, NB_P2, QB)), mask=live[:, None, None] & inb, cache_modifier=".cs")
+    if G.STREAM:
+        tl.store(at, tl.reshape(v, (BLOCK_M, G.NB_P2, G.QB)), mask=live[:, None, None] & inb, cache_modifier=".cs")
     else:
-        tl.store(at, tl.reshape(v, (BLOCK_M, NB_P2, QB)), mask=live[:, None, None] & inb)
-
-
-@triton.jit
-def mxfp4_decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
-                        PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, FF_NAN: tl.constexpr,
-                        BLOCK_M: tl.constexpr, SITE: tl.constexpr, HW: tl.constexpr = False):
-    """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots (a slot >=
-    capacity recorded at SITE). (HW: unused, e2m1
-    has no hardware conversion on Hopper; taken so both indexer decoders share a launcher.)"""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
-    mxfp4_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
-                      VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, FF_NAN, BLOCK_M)
-    record_slots(err_ptr, rows, slot, capacity, SITE)
-
-
-@triton.jit
-def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr, err_ptr,
-                        t_stride0, t_stride1, table_cols, num_pages, page_stride,
-                        out_stride0, out_stride1, offset, width, req0,
-                        PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, MXFP4: tl.constexpr,
-                        FF_NAN: tl.constexpr, HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        GLEN_SITE: tl.constexpr, OUT_SITE: tl.constexpr, HW: tl.constexpr = False,
-                        STREAM: tl.constexpr = False):
-    """dequantize_gather of either indexer format (MXFP4 picks the body): float32
-    out[req, offset + i] = the decoded row of position seq_len - gather_len + i of request req.
-    FF_NAN: MXFP4 scale byte 0xFF reads NaN, else +Inf (the FP8 indexer's float32 scales take
-    none). STREAM: MXFP4 rows stored with the streaming cache hint. Invalid gather_lens and workspace
-    widths are recorded (rows_jit.request_rows)."""
-    req = tl.program_id(1).to(tl.int64) + req0
-    i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live, ok, page, row, seq, glen = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr,
-                                                  glen_ptr, base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
-    out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
-    if MXFP4:
-        mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
-                          VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, FF_NAN, BLOCK_M,
-                          STREAM)
-    else:
-        fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
-                        VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, HW)
-    record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE, OUT_SITE)
+        tl.store(at, tl.reshape(v, (BLOCK_M, G.NB_P2, G.QB)), mask=live[:, None, None] & inb)

@@ -1,5 +1,5 @@
 """Triton kernels shared by the byte formats: locating rows (by slot, by block table, by
-cu_seq_lens) and copying encoded records.
+cu_seq_lens), copying encoded records, and decoding rows through a format's decode body.
 
 Records move in *units*: the widest integer type (8, 4, 2 or 1 bytes) dividing every offset,
 stride and record size involved, chosen by the launcher (rows.py); all offsets here count
@@ -227,3 +227,44 @@ def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, err_ptr, t
         rj.record_order(err_ptr, cu_ptr, cu_stride, requests + 1, True, SITE)
         last = tl.load(cu_ptr + requests * cu_stride).to(tl.int64)
         rj.record_scalar(err_ptr, last > t_rows, last * 0, last, last * 0 + t_rows, WORKSPACE_ROWS, SITE)
+
+
+# ----- decoding: one kernel per addressing, the format's decode body a constexpr --------------
+# A decode body is a @triton.jit function
+#     BODY(cache_ptr, aux_ptr, page, row, ok, out_row, live, page_stride, aux_stride, G, BLOCK_M)
+# that decodes the rows at (page, row) [BM] (zeros where not ok) into the rows ``out_row`` [BM
+# pointers] where live. G holds the format's constants (a named tuple, read as G.NB:
+# _common.constants); aux_ptr and aux_stride are a second view of the cache and its page
+# stride, for a body that reads part of a row through one (fp8_ds_mla's int16 RoPE tail); the
+# others are passed the cache itself.
+
+
+@triton.jit
+def decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride, aux_ptr,
+                  aux_stride, BODY: tl.constexpr, G: tl.constexpr, ROW: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                  BLOCK_M: tl.constexpr, SITE: tl.constexpr):
+    """out [N, ROW] = the rows at slots, decoded by BODY; zero rows for invalid slots (a slot >=
+    capacity recorded at SITE)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    BODY(cache_ptr, aux_ptr, page, row, ok, out_ptr + rows * ROW, in_range, page_stride, aux_stride, G, BLOCK_M)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
+
+
+@triton.jit
+def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr, err_ptr,
+                        t_stride0, t_stride1, table_cols, num_pages, page_stride,
+                        out_stride0, out_stride1, offset, width, req0, aux_ptr, aux_stride,
+                        BODY: tl.constexpr, G: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_GLEN: tl.constexpr,
+                        HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr, GLEN_SITE: tl.constexpr,
+                        OUT_SITE: tl.constexpr):
+    """dequantize_gather: out[req, offset + i] = the row of position seq_len - gather_len + i of
+    request req (program axis 1, plus req0) through the table, decoded by BODY; an invalid
+    gather_len or workspace width recorded (request_rows)."""
+    req = tl.program_id(1).to(tl.int64) + req0
+    i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    live, ok, page, row, seq, glen = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr,
+                                                  glen_ptr, base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
+    out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
+    BODY(cache_ptr, aux_ptr, page, row, ok, out_row, live, page_stride, aux_stride, G, BLOCK_M)
+    record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE, OUT_SITE)
