@@ -65,7 +65,7 @@ def _encode_plan(layout, is_bf16: bool, cfg_items: tuple, hw: bool, words: bool)
     cfg = dict(cfg_items)
     tail = _mxfp4_constants(layout, cfg, hw, words) if layout.name == "mxfp4_indexer" else {}
     return cfg["block_m"], cm.frozen(dict(
-        _geometry(layout), PAGE_SIZE=layout.page_size, **cm.rule_constants(layout.scale_rule),
+        G=cm.constants(_geometry(layout)), PAGE_SIZE=layout.page_size, **cm.rule_constants(layout.scale_rule),
         **_profile(layout, hw), IS_BF16=is_bf16,
         EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"], **cm.launch_opts(cfg),
         **tail))
