@@ -11,7 +11,7 @@ import torch
 from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_cache, check_tensor  # noqa: F401 - FLOAT_DTYPES: C.FLOAT_DTYPES
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import CompressorState, Fp8DsMla
-from kvformats.formats.compressor_state import RATIOS
+from kvformats.formats.compressor_state import RATIOS, halves
 from kvformats.registry import get_format
 
 
@@ -99,7 +99,7 @@ def state_layout(state_cache, ratio: int, head_dim: int) -> CompressorState:
     if not isinstance(state_cache, torch.Tensor) or state_cache.dtype != torch.float32 or state_cache.dim() != 3:
         raise InputTypeError(f"state_cache must be a float32 tensor [pages, rows_per_page, 2 * W], "
                              f"got {describe(state_cache)}")
-    coff = 2 if ratio == 4 else 1
+    coff = halves(ratio)
     if state_cache.shape[2] != 2 * coff * head_dim:
         raise LayoutError(f"state_cache rows must hold 2 * W = {2 * coff * head_dim} floats for ratio {ratio} "
                           f"and head_dim {head_dim} (W = {coff} * head_dim), got {state_cache.shape[2]}")

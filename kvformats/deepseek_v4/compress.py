@@ -55,7 +55,7 @@ def save_compressor_state(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tens
     device = state_cache.device if isinstance(state_cache, torch.Tensor) else None
     C.check_tensor("kv", kv, dtypes=C.FLOAT_DTYPES, shape=(None, None), device=device)
     C.check_int("ratio", ratio, allowed=C.RATIOS)
-    coff = 2 if ratio == 4 else 1
+    coff = C.halves(ratio)
     if kv.shape[1] % coff:
         raise InputError(f"kv width must be a multiple of 2 for ratio 4 (W = 2 * head_dim), got {kv.shape[1]}")
     layout = C.state_layout(state_cache, ratio, kv.shape[1] // coff)
