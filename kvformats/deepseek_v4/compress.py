@@ -176,22 +176,24 @@ def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, rat
         block_table_base_offsets, rms_weight, eps, cos_sin_cache, kv_slots)
 
 
+def _insert_at(kind: str, ratio: int, state_cache, kv_cache, kwargs: dict) -> None:
+    """``compress_kv_insert`` at the one ratio of ``kind`` (a ``ratio`` keyword may repeat it)."""
+    given = kwargs.pop("ratio", ratio)
+    if given != ratio:
+        raise InputError(f"{kind} compress insert requires ratio {ratio}, got {given!r}")
+    compress_kv_insert(state_cache, kv_cache, ratio=ratio, **kwargs)
+
+
 @replay.replayable
 def csa_compress_kv_insert(state_cache, kv_cache, **kwargs) -> None:
     """``compress_kv_insert`` with ratio 4 (overlapping windows of 8 positions)."""
-    ratio = kwargs.pop("ratio", 4)
-    if ratio != 4:
-        raise InputError(f"CSA compress insert requires ratio 4, got {ratio!r}")
-    compress_kv_insert(state_cache, kv_cache, ratio=4, **kwargs)
+    _insert_at("CSA", 4, state_cache, kv_cache, kwargs)
 
 
 @replay.replayable
 def hca_compress_kv_insert(state_cache, kv_cache, **kwargs) -> None:
     """``compress_kv_insert`` with ratio 128 (windows of 128 positions, no overlap)."""
-    ratio = kwargs.pop("ratio", 128)
-    if ratio != 128:
-        raise InputError(f"HCA compress insert requires ratio 128, got {ratio!r}")
-    compress_kv_insert(state_cache, kv_cache, ratio=128, **kwargs)
+    _insert_at("HCA", 128, state_cache, kv_cache, kwargs)
 
 
 def _pooled_rows(state_cache, ratio, positions, req_indices, state_slots, block_table, base, weight, eps,
