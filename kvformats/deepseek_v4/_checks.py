@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_cache, check_tensor  # noqa: F401 - FLOAT_DTYPES: C.FLOAT_DTYPES
+from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_cache, check_tensor, repeats  # noqa: F401 - FLOAT_DTYPES: C.FLOAT_DTYPES
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import CompressorState, Fp8DsMla
 from kvformats.formats.compressor_state import RATIOS, halves
@@ -131,5 +131,5 @@ def check_written_slots(layout, cache, slots, write, name: str) -> None:
     if live.numel() and int(live.max()) >= capacity:
         raise InputError(f"{name} has slot {int(live.max())} beyond the cache's capacity: {cache.shape[0]} pages "
                          f"* {layout.page_size} rows = {capacity} slots (negative means 'no row')")
-    if torch.unique(live).numel() != live.numel():
+    if repeats(live):
         raise InputError(f"{name} repeats a target row among the rows this call writes")
