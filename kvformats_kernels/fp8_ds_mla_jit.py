@@ -17,11 +17,13 @@ from kvformats_kernels.rows_jit import locate_slot, record_slots
 def store_row(cache_ptr, base, row, ok, nope_ok, codes, s, h, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
               ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
               PAD_OFF: tl.constexpr, PAD_STRIDE: tl.constexpr, PAD_BYTES: tl.constexpr, PAD_P2: tl.constexpr,
-              NB: tl.constexpr, ROPE: tl.constexpr, TAIL_AT: tl.constexpr, SCALE_F32: tl.constexpr = False):
+              NB: tl.constexpr, ROPE: tl.constexpr, TAIL_AT: tl.constexpr, SCALE_F32: tl.constexpr = False,
+              POW2: tl.constexpr = True):
     """Write whole rows where ``ok`` [BM], at the pages' byte offsets ``base`` and rows ``row``
     [BM]: the NoPE blocks' e4m3 codes [BM, NB_P2, QB] where ``nope_ok`` (``ok`` and block < NB,
-    [BM, NB_P2, 1]), their scales s [BM, NB_P2] (exponents, stored as ue8m0 bytes; with
-    SCALE_F32 float32 bit patterns, four bytes little endian), the record's pad bytes (always 0)
+    [BM, NB_P2, 1]), their scales s [BM, NB_P2] (exponents e of scales 2^e, stored as ue8m0
+    bytes; with SCALE_F32 as float32, four bytes little endian, where s holds the float32 scales
+    themselves unless POW2), the record's pad bytes (always 0)
     and the RoPE tail from h [BM, W] (bf16 bits; tail element j in column TAIL_AT + j), little
     endian: element j's low byte at 2j, high byte at 2j + 1. The encode kernel and the SWA insert
     write their rows here (the compress insert's one-row form keeps its own layouts:
@@ -42,8 +44,12 @@ def store_row(cache_ptr, base, row, ok, nope_ok, codes, s, h, NOPE_OFF: tl.const
     scale_at = cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE
     m2 = ok[:, None] & (blk < NB)[None, :]
     if SCALE_F32:
+        if POW2:
+            sbits = nj.pow2_bits(s)
+        else:
+            sbits = nj.f32_bits(s)
         for i in tl.static_range(4):
-            tl.store(scale_at[:, None] + 4 * blk[None, :] + i, ((s >> (8 * i)) & 0xFF).to(tl.uint8), mask=m2)
+            tl.store(scale_at[:, None] + 4 * blk[None, :] + i, ((sbits >> (8 * i)) & 0xFF).to(tl.uint8), mask=m2)
     else:
         tl.store(scale_at[:, None] + blk[None, :], nj.ue8m0_byte(s).to(tl.uint8), mask=m2)
     if PAD_BYTES > 0:
@@ -112,18 +118,12 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_s
             e = nj.tile_exponent(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
                                  FLOOR_MODE, ELEM_EMAX)
         codes = nj.e4m3_code(xq * nj.pow2(-e)[:, :, None], HW)
-    else:  # arbitrary float32 scale q, applied by one correctly rounded division (as the reference)
-        q = nj.block_scale(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE)
-        codes = nj.e4m3_code(tl.math.div_rn(xq, tl.broadcast_to(q[:, :, None], xq.shape)), HW)
-    if SCALE_F32:
-        if POW2:
-            s = nj.pow2_bits(e)
-        else:
-            s = nj.f32_bits(q)
-    else:
         s = e
+    else:  # arbitrary float32 scale q, applied by one correctly rounded division (as the reference)
+        s = nj.block_scale(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE)
+        codes = nj.e4m3_code(tl.math.div_rn(xq, tl.broadcast_to(s[:, :, None], xq.shape)), HW)
     store_row(cache_ptr, base, row, ok, nope_ok, codes, s, h, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF,
-              SCALE_STRIDE, PAD_OFF, PAD_STRIDE, PAD_BYTES, PAD_P2, NB, ROPE, 0, SCALE_F32)
+              SCALE_STRIDE, PAD_OFF, PAD_STRIDE, PAD_BYTES, PAD_P2, NB, ROPE, 0, SCALE_F32, POW2)
     record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
