@@ -236,17 +236,22 @@ def read_constants(layout) -> dict:
 
 @functools.cache
 def _constants_type(names: tuple[str, ...]) -> type:
-    return collections.namedtuple("Constants", names)
+    """A named tuple of ``names`` whose fields read as tl.constexpr (Triton 3.6 wants one where a
+    value makes a shape: tl.zeros) while the tuple holds the plain values, so that hashing it
+    for a launch's key stays one C call, not a Python call per field."""
+    base = collections.namedtuple("Constants", names)
+    fields = {name: property(lambda self, i=i: tl.constexpr(tuple.__getitem__(self, i)))
+              for i, name in enumerate(names)}
+    return type("Constants", (base,), {"__slots__": (), **fields})
 
 
 def constants(values: dict) -> tuple:
     """``values`` as one constexpr that a jit function reads by name (``G.NB``): a named tuple,
-    hashable and printed with its values, so Triton specializes on it as on a plain constexpr;
-    each value a tl.constexpr, as Triton 3.6 wants where a value makes a shape (tl.zeros). How a
-    format's decode body gets its constants through rows_jit's kernels, which serve every
+    hashable and printed with its values, so Triton specializes on it as on a plain constexpr.
+    How a format's decode body gets its constants through rows_jit's kernels, which serve every
     format."""
     names = tuple(sorted(values))
-    return _constants_type(names)(*(tl.constexpr(values[n]) for n in names))
+    return _constants_type(names)(*(values[n] for n in names))
 
 
 def decode_constants(body, values: dict, page_size: int, cfg: dict, **kernel) -> types.MappingProxyType:
