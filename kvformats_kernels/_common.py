@@ -262,7 +262,8 @@ def decode_constants(body, values: dict, page_size: int, cfg: dict, **kernel) ->
                        **launch_opts(cfg)))
 
 
-def decode_rows(layout, cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype, plan, site: int) -> torch.Tensor:
+def decode_rows(layout, cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype, plan,
+                site: int) -> torch.Tensor:
     """``[N, head_dim]`` rows of ``dtype`` at ``slots`` through rows_jit.decode_kernel; zero rows
     for invalid slots (those >= capacity recorded at ``site``). ``plan(layout, u8, page stride,
     N, site)`` gives the launch's rows per program, its decode_constants, and the second view of

@@ -17,10 +17,11 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, sl
                       EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr, HW: tl.constexpr = False,
                       SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0, EM_CARRY: tl.constexpr = 0,
                       EM_FIELD: tl.constexpr = 0):
-    """G: the row's geometry (indexer._geometry, as the decode bodies). Default rule: e = ceil_log2(max(amax / 448, 1e-10)); bytes e4m3(x * 2^-e); scale = float32
-    2^e (LE). POW2=False (a profile storing arbitrary scales): s = the rule's float32 quotient,
-    bytes e4m3(x / s) with one correctly rounded division, as the reference. SHORT_E with bf16
-    input: the exponent of a block maximum of 8 significant bits in four integer operations
+    """G: the row's geometry (indexer._geometry, as the decode bodies). Default rule: e =
+    ceil_log2(max(amax / 448, 1e-10)); bytes e4m3(x * 2^-e); scale = float32 2^e (LE).
+    POW2=False (a profile storing arbitrary scales): s = the rule's float32 quotient, bytes
+    e4m3(x / s) with one correctly rounded division, as the reference. SHORT_E with bf16 input:
+    the exponent of a block maximum of 8 significant bits in four integer operations
     (nj.block_exponent_short; _common.short_exponent says which rules allow it)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)

@@ -236,7 +236,8 @@ def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, err_ptr, t
 # pointers] where live. G holds the format's constants (a named tuple, read as G.NB:
 # _common.constants); aux_ptr and aux_stride are a second view of the cache and its page
 # stride, for a body that reads part of a row through one (fp8_ds_mla's int16 RoPE tail); the
-# others are passed the cache itself.
+# others are passed the cache itself. They come last among the kernels' arguments, so that the
+# bodies that ignore them compile as when each format had kernels of its own.
 
 
 @triton.jit
