@@ -18,6 +18,7 @@ import torch
 
 from kvformats import deepseek_v4 as dsv4
 from kvformats.formats import CompressorState
+from kvformats.formats.compressor_state import halves
 from kvformats.registry import get_format, list_formats
 from kvformats.rope import cos_sin_cache
 
@@ -136,7 +137,7 @@ def compress_calls(rows: int, device, g: torch.Generator, check=True,
                                           ("indexer_mxfp4", 4, INDEX_HEAD, 4, "mxfp4_indexer"),
                                           ("indexer_fp8", 4, INDEX_HEAD, 4, "fp8_indexer")):
         state_lay = CompressorState(head_dim=h, ratio=ratio, page_size=rows_pp)
-        window = 8 if ratio == 4 else ratio
+        window = ratio * halves(ratio)
         base = ((s["seq"] - s["qlen"] - window + 1).clamp_min(0) // rows_pp).to(torch.int64)
         cols = int(((s["seq"] - 1) // rows_pp - base).max()) + 1
         table = _table(requests, cols, g)

@@ -121,6 +121,12 @@ def check_cache(layout, cache) -> None:
 
 
 HOST_CHECK_MAX = 2048  # slot lists up to this long are checked on the host (see check_slots)
+REPEATED_SLOTS = "slots repeat a target row; each non-negative slot may appear once per call"
+
+
+def repeats(live: torch.Tensor) -> bool:
+    """Whether a slot appears twice among ``live``, the slots a call writes (one host read)."""
+    return torch.unique(live).numel() != live.numel()
 
 
 def check_slots(layout, slots, n: int | None, cache: torch.Tensor, *, check_range, unique: bool,
@@ -154,15 +160,15 @@ def _host_slot_checks(layout, slots, cache, unique: bool) -> None:
         if unique and slots.numel() > 1:
             s = torch.sort(slots).values
             flags.append(((s[1:] == s[:-1]) & (s[1:] >= 0)).any())
-        is_over, *repeats = torch.stack(flags).tolist()
+        is_over, *repeated = torch.stack(flags).tolist()
         over = int((slots >= capacity).nonzero()[0, 0]) if is_over else None
-        repeat = any(repeats)
+        repeat = any(repeated)
     if over is not None:
         raise InputError(f"slots[{over}] = {int(slots[over])} is beyond the cache's capacity: "
                          f"{cache.shape[0]} pages * {layout.page_size} rows = {capacity} slots "
                          f"(valid slots are 0..{capacity - 1}, or negative for 'no row')")
-    if repeat:
-        raise InputError("slots repeat a target row; each non-negative slot may appear once per call")
+    if repeat:  # found with the range check above: one host read for both (not repeats())
+        raise InputError(REPEATED_SLOTS)
 
 
 def check_float_rows(name: str, x, width: int, device: torch.device) -> int:

@@ -32,3 +32,10 @@ def define(name: str, schema: str, impl: Callable, fake: Callable) -> None:
     _LIBRARY.define(name + schema)
     _LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
+
+
+def shares_storage(t: torch.Tensor, others) -> bool:
+    """Whether ``t`` shares storage with a tensor among ``others`` (anything else is skipped):
+    an implementation then returns a copy, as outputs never alias inputs nor each other."""
+    ptr = t.untyped_storage().data_ptr()
+    return any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == ptr for o in others)

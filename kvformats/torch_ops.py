@@ -42,7 +42,7 @@ import torch
 
 from kvformats import ops
 from kvformats.errors import InputError, InputTypeError
-from kvformats.oplib import NAMESPACE, define
+from kvformats.oplib import NAMESPACE, define, shares_storage
 from kvformats.registry import get_format
 
 OPS = ("encode", "decode", "gather", "decode_topk", "dequantize_gather", "gather_paged")
@@ -72,10 +72,7 @@ def _fresh(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
                 break
         else:
             return out
-    ptr = out.untyped_storage().data_ptr()
-    if any(t.untyped_storage().data_ptr() == ptr for t in inputs):
-        return out.clone()
-    return out
+    return out.clone() if shares_storage(out, inputs) else out
 
 
 def _as_list(decoded, *inputs) -> list[torch.Tensor]:
@@ -86,8 +83,7 @@ def _as_list(decoded, *inputs) -> list[torch.Tensor]:
     outs: list[torch.Tensor] = []
     for t in decoded:
         t = t.contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        if any(o.untyped_storage().data_ptr() == ptr for o in outs):
+        if shares_storage(t, outs):
             t = t.clone()
         outs.append(_fresh(t, *inputs))
     return outs

@@ -4,14 +4,17 @@ capturable."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import struct
 import types
 
 import torch
+import triton.language as tl
 
 from kvformats import deferred
+from kvformats_kernels import rows_jit
 from kvformats_kernels.launch import fast
 
 # Rows per program and warps per program of each kernel, by (family, op); maxnreg caps the
@@ -231,20 +234,68 @@ def read_constants(layout) -> dict:
     return dict(FF_NAN=profile is None or profile.ue8m0_ff == "nan")
 
 
+@functools.cache
+def _constants_type(names: tuple[str, ...]) -> type:
+    """A named tuple of ``names`` whose fields read as tl.constexpr (Triton 3.6 wants one where a
+    value makes a shape: tl.zeros) while the tuple holds the plain values, so that hashing it
+    for a launch's key stays one C call, not a Python call per field."""
+    base = collections.namedtuple("Constants", names)
+    fields = {name: property(lambda self, i=i: tl.constexpr(tuple.__getitem__(self, i)))
+              for i, name in enumerate(names)}
+    return type("Constants", (base,), {"__slots__": (), **fields})
+
+
+def constants(values: dict) -> tuple:
+    """``values`` as one constexpr that a jit function reads by name (``G.NB``): a named tuple,
+    hashable and printed with its values, so Triton specializes on it as on a plain constexpr.
+    How a format's decode body gets its constants through rows_jit's kernels, which serve every
+    format."""
+    names = tuple(sorted(values))
+    return _constants_type(names)(*(values[n] for n in names))
+
+
+def decode_constants(body, values: dict, page_size: int, cfg: dict, **kernel) -> types.MappingProxyType:
+    """Every constexpr and launch option of rows_jit's decode kernels: the format's decode
+    ``body`` and its constants ``values``, the page size, the config's rows per program, and the
+    kernel's own (``kernel``: ROW and SITE, or paged_constants')."""
+    return frozen(dict(BODY=body, G=constants(values), PAGE_SIZE=page_size, BLOCK_M=cfg["block_m"], **kernel,
+                       **launch_opts(cfg)))
+
+
+def decode_rows(layout, cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype, plan,
+                site: int) -> torch.Tensor:
+    """``[N, head_dim]`` rows of ``dtype`` at ``slots`` through rows_jit.decode_kernel; zero rows
+    for invalid slots (those >= capacity recorded at ``site``). ``plan(layout, u8, page stride,
+    N, site)`` gives the launch's rows per program, its decode_constants, and the second view of
+    the cache the body reads with its page stride (the cache and 0 for a body that has none)."""
+    n = slots.shape[0]
+    out = torch.empty((n, layout.head_dim), dtype=dtype, device=cache.device)
+    if n > 0:
+        u8, stride = byte_cache(layout, cache)
+        block_m, consts, aux, aux_stride = plan(layout, u8, stride, n, site)
+        fast(rows_jit.decode_kernel)[(grid_rows(n, block_m),)](
+            u8, slots, out, error_record(cache), n, slots.stride(0), capacity(layout, cache), stride, aux, aux_stride,
+            **consts)
+    return out
+
+
 MAX_GRID_Y = 65535  # CUDA's limit on grid axis 1: requests beyond it go in further launches
 
 
-def paged_constants(geo: dict, has_glen: bool, has_base: bool, cfg: dict) -> types.MappingProxyType:
-    """Every constexpr and launch option of a dequantize_gather kernel: the layout's ``geo``,
-    which optional tensors came, the config's rows per program, the record sites."""
-    return frozen(dict(geo, HAS_GLEN=has_glen, HAS_BASE=has_base, BLOCK_M=cfg["block_m"],
-                       GLEN_SITE=SITES["gather_lens"], OUT_SITE=SITES["out"], **launch_opts(cfg)))
+def paged_constants(body, values: dict, page_size: int, has_glen: bool, has_base: bool,
+                    cfg: dict) -> types.MappingProxyType:
+    """Every constexpr and launch option of rows_jit's dequantize_gather kernel: decode_constants
+    with which optional tensors came and the record sites."""
+    return decode_constants(body, values, page_size, cfg, HAS_GLEN=has_glen, HAS_BASE=has_base,
+                            GLEN_SITE=SITES["gather_lens"], OUT_SITE=SITES["out"])
 
 
-def launch_paged(kernel, caches: tuple, out: torch.Tensor, table: torch.Tensor, seq_lens: torch.Tensor,
-                 gather_lens, base, offset: int, num_pages: int, strides: tuple, block_m: int, consts) -> None:
-    """Launch a dequantize_gather kernel over (row blocks of the workspace, requests), with the
-    constexprs and launch options ``consts`` (paged_constants) and ``block_m`` rows per program.
+def launch_paged(cache: torch.Tensor, stride: int, out: torch.Tensor, table: torch.Tensor, seq_lens: torch.Tensor,
+                 gather_lens, base, offset: int, num_pages: int, block_m: int, consts, aux=None) -> None:
+    """Launch rows_jit's dequantize_gather kernel over (row blocks of the workspace, requests)
+    on the byte view ``cache`` (page stride ``stride``), with the constexprs and launch options
+    ``consts`` (paged_constants), ``block_m`` rows per program and the body's second view of the
+    cache ``aux`` (tensor, page stride), if it reads one.
 
     ``out [R, W, D]`` may have any strides; with a non-unit element stride the kernel writes a
     contiguous copy (holding the untouched rows too), copied back after. Nothing reads device
@@ -259,11 +310,12 @@ def launch_paged(kernel, caches: tuple, out: torch.Tensor, table: torch.Tensor, 
     err = error_record(out)
     glen = seq_lens if gather_lens is None else gather_lens
     base = seq_lens if base is None else base
+    aux, aux_stride = (cache, 0) if aux is None else aux
     for r0 in range(0, requests, MAX_GRID_Y):
         grid = (max(1, grid_rows(width, block_m)), min(requests - r0, MAX_GRID_Y))
-        fast(kernel)[grid](*caches, table, seq_lens, glen, base, target, err, table.stride(0), table.stride(1),
-                     table.shape[1], num_pages, *strides, target.stride(0), target.stride(1), offset, width, r0,
-                     **consts)
+        fast(rows_jit.paged_decode_kernel)[grid](
+            cache, table, seq_lens, glen, base, target, err, table.stride(0), table.stride(1), table.shape[1],
+            num_pages, stride, target.stride(0), target.stride(1), offset, width, r0, aux, aux_stride, **consts)
     if target is not out and width > 0:
         out.copy_(target)
 

@@ -14,14 +14,25 @@ from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-expor
 
 
 @cm.per_layout
-def _geometry(layout) -> dict:
+def row_geometry(layout) -> dict:
+    """An fp8_ds_mla row as kernel constexprs: where its records lie (byte offsets inside a page,
+    strides between rows), its NoPE blocking, and the pad of its scale record, which writers
+    zero (none in a layout without one). The codec kernels and the SWA insert take it."""
     nope_off, nope_stride, _ = cm.region(layout, "nope")
     rope_off, rope_stride, _ = cm.region(layout, "rope")
     scale_off, scale_stride, _ = cm.region(layout, "scale")
+    has_pad = any(r.name == "scale_pad" for r in layout.regions)
+    pad_off, pad_stride, pad_bytes = cm.region(layout, "scale_pad") if has_pad else (0, 0, 0)
     qb = layout.nope_dim // layout.num_blocks  # NoPE quantization block (64)
-    return dict(PAGE_SIZE=layout.page_size, NOPE_OFF=nope_off, NOPE_STRIDE=nope_stride,
-                ROPE_OFF=rope_off, ROPE_STRIDE=rope_stride, SCALE_OFF=scale_off, SCALE_STRIDE=scale_stride,
-                NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks), QB=qb, ROPE=layout.rope_dim,
+    return dict(NOPE_OFF=nope_off, NOPE_STRIDE=nope_stride, ROPE_OFF=rope_off, ROPE_STRIDE=rope_stride,
+                SCALE_OFF=scale_off, SCALE_STRIDE=scale_stride, PAD_OFF=pad_off, PAD_STRIDE=pad_stride,
+                PAD_BYTES=pad_bytes, PAD_P2=cm.next_pow2(pad_bytes), NB=layout.num_blocks,
+                NB_P2=cm.next_pow2(layout.num_blocks), QB=qb)
+
+
+@cm.per_layout
+def _geometry(layout) -> dict:
+    return dict(row_geometry(layout), ROPE=layout.rope_dim,
                 SCALE_F32=layout.region("scale").dtype == "float32")
 
 
@@ -38,7 +49,7 @@ def _rope_alias(layout, u8: torch.Tensor, stride: int) -> tuple[torch.Tensor, in
 
 @cm.per_layout
 def _decode_constants(layout, rope16: bool) -> dict:
-    """The decode bodies' layout constexprs, with ROPE16 (the tail read as int16 words) and the
+    """The decode body's constants, with ROPE16 (the tail read as int16 words) and the
     profile's reading of scale byte 0xFF (FF_NAN)."""
     geo = dict(_geometry(layout))
     if geo["ROPE"] == geo["QB"]:  # one [NB + 1, QB] tile per row (decode_body)
@@ -49,11 +60,8 @@ def _decode_constants(layout, rope16: bool) -> dict:
 
 @cm.per_layout
 def _encode_constants(layout) -> dict:
-    """Every layout constexpr of the encode kernel: geometry, scale pad, numerics profile."""
-    has_pad = any(r.name == "scale_pad" for r in layout.regions)
-    pad_off, pad_stride, pad_bytes = cm.region(layout, "scale_pad") if has_pad else (0, 0, 0)
-    return dict(_geometry(layout), PAD_OFF=pad_off, PAD_STRIDE=pad_stride, PAD_BYTES=pad_bytes,
-                PAD_P2=cm.next_pow2(pad_bytes), ROPE_P2=cm.next_pow2(layout.rope_dim),
+    """Every layout constexpr of the encode kernel: geometry, page size, numerics profile."""
+    return dict(_geometry(layout), PAGE_SIZE=layout.page_size, ROPE_P2=cm.next_pow2(layout.rope_dim),
                 **cm.rule_constants(layout.scale_rule), **cm.profile_constants(layout),
                 POW2=layout.scale_rule.power_of_two, **cm.short_exponent(layout.scale_rule))
 
@@ -89,32 +97,28 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
 def _decode_plan(layout, rope16: bool, cfg_items: tuple, hw: bool, site: int):
     """(rows per program, the slot decode's constexprs and launch options); as _encode_plan."""
     cfg = dict(cfg_items)
-    return cfg["block_m"], cm.frozen(dict(
-        _decode_constants(layout, rope16), HEAD_DIM=layout.head_dim, BLOCK_M=cfg["block_m"], SITE=site, HW=hw,
-        **cm.launch_opts(cfg)))
+    return cfg["block_m"], cm.decode_constants(jit.decode_body, dict(_decode_constants(layout, rope16), HW=hw),
+                                               layout.page_size, cfg, ROW=layout.head_dim, SITE=site)
+
+
+def _decode_launch(layout, u8: torch.Tensor, stride: int, n: int, site: int):
+    alias, stride16, rope16 = _rope_alias(layout, u8, stride)
+    cfg = cm.config("fp8_ds_mla", "decode", n)
+    return (*_decode_plan(layout, rope16, tuple(cfg.items()), cm.hw_cvt(cfg), site), alias, stride16)
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITES["decode"]) -> torch.Tensor:
     """bf16 ``[N, head_dim]`` rows at ``slots``; zero rows for invalid slots (those >= capacity
     recorded at ``site``)."""
-    n = slots.shape[0]
-    out = torch.empty((n, layout.head_dim), dtype=torch.int16, device=cache.device)
-    if n > 0:
-        u8, stride = cm.byte_cache(layout, cache)
-        alias, stride16, rope16 = _rope_alias(layout, u8, stride)
-        cfg = cm.config("fp8_ds_mla", "decode", n)
-        block_m, consts = _decode_plan(layout, rope16, tuple(cfg.items()), cm.hw_cvt(cfg), site)
-        fast(jit.decode_kernel)[(cm.grid_rows(n, block_m),)](
-            u8, alias, slots, out, cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size,
-            stride, stride16, **consts)
-    return out.view(torch.bfloat16)
+    return cm.decode_rows(layout, cache, slots, torch.int16, _decode_launch, site).view(torch.bfloat16)
 
 
 @functools.lru_cache(maxsize=512)
 def _paged_plan(layout, rope16: bool, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bool):
     """(rows per program, dequantize_gather's constexprs and launch options); as _encode_plan."""
     cfg = dict(cfg_items)
-    return cfg["block_m"], cm.paged_constants(dict(_decode_constants(layout, rope16), HW=hw), has_glen, has_base, cfg)
+    return cfg["block_m"], cm.paged_constants(jit.decode_body, dict(_decode_constants(layout, rope16), HW=hw),
+                                              layout.page_size, has_glen, has_base, cfg)
 
 
 def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
@@ -124,8 +128,8 @@ def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, ba
     cfg = cm.CONFIG[("fp8_ds_mla", "paged")]
     block_m, consts = _paged_plan(layout, rope16, gather_lens is not None, base is not None, tuple(cfg.items()),
                                   cm.hw_cvt(cfg))
-    cm.launch_paged(jit.paged_decode_kernel, (u8, alias), out.view(torch.int16), block_table, seq_lens,
-                    gather_lens, base, offset, cache.shape[0], (stride, stride16), block_m, consts)
+    cm.launch_paged(u8, stride, out.view(torch.int16), block_table, seq_lens, gather_lens, base, offset,
+                    cache.shape[0], block_m, consts, aux=(alias, stride16))
 
 
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,64 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
-from kvformats_kernels.rows_jit import locate_slot, record_request, record_slots, request_rows
+from kvformats_kernels.rows_jit import locate_slot, record_slots
+
+
+@triton.jit
+def store_row(cache_ptr, base, row, ok, nope_ok, codes, s, h, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
+              ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
+              PAD_OFF: tl.constexpr, PAD_STRIDE: tl.constexpr, PAD_BYTES: tl.constexpr, PAD_P2: tl.constexpr,
+              NB: tl.constexpr, ROPE: tl.constexpr, TAIL_AT: tl.constexpr, SCALE_F32: tl.constexpr = False,
+              POW2: tl.constexpr = True):
+    """Write whole rows where ``ok`` [BM], at the pages' byte offsets ``base`` and rows ``row``
+    [BM]: the NoPE blocks' e4m3 codes [BM, NB_P2, QB] where ``nope_ok`` (``ok`` and block < NB,
+    [BM, NB_P2, 1]), their scales s [BM, NB_P2] (exponents e of scales 2^e, stored as ue8m0
+    bytes; with SCALE_F32 as float32, four bytes little endian, where s holds the float32 scales
+    themselves unless POW2), the record's pad bytes (always 0)
+    and the RoPE tail from h [BM, W] (bf16 bits; tail element j in column TAIL_AT + j), little
+    endian: element j's low byte at 2j, high byte at 2j + 1. The encode kernel and the SWA insert
+    write their rows here (the compress insert's one-row form keeps its own layouts:
+    compress_jit.store_ds_mla).
+
+    ``nope_ok`` comes from the caller so that the encode kernel can form it before its loads, as
+    it did when this code was its own: formed here, the same instructions take more registers."""
+    BM: tl.constexpr = codes.shape[0]
+    NB_P2: tl.constexpr = codes.shape[1]
+    QB: tl.constexpr = codes.shape[2]
+    W: tl.constexpr = h.shape[1]
+    tl.static_assert((s.shape[0] == BM) & (s.shape[1] == NB_P2) & (h.shape[0] == BM), "codes, s, h: one row each")
+    tl.static_assert((NB <= NB_P2) & (TAIL_AT + ROPE <= W), "the NoPE blocks and the tail lie inside their tiles")
+    blk = tl.arange(0, NB_P2)
+    elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
+    nope_at = cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE
+    tl.store(nope_at[:, None, None] + elem[None, :, :], codes.to(tl.uint8), mask=nope_ok)
+    scale_at = cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE
+    m2 = ok[:, None] & (blk < NB)[None, :]
+    if SCALE_F32:
+        if POW2:
+            sbits = nj.pow2_bits(s)
+        else:
+            sbits = nj.f32_bits(s)
+        for i in tl.static_range(4):
+            tl.store(scale_at[:, None] + 4 * blk[None, :] + i, ((sbits >> (8 * i)) & 0xFF).to(tl.uint8), mask=m2)
+    else:
+        tl.store(scale_at[:, None] + blk[None, :], nj.ue8m0_byte(s).to(tl.uint8), mask=m2)
+    if PAD_BYTES > 0:
+        p = tl.arange(0, PAD_P2)
+        pad_at = cache_ptr + base + PAD_OFF + row * PAD_STRIDE
+        tl.store(pad_at[:, None] + p[None, :], tl.zeros((BM, PAD_P2), tl.uint8),
+                 mask=ok[:, None] & (p < PAD_BYTES)[None, :])
+    # A tail bound only where a column of the tile lies outside the tail: left of it in the SWA
+    # insert's right-aligned tile, right of it in a tile wider than the tail.
+    pairs = tl.reshape(tl.join(h & 0xFF, (h >> 8) & 0xFF), (BM, 2 * W))
+    k = tl.arange(0, 2 * W) - 2 * TAIL_AT
+    mk = ok[:, None]
+    if TAIL_AT > 0:
+        mk = mk & (k >= 0)[None, :]
+    if TAIL_AT + ROPE < W:
+        mk = mk & (k < 2 * ROPE)[None, :]
+    rope_at = cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE
+    tl.store(rope_at[:, None] + k[None, :], pairs.to(tl.uint8), mask=mk)
 
 
 @triton.jit
@@ -40,7 +97,7 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_s
     # NoPE: bf16-round, per-block power-of-two exponent, e4m3 bytes.
     blk = tl.arange(0, NB_P2)
     elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
-    m3 = ok[:, None, None] & (blk < NB)[None, :, None]
+    nope_ok = ok[:, None, None] & (blk < NB)[None, :, None]
     # x is read under the row-range mask only, so its load overlaps the slot load
     xq = nj.load_f32(x_row[:, None, None] + elem[None, :, :], in_range[:, None, None] & (blk < NB)[None, :, None],
                      IS_BF16)
@@ -61,36 +118,12 @@ def encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_s
             e = nj.tile_exponent(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
                                  FLOOR_MODE, ELEM_EMAX)
         codes = nj.e4m3_code(xq * nj.pow2(-e)[:, :, None], HW)
+        s = e
     else:  # arbitrary float32 scale q, applied by one correctly rounded division (as the reference)
-        q = nj.block_scale(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE)
-        codes = nj.e4m3_code(tl.math.div_rn(xq, tl.broadcast_to(q[:, :, None], xq.shape)), HW)
-    nope_at = cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE
-    tl.store(nope_at[:, None, None] + elem[None, :, :], codes.to(tl.uint8), mask=m3)
-
-    # Scales, then the record's pad bytes (always 0).
-    scale_at = cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE
-    m2 = ok[:, None] & (blk < NB)[None, :]
-    if SCALE_F32:
-        if POW2:
-            sbits = nj.pow2_bits(e)
-        else:
-            sbits = nj.f32_bits(q)
-        for i in tl.static_range(4):
-            tl.store(scale_at[:, None] + 4 * blk[None, :] + i, ((sbits >> (8 * i)) & 0xFF).to(tl.uint8), mask=m2)
-    else:
-        s = tl.minimum(tl.maximum(e + 127, 0), 255)
-        tl.store(scale_at[:, None] + blk[None, :], s.to(tl.uint8), mask=m2)
-    if PAD_BYTES > 0:
-        p = tl.arange(0, PAD_P2)
-        pad_at = cache_ptr + base + PAD_OFF + row * PAD_STRIDE
-        tl.store(pad_at[:, None] + p[None, :], tl.zeros((BLOCK_M, PAD_P2), tl.uint8),
-                 mask=ok[:, None] & (p < PAD_BYTES)[None, :])
-
-    # RoPE tail as bf16, little endian: element j's low byte at 2j, high byte at 2j + 1.
-    pairs = tl.reshape(tl.join(h & 0xFF, (h >> 8) & 0xFF), (BLOCK_M, 2 * ROPE_P2))
-    k = tl.arange(0, 2 * ROPE_P2)
-    rope_at = cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE
-    tl.store(rope_at[:, None] + k[None, :], pairs.to(tl.uint8), mask=ok[:, None] & (k < 2 * ROPE)[None, :])
+        s = nj.block_scale(nj.abs_max(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE)
+        codes = nj.e4m3_code(tl.math.div_rn(xq, tl.broadcast_to(s[:, :, None], xq.shape)), HW)
+    store_row(cache_ptr, base, row, ok, nope_ok, codes, s, h, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF,
+              SCALE_STRIDE, PAD_OFF, PAD_STRIDE, PAD_BYTES, PAD_P2, NB, ROPE, 0, SCALE_F32, POW2)
     record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
@@ -116,39 +149,36 @@ def ue8m0_block_bits(b, s, HW: tl.constexpr, FF_NAN: tl.constexpr):
 
 
 @triton.jit
-def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride, page_stride16,
-                PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
-                ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
-                SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
-                FF_NAN: tl.constexpr, BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
-    """Decode the rows at (page, row) [BM] (zeros where not ok) into the int16 (bf16 bits) rows
-    ``out_row`` [BM pointers] where live: e4m3 * 2^(s-127) rounded to bf16, then the tail.
-    FF_NAN: a ue8m0 scale byte 0xFF reads NaN (else +Inf; the profile's ue8m0_ff).
+def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride, page_stride16, G: tl.constexpr,
+                BLOCK_M: tl.constexpr):
+    """The decode body of fp8_ds_mla rows (rows_jit.decode_kernel): the rows at (page, row) [BM]
+    (zeros where not ok) into the int16 (bf16 bits) rows ``out_row`` [BM pointers] where live:
+    e4m3 * 2^(s-127) rounded to bf16, then the tail. G (fp8_ds_mla._decode_constants): the
+    row's geometry; FF_NAN: a ue8m0 scale byte 0xFF reads NaN (else +Inf; the profile's
+    ue8m0_ff); HW: the GPU's conversions.
 
     When the RoPE tail is one quantization block wide (DeepSeek V4: 7 x 64 + 64), a row is one
     [NB + 1, QB] tile whose last block is the tail, so each row leaves in one contiguous store.
     ROPE16: the tail is read as int16 words (its offsets and the page stride are even)."""
     base = page * page_stride
-    if ROPE == QB:
-        NBR: tl.constexpr = NB + 1  # NB_P2 is then next_pow2(NB + 1) (see the launcher)
-        blk = tl.arange(0, NB_P2)
-        c = tl.arange(0, QB)
-        elem = blk[:, None] * QB + c[None, :]
-        nope = (blk < NB)[None, :, None]
-        tail = (blk == NB)[None, :, None]
-        b = tl.load((cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE)[:, None, None] + elem[None, :, :],
+    if G.ROPE == G.QB:
+        NBR: tl.constexpr = G.NB + 1  # NB_P2 is then next_pow2(NB + 1) (see the launcher)
+        blk = tl.arange(0, G.NB_P2)
+        c = tl.arange(0, G.QB)
+        elem = blk[:, None] * G.QB + c[None, :]
+        nope = (blk < G.NB)[None, :, None]
+        tail = (blk == G.NB)[None, :, None]
+        b = tl.load((cache_ptr + base + G.NOPE_OFF + row * G.NOPE_STRIDE)[:, None, None] + elem[None, :, :],
                     mask=ok[:, None, None] & nope, other=0)
-        s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
-                    mask=ok[:, None] & (blk < NB)[None, :], other=127)
-        bits = ue8m0_block_bits(b, s, HW, FF_NAN)
-        if ROPE16:
-            at = page * page_stride16 + (ROPE_OFF // 2) + row * (ROPE_STRIDE // 2)
+        s = tl.load((cache_ptr + base + G.SCALE_OFF + row * G.SCALE_STRIDE)[:, None] + blk[None, :],
+                    mask=ok[:, None] & (blk < G.NB)[None, :], other=127)
+        bits = ue8m0_block_bits(b, s, G.HW, G.FF_NAN)
+        if G.ROPE16:
+            at = page * page_stride16 + (G.ROPE_OFF // 2) + row * (G.ROPE_STRIDE // 2)
             r = tl.load(rope16_ptr + at[:, None, None] + c[None, None, :], mask=ok[:, None, None] & tail,
                         other=0).to(tl.int32)
         else:
-            at = (cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE)[:, None, None] + 2 * c[None, None, :]
+            at = (cache_ptr + base + G.ROPE_OFF + row * G.ROPE_STRIDE)[:, None, None] + 2 * c[None, None, :]
             lo = tl.load(at, mask=ok[:, None, None] & tail, other=0).to(tl.int32)
             hi = tl.load(at + 1, mask=ok[:, None, None] & tail, other=0).to(tl.int32)
             r = lo | (hi << 8)
@@ -156,70 +186,26 @@ def decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride
         tl.store(out_row[:, None, None] + elem[None, :, :], bits.to(tl.int16),
                  mask=live[:, None, None] & (blk < NBR)[None, :, None])
     else:
-        blk = tl.arange(0, NB_P2)
-        elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
-        inb = (blk < NB)[None, :, None]
-        b = tl.load((cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE)[:, None, None] + elem[None, :, :],
+        blk = tl.arange(0, G.NB_P2)
+        elem = blk[:, None] * G.QB + tl.arange(0, G.QB)[None, :]
+        inb = (blk < G.NB)[None, :, None]
+        b = tl.load((cache_ptr + base + G.NOPE_OFF + row * G.NOPE_STRIDE)[:, None, None] + elem[None, :, :],
                     mask=ok[:, None, None] & inb, other=0)
-        scale_at = (cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None]
-        if SCALE_F32:  # float32 scales (V3.2): any value, NaN from the product itself
-            sb = tl.zeros((BLOCK_M, NB_P2), tl.int32)
+        scale_at = (cache_ptr + base + G.SCALE_OFF + row * G.SCALE_STRIDE)[:, None]
+        if G.SCALE_F32:  # float32 scales (V3.2): any value, NaN from the product itself
+            sb = tl.zeros((BLOCK_M, G.NB_P2), tl.int32)
             for i in tl.static_range(4):
-                sb = sb | (tl.load(scale_at + 4 * blk[None, :] + i, mask=ok[:, None] & (blk < NB)[None, :],
+                sb = sb | (tl.load(scale_at + 4 * blk[None, :] + i, mask=ok[:, None] & (blk < G.NB)[None, :],
                                    other=0).to(tl.int32) << (8 * i))
-            bits = nj.bf16_bits(nj.e4m3_to_f32(b, HW) * nj.bits_f32(sb)[:, :, None], HW)
+            bits = nj.bf16_bits(nj.e4m3_to_f32(b, G.HW) * nj.bits_f32(sb)[:, :, None], G.HW)
         else:
-            s = tl.load(scale_at + blk[None, :], mask=ok[:, None] & (blk < NB)[None, :], other=127)
-            bits = ue8m0_block_bits(b, s, HW, FF_NAN)
-        k = tl.arange(0, 2 * ROPE_P2)  # the tail is loaded before the NoPE store (see the encode)
-        pairs = tl.load((cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE)[:, None] + k[None, :],
-                        mask=ok[:, None] & (k < 2 * ROPE)[None, :], other=0).to(tl.int32)
+            s = tl.load(scale_at + blk[None, :], mask=ok[:, None] & (blk < G.NB)[None, :], other=127)
+            bits = ue8m0_block_bits(b, s, G.HW, G.FF_NAN)
+        k = tl.arange(0, 2 * G.ROPE_P2)  # the tail is loaded before the NoPE store (see the encode)
+        pairs = tl.load((cache_ptr + base + G.ROPE_OFF + row * G.ROPE_STRIDE)[:, None] + k[None, :],
+                        mask=ok[:, None] & (k < 2 * G.ROPE)[None, :], other=0).to(tl.int32)
         tl.store(out_row[:, None, None] + elem[None, :, :], bits.to(tl.int16), mask=live[:, None, None] & inb)
-        lo, hi = tl.split(tl.reshape(pairs, (BLOCK_M, ROPE_P2, 2)))
-        j = tl.arange(0, ROPE_P2)
-        tl.store(out_row[:, None] + (NB * QB) + j[None, :], (lo | (hi << 8)).to(tl.int16),
-                 mask=live[:, None] & (j < ROPE)[None, :])
-
-
-@triton.jit
-def decode_kernel(cache_ptr, rope16_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
-                  page_stride16, PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
-                  ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
-                  SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                  NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                  ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
-                  FF_NAN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr,
-                  HW: tl.constexpr = False):
-    """out (int16 bits of bf16) [N, HEAD_DIM]: the rows at slots; zero rows for invalid slots
-    (a slot >= capacity recorded at SITE)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
-    decode_body(cache_ptr, rope16_ptr, page, row, ok, out_ptr + rows * HEAD_DIM, in_range, page_stride,
-                page_stride16, PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
-                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, FF_NAN, BLOCK_M, HW)
-    record_slots(err_ptr, rows, slot, capacity, SITE)
-
-
-@triton.jit
-def paged_decode_kernel(cache_ptr, rope16_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr, err_ptr,
-                        t_stride0, t_stride1, table_cols, num_pages, page_stride, page_stride16,
-                        out_stride0, out_stride1, offset, width, req0,
-                        PAGE_SIZE: tl.constexpr, NOPE_OFF: tl.constexpr, NOPE_STRIDE: tl.constexpr,
-                        ROPE_OFF: tl.constexpr, ROPE_STRIDE: tl.constexpr,
-                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                        ROPE: tl.constexpr, ROPE_P2: tl.constexpr, ROPE16: tl.constexpr, SCALE_F32: tl.constexpr,
-                        FF_NAN: tl.constexpr, HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        GLEN_SITE: tl.constexpr, OUT_SITE: tl.constexpr, HW: tl.constexpr = False):
-    """dequantize_gather: out[req, offset + i] = the decoded row of position
-    seq_len - gather_len + i of request req (program axis 1, plus req0) through the table; an
-    invalid gather_len or workspace width recorded (rows_jit.request_rows)."""
-    req = tl.program_id(1).to(tl.int64) + req0
-    i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live, ok, page, row, seq, glen = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr,
-                                                  glen_ptr, base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
-    out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
-    decode_body(cache_ptr, rope16_ptr, page, row, ok, out_row, live, page_stride, page_stride16,
-                PAGE_SIZE, NOPE_OFF, NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE,
-                NB, NB_P2, QB, ROPE, ROPE_P2, ROPE16, SCALE_F32, FF_NAN, BLOCK_M, HW)
-    record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE, OUT_SITE)
+        lo, hi = tl.split(tl.reshape(pairs, (BLOCK_M, G.ROPE_P2, 2)))
+        j = tl.arange(0, G.ROPE_P2)
+        tl.store(out_row[:, None] + (G.NB * G.QB) + j[None, :], (lo | (hi << 8)).to(tl.int16),
+                 mask=live[:, None] & (j < G.ROPE)[None, :])

@@ -11,9 +11,9 @@ from kvformats_kernels import indexer_jit as jit
 from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
-_KERNELS = {  # element type of the values -> (encode kernel, decode kernel)
-    "float8_e4m3fn": (jit.fp8_encode_kernel, jit.fp8_decode_kernel),
-    "float4_e2m1fn_x2": (jit.mxfp4_encode_kernel, jit.mxfp4_decode_kernel),
+_KERNELS = {  # element type of the values -> (encode kernel, decode body)
+    "float8_e4m3fn": (jit.fp8_encode_kernel, jit.fp8_decode_body),
+    "float4_e2m1fn_x2": (jit.mxfp4_encode_kernel, jit.mxfp4_decode_body),
 }
 
 
@@ -30,9 +30,8 @@ def _mxfp4(layout) -> bool:
 def _geometry(layout) -> dict:
     val_off, val_stride, _ = cm.region(layout, "values")
     scale_off, scale_stride, _ = cm.region(layout, "scale")
-    return dict(PAGE_SIZE=layout.page_size, VAL_OFF=val_off, VAL_STRIDE=val_stride, SCALE_OFF=scale_off,
-                SCALE_STRIDE=scale_stride, NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks),
-                QB=layout.head_dim // layout.num_blocks)
+    return dict(VAL_OFF=val_off, VAL_STRIDE=val_stride, SCALE_OFF=scale_off, SCALE_STRIDE=scale_stride,
+                NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks), QB=layout.head_dim // layout.num_blocks)
 
 
 def _profile(layout, hw: bool) -> dict:
@@ -41,12 +40,6 @@ def _profile(layout, hw: bool) -> dict:
                     **cm.short_exponent(layout.scale_rule))
     # e2m1 has no hardware conversion on Hopper (the GPU path's f16 pairs: _mxfp4_constants)
     return dict(cm.profile_constants(layout, e2m1=True), **cm.short_exponent(layout.scale_rule))
-
-
-def _words_aligned(layout, u8: torch.Tensor, stride: int) -> bool:
-    """Whether every MXFP4 value address is a multiple of 4 (the nibbles may go as int32 words)."""
-    g = _geometry(layout)
-    return (u8.data_ptr() | stride | g["VAL_OFF"] | g["VAL_STRIDE"] | (g["QB"] // 2)) % 4 == 0
 
 
 def _mxfp4_constants(layout, cfg: dict, hw: bool, words: bool) -> dict:
@@ -74,7 +67,8 @@ def _encode_plan(layout, is_bf16: bool, cfg_items: tuple, hw: bool, words: bool)
     cfg = dict(cfg_items)
     tail = _mxfp4_constants(layout, cfg, hw, words) if _mxfp4(layout) else {}
     return cfg["block_m"], cm.frozen(dict(
-        _geometry(layout), **cm.rule_constants(layout.scale_rule), **_profile(layout, hw), IS_BF16=is_bf16,
+        G=cm.constants(_geometry(layout)), PAGE_SIZE=layout.page_size, **cm.rule_constants(layout.scale_rule),
+        **_profile(layout, hw), IS_BF16=is_bf16,
         EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"], **cm.launch_opts(cfg),
         **tail))
 
@@ -90,7 +84,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     u8, stride = cm.byte_cache(layout, cache)
     mxfp4 = _mxfp4(layout)
     cfg = cm.config("mxfp4" if mxfp4 else "indexer", "encode", n)
-    words = mxfp4 and _words_aligned(layout, u8, stride)
+    words = mxfp4 and cm.words_aligned(u8, stride, _geometry(layout))
     block_m, consts = _encode_plan(layout, is_bf16, tuple(cfg.items()), cm.hw_cvt(cfg), words)
     fast(_kernels(layout)[0])[(cm.grid_rows(n, block_m),)](
         x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cache.shape[0] * layout.page_size,
@@ -102,23 +96,20 @@ def _decode_plan(layout, cfg_items: tuple, hw: bool, site: int):
     """(rows per program, the slot decode's constexprs and launch options); as _encode_plan."""
     cfg = dict(cfg_items)
     reads = cm.read_constants(layout) if _mxfp4(layout) else {}
-    return cfg["block_m"], cm.frozen(dict(_geometry(layout), **reads, BLOCK_M=cfg["block_m"], SITE=site, HW=hw,
-                                          **cm.launch_opts(cfg)))
+    body = dict(_geometry(layout), **reads, HW=hw, STREAM=False)
+    return cfg["block_m"], cm.decode_constants(_kernels(layout)[1], body, layout.page_size, cfg,
+                                               ROW=layout.head_dim, SITE=site)
+
+
+def _decode_launch(layout, u8: torch.Tensor, stride: int, n: int, site: int):
+    cfg = cm.config("indexer", "decode", n)
+    return (*_decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site), u8, 0)
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITES["decode"]) -> torch.Tensor:
     """float32 ``[N, head_dim]`` rows at ``slots``; zero rows for invalid slots (those >=
     capacity recorded at ``site``)."""
-    n = slots.shape[0]
-    out = torch.empty((n, layout.head_dim), dtype=torch.float32, device=cache.device)
-    if n > 0:
-        u8, stride = cm.byte_cache(layout, cache)
-        cfg = cm.config("indexer", "decode", n)
-        block_m, consts = _decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site)
-        fast(_kernels(layout)[1])[(cm.grid_rows(n, block_m),)](
-            u8, slots, out, cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size, stride,
-            **consts)
-    return out
+    return cm.decode_rows(layout, cache, slots, torch.float32, _decode_launch, site)
 
 
 @functools.lru_cache(maxsize=512)
@@ -126,9 +117,9 @@ def _paged_plan(layout, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bo
     """(rows per program, dequantize_gather's constexprs and launch options); as _encode_plan."""
     cfg = dict(cfg_items)
     mxfp4 = _mxfp4(layout)
-    geo = dict(_geometry(layout), **cm.read_constants(layout), MXFP4=mxfp4, HW=hw,
-               STREAM=mxfp4 and bool(cfg["mxfp4_cs_stores"]))
-    return cfg["block_m"], cm.paged_constants(geo, has_glen, has_base, cfg)
+    body = dict(_geometry(layout), **cm.read_constants(layout), HW=hw, STREAM=mxfp4 and bool(cfg["mxfp4_cs_stores"]))
+    return cfg["block_m"], cm.paged_constants(_kernels(layout)[1], body, layout.page_size, has_glen, has_base,
+                                              cfg)
 
 
 def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
@@ -137,8 +128,8 @@ def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, ba
     cfg = cm.CONFIG[("indexer", "paged")]
     block_m, consts = _paged_plan(layout, gather_lens is not None, base is not None, tuple(cfg.items()),
                                   cm.hw_cvt(cfg))
-    cm.launch_paged(jit.paged_decode_kernel, (u8,), out, block_table, seq_lens, gather_lens, base, offset,
-                    cache.shape[0], (stride,), block_m, consts)
+    cm.launch_paged(u8, stride, out, block_table, seq_lens, gather_lens, base, offset, cache.shape[0], block_m,
+                    consts)
 
 
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:

@@ -1,37 +1,36 @@
 """Triton kernels of the indexer key formats: fp8_indexer (spec/upstream.md §3) and mxfp4_indexer
-(§4). Rows are NB blocks of QB values; offsets arrive as constexprs read off the layout."""
+(§4). Rows are NB blocks of QB values; offsets arrive as constexprs read off the layout (one
+named tuple G, _common.constants)."""
 
 import triton
 import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
-from kvformats_kernels.rows_jit import locate_slot, record_request, record_slots, request_rows
+from kvformats_kernels.rows_jit import locate_slot, record_slots
 
 
 @triton.jit
 def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
-                      PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                      SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                      NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                      FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
-                      E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
-                      POW2: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr,
-                      SITE: tl.constexpr,
-                      HW: tl.constexpr = False, SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0,
-                      EM_CARRY: tl.constexpr = 0, EM_FIELD: tl.constexpr = 0):
-    """Default rule: e = ceil_log2(max(amax / 448, 1e-10)); bytes e4m3(x * 2^-e); scale = float32
-    2^e (LE). POW2=False (a profile storing arbitrary scales): s = the rule's float32 quotient,
-    bytes e4m3(x / s) with one correctly rounded division, as the reference. SHORT_E with bf16
-    input: the exponent of a block maximum of 8 significant bits in four integer operations
+                      PAGE_SIZE: tl.constexpr, G: tl.constexpr, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr,
+                      FLOOR_ON_SCALE: tl.constexpr, E_MIN: tl.constexpr, E_MAX: tl.constexpr,
+                      FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr, POW2: tl.constexpr, IS_BF16: tl.constexpr,
+                      EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr, HW: tl.constexpr = False,
+                      SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0, EM_CARRY: tl.constexpr = 0,
+                      EM_FIELD: tl.constexpr = 0):
+    """G: the row's geometry (indexer._geometry, as the decode bodies). Default rule: e =
+    ceil_log2(max(amax / 448, 1e-10)); bytes e4m3(x * 2^-e); scale = float32 2^e (LE).
+    POW2=False (a profile storing arbitrary scales): s = the rule's float32 quotient, bytes
+    e4m3(x / s) with one correctly rounded division, as the reference. SHORT_E with bf16 input:
+    the exponent of a block maximum of 8 significant bits in four integer operations
     (nj.block_exponent_short; _common.short_exponent says which rules allow it)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
     base = page * page_stride
-    blk = tl.arange(0, NB_P2)
-    elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
-    m3 = ok[:, None, None] & (blk < NB)[None, :, None]
+    blk = tl.arange(0, G.NB_P2)
+    elem = blk[:, None] * G.QB + tl.arange(0, G.QB)[None, :]
+    m3 = ok[:, None, None] & (blk < G.NB)[None, :, None]
     x = nj.load_f32((x_ptr + rows * x_stride)[:, None, None] + elem[None, :, :],
-                    in_range[:, None, None] & (blk < NB)[None, :, None], IS_BF16)  # overlaps the slot load
+                    in_range[:, None, None] & (blk < G.NB)[None, :, None], IS_BF16)  # overlaps the slot load
     if POW2:
         if SHORT_E and IS_BF16:
             e = nj.block_exponent_short(nj.abs_max(x, 2), E_FLOOR, EM_CARRY, EM_FIELD, E_MAX)
@@ -44,51 +43,34 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, sl
         q = nj.block_scale(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE)
         codes = nj.e4m3_code(tl.math.div_rn(x, tl.broadcast_to(q[:, :, None], x.shape)), HW)
         bits = nj.f32_bits(q)
-    tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
+    tl.store((cache_ptr + base + G.VAL_OFF + row * G.VAL_STRIDE)[:, None, None] + elem[None, :, :],
              codes.to(tl.uint8), mask=m3)
-    scale_at = (cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + 4 * blk[None, :]
-    m2 = ok[:, None] & (blk < NB)[None, :]
+    scale_at = (cache_ptr + base + G.SCALE_OFF + row * G.SCALE_STRIDE)[:, None] + 4 * blk[None, :]
+    m2 = ok[:, None] & (blk < G.NB)[None, :]
     for i in tl.static_range(4):
         tl.store(scale_at + i, ((bits >> (8 * i)) & 0xFF).to(tl.uint8), mask=m2)
     record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
-def fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
-                    VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
-                    SCALE_STRIDE: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                    BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
-    """float32 rows ``out_row`` [BM pointers] (where live) = e4m3 value * float32 scale of the
-    rows at (page, row); zeros where not ok."""
+def fp8_decode_body(cache_ptr, aux_ptr, page, row, ok, out_row, live, page_stride, aux_stride, G: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
+    """The fp8_indexer decode body (rows_jit.decode_kernel): float32 rows ``out_row`` [BM
+    pointers] (where live) = e4m3 value * float32 scale of the rows at (page, row); zeros where
+    not ok. G: the row's geometry (indexer._geometry) and HW, the GPU's e4m3 conversion."""
     base = page * page_stride
-    blk = tl.arange(0, NB_P2)
-    elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
-    inb = (blk < NB)[None, :, None]
-    b = tl.load((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
+    blk = tl.arange(0, G.NB_P2)
+    elem = blk[:, None] * G.QB + tl.arange(0, G.QB)[None, :]
+    inb = (blk < G.NB)[None, :, None]
+    b = tl.load((cache_ptr + base + G.VAL_OFF + row * G.VAL_STRIDE)[:, None, None] + elem[None, :, :],
                 mask=ok[:, None, None] & inb, other=0)
-    scale_at = (cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + 4 * blk[None, :]
-    m2 = ok[:, None] & (blk < NB)[None, :]
-    bits = tl.zeros((BLOCK_M, NB_P2), tl.int32)
+    scale_at = (cache_ptr + base + G.SCALE_OFF + row * G.SCALE_STRIDE)[:, None] + 4 * blk[None, :]
+    m2 = ok[:, None] & (blk < G.NB)[None, :]
+    bits = tl.zeros((BLOCK_M, G.NB_P2), tl.int32)
     for i in tl.static_range(4):
         bits = bits | (tl.load(scale_at + i, mask=m2, other=0).to(tl.int32) << (8 * i))
-    v = nj.e4m3_to_f32(b, HW) * nj.bits_f32(bits)[:, :, None]
+    v = nj.e4m3_to_f32(b, G.HW) * nj.bits_f32(bits)[:, :, None]
     tl.store(out_row[:, None, None] + elem[None, :, :], v, mask=live[:, None, None] & inb)
-
-
-@triton.jit
-def fp8_decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
-                      PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                      SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                      NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr,
-                      SITE: tl.constexpr,
-                      HW: tl.constexpr = False):
-    """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots (a slot >=
-    capacity recorded at SITE)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
-    fp8_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
-                    VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, HW)
-    record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
@@ -120,17 +102,16 @@ def _store_nibble_words(at, words, mask, WORDS: tl.constexpr):
 
 @triton.jit
 def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, slot_stride, capacity, page_stride,
-                        PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                        FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
-                        E_MIN: tl.constexpr, E_MAX: tl.constexpr, FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr,
-                        E2M1_RNE: tl.constexpr, E2M1_SIGNED_ZERO: tl.constexpr, IS_BF16: tl.constexpr,
-                        EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr, LANE: tl.constexpr = False,
+                        PAGE_SIZE: tl.constexpr, G: tl.constexpr, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr,
+                        FLOOR_ON_SCALE: tl.constexpr, E_MIN: tl.constexpr, E_MAX: tl.constexpr,
+                        FLOOR_MODE: tl.constexpr, ELEM_EMAX: tl.constexpr, E2M1_RNE: tl.constexpr,
+                        E2M1_SIGNED_ZERO: tl.constexpr, IS_BF16: tl.constexpr, EXP_FLAT: tl.constexpr,
+                        BLOCK_M: tl.constexpr, SITE: tl.constexpr, LANE: tl.constexpr = False,
                         SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0, EM_CARRY: tl.constexpr = 0,
                         EM_FIELD: tl.constexpr = 0, HW: tl.constexpr = False, WORDS: tl.constexpr = False):
-    """Default rule: e = ceil_log2(max(amax, 1e-4) / 6); nibbles by threshold (element 2k low);
-    scale e + 127. Other profiles: their exponent rule and e2m1 rounding (constexprs).
+    """G: the row's geometry (indexer._geometry, as the decode bodies). Default rule: e =
+    ceil_log2(max(amax, 1e-4) / 6); nibbles by threshold (element 2k low); scale e + 127. Other
+    profiles: their exponent rule and e2m1 rounding (constexprs).
     LANE: each (row, block) pair of the program in one lane; else the [rows, blocks, values]
     tile that Triton spreads a block over four lanes of (kept for programs with fewer pairs
     than lanes, and to compare against).
@@ -154,19 +135,19 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
     of 4). With bf16 input and a rule that allows it (SHORT_E: _common.short_exponent) a block's
     exponent takes four integer operations (nj.block_exponent_short) instead of a division
     and a float32 log2."""
-    HQ: tl.constexpr = QB // 2
+    HQ: tl.constexpr = G.QB // 2
     if LANE:
-        V: tl.constexpr = 8 if QB % 8 == 0 else QB
-        P: tl.constexpr = BLOCK_M * NB_P2
+        V: tl.constexpr = 8 if G.QB % 8 == 0 else G.QB
+        P: tl.constexpr = BLOCK_M * G.NB_P2
         pr = tl.arange(0, P)
-        rows = tl.program_id(0).to(tl.int64) * BLOCK_M + pr // NB_P2
-        blk = pr % NB_P2
-        live = blk < NB
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_M + pr // G.NB_P2
+        blk = pr % G.NB_P2
+        live = blk < G.NB
         in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
-        col = (tl.arange(0, QB // V) * V)[:, None] + tl.arange(0, V)[None, :]
-        x = nj.load_f32((x_ptr + rows * x_stride + blk * QB)[:, None, None] + col[None, :, :],
+        col = (tl.arange(0, G.QB // V) * V)[:, None] + tl.arange(0, V)[None, :]
+        x = nj.load_f32((x_ptr + rows * x_stride + blk * G.QB)[:, None, None] + col[None, :, :],
                         (in_range & live)[:, None, None], IS_BF16)  # overlaps the slot load
-        x = tl.reshape(x, (P, QB))
+        x = tl.reshape(x, (P, G.QB))
         amax = nj.abs_max(x, 1)
         if SHORT_E and IS_BF16:  # the maximum of bf16 values: 8 significant bits
             e = nj.block_exponent_short(amax, E_FLOOR, EM_CARRY, EM_FIELD, E_MAX)
@@ -175,7 +156,7 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
         scale = nj.pow2(-e)
         y = x * scale[:, None]
         base = cache_ptr + page * page_stride
-        at = base + VAL_OFF + row * VAL_STRIDE + blk * HQ
+        at = base + G.VAL_OFF + row * G.VAL_STRIDE + blk * HQ
         SHORT_RULES: tl.constexpr = IS_BF16 and not E2M1_RNE and not E2M1_SIGNED_ZERO
         if SHORT_RULES:
             # amax * 2^-e is the largest |y| of the block (a product by a power of two is monotone);
@@ -190,100 +171,53 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
                 _store_nibbles(at, nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO), ok & live)
         else:
             _store_nibbles(at, nj.e2m1_code(y, E2M1_RNE, E2M1_SIGNED_ZERO), ok & live)
-        s = tl.minimum(tl.maximum(e + 127, 0), 255)
-        tl.store(base + SCALE_OFF + row * SCALE_STRIDE + blk, s.to(tl.uint8), mask=ok & live)
+        s = nj.ue8m0_byte(e)
+        tl.store(base + G.SCALE_OFF + row * G.SCALE_STRIDE + blk, s.to(tl.uint8), mask=ok & live)
         record_slots(err_ptr, rows, slot, capacity, SITE)
     else:
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
         base = page * page_stride
-        blk = tl.arange(0, NB_P2)
-        elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
+        blk = tl.arange(0, G.NB_P2)
+        elem = blk[:, None] * G.QB + tl.arange(0, G.QB)[None, :]
         pair = blk[:, None] * HQ + tl.arange(0, HQ)[None, :]
-        live = (blk < NB)[None, :, None]
+        live = (blk < G.NB)[None, :, None]
         x = nj.load_f32((x_ptr + rows * x_stride)[:, None, None] + elem[None, :, :], in_range[:, None, None] & live,
                         IS_BF16)  # overlaps the slot load
         e = nj.tile_exponent(nj.abs_max(x, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX, EXP_FLAT,
                              FLOOR_MODE, ELEM_EMAX)
         codes = nj.e2m1_code(x * nj.pow2(-e)[:, :, None], E2M1_RNE, E2M1_SIGNED_ZERO)
-        lo, hi = tl.split(tl.reshape(codes, (BLOCK_M, NB_P2, HQ, 2)))  # element 2k, element 2k + 1
-        tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + pair[None, :, :],
+        lo, hi = tl.split(tl.reshape(codes, (BLOCK_M, G.NB_P2, HQ, 2)))  # element 2k, element 2k + 1
+        tl.store((cache_ptr + base + G.VAL_OFF + row * G.VAL_STRIDE)[:, None, None] + pair[None, :, :],
                  (lo | (hi << 4)).to(tl.uint8), mask=ok[:, None, None] & live)
-        s = tl.minimum(tl.maximum(e + 127, 0), 255)
-        tl.store((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :], s.to(tl.uint8),
-                 mask=ok[:, None] & (blk < NB)[None, :])
+        s = nj.ue8m0_byte(e)
+        tl.store((cache_ptr + base + G.SCALE_OFF + row * G.SCALE_STRIDE)[:, None] + blk[None, :], s.to(tl.uint8),
+                 mask=ok[:, None] & (blk < G.NB)[None, :])
         record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
-def mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
-                      VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
-                      SCALE_STRIDE: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                      FF_NAN: tl.constexpr, BLOCK_M: tl.constexpr, STREAM: tl.constexpr = False):
-    """float32 rows ``out_row`` (where live) = e2m1 value * 2^(s-127) of the rows at (page, row);
-    a scale byte 0xFF reads NaN with FF_NAN, else +Inf (non-zero codes ±Inf, zero codes 0 * Inf =
-    NaN in the product itself). STREAM: the rows are stored with the .cs (streaming,
-    evict-first) cache hint."""
-    HQ: tl.constexpr = QB // 2
+def mxfp4_decode_body(cache_ptr, aux_ptr, page, row, ok, out_row, live, page_stride, aux_stride, G: tl.constexpr,
+                      BLOCK_M: tl.constexpr):
+    """The mxfp4_indexer decode body (rows_jit.decode_kernel): float32 rows ``out_row`` (where
+    live) = e2m1 value * 2^(s-127) of the rows at (page, row). G: the row's geometry
+    (indexer._geometry); FF_NAN: a scale byte 0xFF reads NaN, else +Inf (non-zero codes ±Inf,
+    zero codes 0 * Inf = NaN in the product itself); STREAM: the rows are stored with the .cs
+    (streaming, evict-first) cache hint."""
+    HQ: tl.constexpr = G.QB // 2
     base = page * page_stride
-    blk = tl.arange(0, NB_P2)
+    blk = tl.arange(0, G.NB_P2)
     pair = blk[:, None] * HQ + tl.arange(0, HQ)[None, :]
-    inb = (blk < NB)[None, :, None]
-    b = tl.load((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + pair[None, :, :],
+    inb = (blk < G.NB)[None, :, None]
+    b = tl.load((cache_ptr + base + G.VAL_OFF + row * G.VAL_STRIDE)[:, None, None] + pair[None, :, :],
                 mask=ok[:, None, None] & inb, other=0)
-    s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
-                mask=ok[:, None] & (blk < NB)[None, :], other=127)
-    sc = nj.ue8m0_value(s, FF_NAN)[:, :, None]
+    s = tl.load((cache_ptr + base + G.SCALE_OFF + row * G.SCALE_STRIDE)[:, None] + blk[None, :],
+                mask=ok[:, None] & (blk < G.NB)[None, :], other=127)
+    sc = nj.ue8m0_value(s, G.FF_NAN)[:, :, None]
     v = tl.join(nj.e2m1_value(b) * sc, nj.e2m1_value(b.to(tl.int32) >> 4) * sc)  # low nibble first
-    elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
+    elem = blk[:, None] * G.QB + tl.arange(0, G.QB)[None, :]
     at = out_row[:, None, None] + elem[None, :, :]
-    if STREAM:
-        tl.store(at, tl.reshape(v, (BLOCK_M, NB_P2, QB)), mask=live[:, None, None] & inb, cache_modifier=".cs")
+    if G.STREAM:
+        tl.store(at, tl.reshape(v, (BLOCK_M, G.NB_P2, G.QB)), mask=live[:, None, None] & inb, cache_modifier=".cs")
     else:
-        tl.store(at, tl.reshape(v, (BLOCK_M, NB_P2, QB)), mask=live[:, None, None] & inb)
-
-
-@triton.jit
-def mxfp4_decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
-                        PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, FF_NAN: tl.constexpr,
-                        BLOCK_M: tl.constexpr, SITE: tl.constexpr, HW: tl.constexpr = False):
-    """out float32 [N, NB*QB] = the rows at slots; zero rows for invalid slots (a slot >=
-    capacity recorded at SITE). (HW: unused, e2m1
-    has no hardware conversion on Hopper; taken so both indexer decoders share a launcher.)"""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
-    mxfp4_decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
-                      VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, FF_NAN, BLOCK_M)
-    record_slots(err_ptr, rows, slot, capacity, SITE)
-
-
-@triton.jit
-def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr, err_ptr,
-                        t_stride0, t_stride1, table_cols, num_pages, page_stride,
-                        out_stride0, out_stride1, offset, width, req0,
-                        PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, MXFP4: tl.constexpr,
-                        FF_NAN: tl.constexpr, HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        GLEN_SITE: tl.constexpr, OUT_SITE: tl.constexpr, HW: tl.constexpr = False,
-                        STREAM: tl.constexpr = False):
-    """dequantize_gather of either indexer format (MXFP4 picks the body): float32
-    out[req, offset + i] = the decoded row of position seq_len - gather_len + i of request req.
-    FF_NAN: MXFP4 scale byte 0xFF reads NaN, else +Inf (the FP8 indexer's float32 scales take
-    none). STREAM: MXFP4 rows stored with the streaming cache hint. Invalid gather_lens and workspace
-    widths are recorded (rows_jit.request_rows)."""
-    req = tl.program_id(1).to(tl.int64) + req0
-    i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live, ok, page, row, seq, glen = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr,
-                                                  glen_ptr, base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
-    out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
-    if MXFP4:
-        mxfp4_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
-                          VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, FF_NAN, BLOCK_M,
-                          STREAM)
-    else:
-        fp8_decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
-                        VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, HW)
-    record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE, OUT_SITE)
+        tl.store(at, tl.reshape(v, (BLOCK_M, G.NB_P2, G.QB)), mask=live[:, None, None] & inb)

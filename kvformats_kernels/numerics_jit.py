@@ -146,6 +146,12 @@ def pow2(k):
 
 
 @triton.jit
+def ue8m0_byte(e):
+    """int32 exponents -> ue8m0 scale bytes clamp(e + 127, 0, 255) (int32; stored as uint8)."""
+    return tl.minimum(tl.maximum(e + 127, 0), 255)
+
+
+@triton.jit
 def ue8m0_value(s, FF_NAN: tl.constexpr):
     """ue8m0 byte (int tensor, low 8 bits) -> float32 2^(s - 127); 0xFF -> NaN with FF_NAN
     (float8_e8m0fnu), else +Inf (2^128 in float32: the profile's ue8m0_ff "inf")."""

@@ -1,5 +1,5 @@
 """Triton kernels shared by the byte formats: locating rows (by slot, by block table, by
-cu_seq_lens) and copying encoded records.
+cu_seq_lens), copying encoded records, and decoding rows through a format's decode body.
 
 Records move in *units*: the widest integer type (8, 4, 2 or 1 bytes) dividing every offset,
 stride and record size involved, chosen by the launcher (rows.py); all offsets here count
@@ -22,22 +22,13 @@ WORKSPACE_ROWS = tl.constexpr(6)
 
 
 @triton.jit
-def locate(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE: tl.constexpr):
-    """For row ids ``rows`` (int64 [BM]): (in range of the call, slot valid, page, row in page).
+def locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE: tl.constexpr):
+    """For row ids ``rows`` (int64 [BM]): (in range of the call, slot valid, page, row in page,
+    the slot as loaded: int64, -1 past the call's rows, for ``record_slots``).
 
     A slot is valid when 0 <= slot < capacity; invalid slots point at page 0, row 0 so every
     address stays inside the cache even where a mask is ignored.
     """
-    in_range = rows < n_rows
-    slot = tl.load(slots_ptr + rows * slot_stride, mask=in_range, other=-1).to(tl.int64)
-    ok = in_range & (slot >= 0) & (slot < capacity)
-    slot = tl.where(ok, slot, 0)
-    return in_range, ok, slot // PAGE_SIZE, slot % PAGE_SIZE
-
-
-@triton.jit
-def locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE: tl.constexpr):
-    """``locate``, and the slot as loaded (int64, -1 past the call's rows) for ``record_slots``."""
     in_range = rows < n_rows
     slot = tl.load(slots_ptr + rows * slot_stride, mask=in_range, other=-1).to(tl.int64)
     ok = in_range & (slot >= 0) & (slot < capacity)
@@ -116,6 +107,21 @@ def record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE: tl.constex
 
 
 @triton.jit
+def search_step(cu_ptr, cu_stride, t, live, lo, hi):
+    """One step of the branch-free binary search for r with cu[r] <= t < cu[r + 1] (rows ``t``,
+    int64 [BM], where live): (lo, hi) narrowed by one dependent load of cu[mid + 1]. Started at
+    (0, R), bit length of R steps leave lo = the number of entries of cu[1..R] at most t
+    (searchsorted's right rule) for a cu that never decreases."""
+    active = live & (lo < hi)
+    mid = (lo + hi) // 2
+    v = tl.load(cu_ptr + (mid + 1) * cu_stride, mask=active, other=0).to(tl.int64)
+    right = (active & (v <= t)).to(tl.int64)
+    left = (active & (v > t)).to(tl.int64)
+    # arithmetic rather than tl.where: Triton 3.6 fails to compile a select here (layouts)
+    return lo + right * (mid + 1 - lo), hi - left * (hi - mid)
+
+
+@triton.jit
 def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr, SCAN: tl.constexpr = 0):
     """For output rows ``t`` (int64 [BM]) of gather_paged: (covered: t < T and t < cu[R],
     request r with cu[r] <= t < cu[r + 1], position t - cu[r]); no host read of cu[-1].
@@ -123,8 +129,8 @@ def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr, SCAN: t
     SCAN > 0 (a power of two >= R, for few requests): r = the number of entries of cu[1..R]
     at most t (searchsorted's right rule), from one vector load of cu[1..R] and a compare
     against every row, so the row's page address waits on three dependent loads (cu[1..R],
-    cu[r], the table entry) instead of STEPS + 2. Else a branch-free binary search over cu[1..R] (STEPS = bit
-    length of R iterations, one dependent load each). Both give the same r for a cu that
+    cu[r], the table entry) instead of STEPS + 2. Else the binary search of search_step (STEPS
+    = bit length of R steps, one dependent load each). Both give the same r for a cu that
     never decreases (which the eager checks ensure)."""
     in_range = t < T_rows
     if SCAN > 0:
@@ -132,21 +138,11 @@ def cu_rows(cu_ptr, cu_stride, requests, t, T_rows, STEPS: tl.constexpr, SCAN: t
         ends = tl.load(cu_ptr + k * cu_stride, mask=k <= requests, other=0).to(tl.int64)
         below = (ends[None, :] <= t[:, None]) & (k <= requests)[None, :]
         lo = tl.sum(below.to(tl.int64), axis=1)
-        covered = in_range & (lo < requests)
-        req = lo * covered.to(tl.int64)
-        start = tl.load(cu_ptr + req * cu_stride, mask=covered, other=0).to(tl.int64)
-        return covered, req, t - start
-    lo = tl.zeros(t.shape, tl.int64)
-    hi = tl.zeros(t.shape, tl.int64) + requests
-    for _ in tl.static_range(STEPS):
-        active = in_range & (lo < hi)
-        mid = (lo + hi) // 2
-        v = tl.load(cu_ptr + (mid + 1) * cu_stride, mask=active, other=0).to(tl.int64)
-        right = (active & (v <= t)).to(tl.int64)
-        left = (active & (v > t)).to(tl.int64)
-        # arithmetic rather than tl.where: Triton 3.6 fails to compile a select here (layouts)
-        lo = lo + right * (mid + 1 - lo)
-        hi = hi - left * (hi - mid)
+    else:
+        lo = tl.zeros(t.shape, tl.int64)
+        hi = tl.zeros(t.shape, tl.int64) + requests
+        for _ in tl.static_range(STEPS):
+            lo, hi = search_step(cu_ptr, cu_stride, t, in_range, lo, hi)
     covered = in_range & (lo < requests)
     req = lo * covered.to(tl.int64)
     start = tl.load(cu_ptr + req * cu_stride, mask=covered, other=0).to(tl.int64)
@@ -231,6 +227,48 @@ def gather_paged_kernel(cache_ptr, table_ptr, cu_ptr, v0_ptr, v1_ptr, err_ptr, t
         rj.record_order(err_ptr, cu_ptr, cu_stride, requests + 1, True, SITE)
         last = tl.load(cu_ptr + requests * cu_stride).to(tl.int64)
         rj.record_scalar(err_ptr, last > t_rows, last * 0, last, last * 0 + t_rows, WORKSPACE_ROWS, SITE)
+
+
+# ----- decoding: one kernel per addressing, the format's decode body a constexpr --------------
+# A decode body is a @triton.jit function
+#     BODY(cache_ptr, aux_ptr, page, row, ok, out_row, live, page_stride, aux_stride, G, BLOCK_M)
+# that decodes the rows at (page, row) [BM] (zeros where not ok) into the rows ``out_row`` [BM
+# pointers] where live. G holds the format's constants (a named tuple, read as G.NB:
+# _common.constants); aux_ptr and aux_stride are a second view of the cache and its page
+# stride, for a body that reads part of a row through one (fp8_ds_mla's int16 RoPE tail); the
+# others are passed the cache itself. They come last among the kernels' arguments, so that the
+# bodies that ignore them compile as when each format had kernels of its own.
+
+
+@triton.jit
+def decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride, aux_ptr,
+                  aux_stride, BODY: tl.constexpr, G: tl.constexpr, ROW: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                  BLOCK_M: tl.constexpr, SITE: tl.constexpr):
+    """out [N, ROW] = the rows at slots, decoded by BODY; zero rows for invalid slots (a slot >=
+    capacity recorded at SITE)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    BODY(cache_ptr, aux_ptr, page, row, ok, out_ptr + rows * ROW, in_range, page_stride, aux_stride, G, BLOCK_M)
+    record_slots(err_ptr, rows, slot, capacity, SITE)
+
+
+@triton.jit
+def paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr, err_ptr,
+                        t_stride0, t_stride1, table_cols, num_pages, page_stride,
+                        out_stride0, out_stride1, offset, width, req0, aux_ptr, aux_stride,
+                        BODY: tl.constexpr, G: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_GLEN: tl.constexpr,
+                        HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr, GLEN_SITE: tl.constexpr,
+                        OUT_SITE: tl.constexpr):
+    """dequantize_gather: out[req, offset + i] = the row of position seq_len - gather_len + i of
+    request req (program axis 1, plus req0) through the table, decoded by BODY; an invalid
+    gather_len or workspace width recorded (request_rows)."""
+    req = tl.program_id(1).to(tl.int64) + req0
+    i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    live, ok, page, row, seq, glen = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr,
+                                                  glen_ptr, base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
+    out_row = out_ptr + req * out_stride0 + (offset + i) * out_stride1
+    BODY(cache_ptr, aux_ptr, page, row, ok, out_row, live, page_stride, aux_stride, G, BLOCK_M)
+    record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE, OUT_SITE)
 
 
 @triton.jit

@@ -38,9 +38,9 @@ def _geometry(layout) -> dict:
     data = _data_region(layout)
     val_off, val_stride, _ = cm.region(layout, data.name)
     scale_off, scale_stride, _ = cm.region(layout, data.scale)
-    return dict(PAGE_SIZE=layout.page_size, VAL_OFF=val_off, VAL_STRIDE=val_stride, SCALE_OFF=scale_off,
-                SCALE_STRIDE=scale_stride, NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks),
-                QB=data.block, FP4=data.dtype == "float4_e2m1fn_x2")
+    return dict(VAL_OFF=val_off, VAL_STRIDE=val_stride, SCALE_OFF=scale_off, SCALE_STRIDE=scale_stride,
+                NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks), QB=data.block,
+                FP4=data.dtype == "float4_e2m1fn_x2")
 
 
 @cm.per_layout
@@ -55,9 +55,9 @@ def _encode_plan(layout, is_bf16: bool, cfg_items: tuple, hw: bool, words: bool,
     depends on a tensor's values; ``words``: every data address is a multiple of 4;
     ``lanes``: the fp4 one-pair-per-lane path (_encode_config)."""
     cfg = dict(cfg_items)
-    return cfg["block_m"], cm.frozen(dict(_geometry(layout), **_rule_constants(layout), IS_BF16=is_bf16,
-                                          BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"], HW=hw, WORDS=words,
-                                          LANES=lanes, **cm.launch_opts(cfg)))
+    return cfg["block_m"], cm.frozen(dict(_geometry(layout), PAGE_SIZE=layout.page_size, **_rule_constants(layout),
+                                          IS_BF16=is_bf16, BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"], HW=hw,
+                                          WORDS=words, LANES=lanes, **cm.launch_opts(cfg)))
 
 
 def _encode_config(layout, is_bf16: bool, aligned: bool) -> tuple[dict, bool]:
@@ -98,34 +98,51 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
 
 
 @functools.lru_cache(maxsize=256)
-def _decode_plan(layout, cfg_items: tuple, hw: bool, site: int, words: bool):
+def _decode_plan(layout, cfg_items: tuple, hw: bool, site: int):
     cfg = dict(cfg_items)
-    return cfg["block_m"], cm.frozen(dict(_geometry(layout), **cm.read_constants(layout), BLOCK_M=cfg["block_m"],
-                                          SITE=site, HW=hw, WORDS=words, LANES=_lanes(layout, cfg),
-                                          **cm.launch_opts(cfg)))
+    return cfg["block_m"], cm.decode_constants(jit.decode_body, _body_constants(layout, hw), layout.page_size, cfg,
+                                               ROW=layout.head_dim, SITE=site)
+
+
+def _decode_launch(layout, u8: torch.Tensor, stride: int, n: int, site: int):
+    cfg = CONFIG["decode"]
+    return (*_decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site), u8, 0)
 
 
 def decode(layout, cache: torch.Tensor, slots: torch.Tensor, site: int = cm.SITES["decode"]) -> torch.Tensor:
     """bf16 ``[N, head_dim]`` rows at ``slots``; zero rows for invalid slots (those >= capacity
-    recorded at ``site``)."""
+    recorded at ``site``). fp4 rows in word-aligned records take the one-pair-per-lane kernel."""
     n = slots.shape[0]
-    out = torch.empty((n, layout.head_dim), dtype=torch.int16, device=cache.device)
-    if n > 0:
+    cfg = CONFIG["decode"]
+    if n > 0 and _lanes(layout, cfg):
         u8, stride = cm.byte_cache(layout, cache)
-        cfg = CONFIG["decode"]
-        block_m, consts = _decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site,
-                                       cm.words_aligned(u8, stride, _geometry(layout)))
-        fast(jit.v41_decode_kernel)[(cm.grid_rows(n, block_m),)](
-            u8, slots, out, cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size, stride,
-            **consts)
-    return out.view(torch.bfloat16)
+        if cm.words_aligned(u8, stride, _geometry(layout)):
+            out = torch.empty((n, layout.head_dim), dtype=torch.int16, device=cache.device)
+            block_m, consts = _lanes_decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site)
+            fast(jit.fp4_decode_lanes_kernel)[(cm.grid_rows(n, block_m),)](
+                u8, slots, out, cm.error_record(cache), n, slots.stride(0), cm.capacity(layout, cache), stride,
+                **consts)
+            return out.view(torch.bfloat16)
+    return cm.decode_rows(layout, cache, slots, torch.int16, _decode_launch, site).view(torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=256)
+def _lanes_decode_plan(layout, cfg_items: tuple, hw: bool, site: int):
+    cfg = dict(cfg_items)
+    return cfg["block_m"], cm.frozen(dict(_geometry(layout), PAGE_SIZE=layout.page_size, BLOCK_M=cfg["block_m"],
+                                          SITE=site, HW=hw, **cm.launch_opts(cfg)))
+
+
+def _body_constants(layout, hw: bool) -> dict:
+    """The decode body's constants: the row's geometry, the profile's reading of 0xFF, HW."""
+    return dict(_geometry(layout), **cm.read_constants(layout), HW=hw)
 
 
 @functools.lru_cache(maxsize=256)
 def _paged_plan(layout, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bool):
     cfg = dict(cfg_items)
-    return cfg["block_m"], cm.paged_constants(dict(_geometry(layout), **cm.read_constants(layout), HW=hw), has_glen,
-                                              has_base, cfg)
+    return cfg["block_m"], cm.paged_constants(jit.decode_body, _body_constants(layout, hw), layout.page_size,
+                                              has_glen, has_base, cfg)
 
 
 def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
@@ -134,8 +151,8 @@ def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, ba
     cfg = CONFIG["paged"]
     block_m, consts = _paged_plan(layout, gather_lens is not None, base is not None, tuple(cfg.items()),
                                   cm.hw_cvt(cfg))
-    cm.launch_paged(jit.v41_paged_decode_kernel, (u8,), out.view(torch.int16), block_table, seq_lens, gather_lens, base,
-                    offset, cache.shape[0], (stride,), block_m, consts)
+    cm.launch_paged(u8, stride, out.view(torch.int16), block_table, seq_lens, gather_lens, base, offset,
+                    cache.shape[0], block_m, consts)
 
 
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:

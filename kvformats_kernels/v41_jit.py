@@ -13,7 +13,7 @@ import triton.language as tl
 from kvformats_kernels import numerics_jit as nj
 from kvformats_kernels.fp8_ds_mla_jit import ue8m0_block_bits
 from kvformats_kernels.indexer_jit import _store_nibble_words
-from kvformats_kernels.rows_jit import lane_pairs, locate_slot, record_request, record_slots, request_rows
+from kvformats_kernels.rows_jit import lane_pairs, locate_slot, record_slots
 
 
 @triton.jit
@@ -112,50 +112,51 @@ def v41_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, sl
         codes = nj.e4m3_code(x * nj.pow2(-e)[:, :, None], HW)
         tl.store((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
                  codes.to(tl.uint8), mask=m2[:, :, None])
-        tl.store(scale_at, tl.minimum(tl.maximum(e + 127, 0), 255).to(tl.uint8), mask=m2)
+        tl.store(scale_at, nj.ue8m0_byte(e).to(tl.uint8), mask=m2)
     record_slots(err_ptr, rows, slot, capacity, SITE)
 
 
 @triton.jit
-def decode_body(cache_ptr, page, row, ok, out_row, live, page_stride,
-                VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr,
-                SCALE_STRIDE: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr,
-                FP4: tl.constexpr, FF_NAN: tl.constexpr, BLOCK_M: tl.constexpr, HW: tl.constexpr = False):
-    """bf16 bits (int16) of the rows at (page, row) [BM] (zeros where not ok) into ``out_row``
-    [BM pointers] where live: 528 B rows e4m3 * 2^(s - 127), FP4 rows e2m1 * e4m3 scale (exact),
-    each rounded once to bf16 (NaN codes and scales give NaN; a ue8m0 byte 0xFF reads NaN with
-    FF_NAN, else +Inf, as the profile says)."""
+def decode_body(cache_ptr, aux_ptr, page, row, ok, out_row, live, page_stride, aux_stride, G: tl.constexpr,
+                BLOCK_M: tl.constexpr):
+    """The decode body of both V4.1 formats (rows_jit.decode_kernel; G.FP4 picks): bf16 bits
+    (int16) of the rows at (page, row) [BM] (zeros where not ok) into ``out_row`` [BM pointers]
+    where live: 528 B rows e4m3 * 2^(s - 127), FP4 rows e2m1 * e4m3 scale (exact), each rounded
+    once to bf16 (NaN codes and scales give NaN; a ue8m0 byte 0xFF reads NaN with FF_NAN, else
+    +Inf, as the profile says)."""
     base = page * page_stride
-    blk = tl.arange(0, NB_P2)
-    inb = (blk < NB)[None, :]
-    s = tl.load((cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE)[:, None] + blk[None, :],
+    blk = tl.arange(0, G.NB_P2)
+    inb = (blk < G.NB)[None, :]
+    s = tl.load((cache_ptr + base + G.SCALE_OFF + row * G.SCALE_STRIDE)[:, None] + blk[None, :],
                 mask=ok[:, None] & inb, other=0)
-    if FP4:
-        HQ: tl.constexpr = QB // 2
+    if G.FP4:
+        HQ: tl.constexpr = G.QB // 2
         pair = blk[:, None] * HQ + tl.arange(0, HQ)[None, :]
-        b = tl.load((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + pair[None, :, :],
+        b = tl.load((cache_ptr + base + G.VAL_OFF + row * G.VAL_STRIDE)[:, None, None] + pair[None, :, :],
                     mask=ok[:, None, None] & inb[:, :, None], other=0)
-        sc = nj.e4m3_to_f32(s, HW)[:, :, None]
+        sc = nj.e4m3_to_f32(s, G.HW)[:, :, None]
         v = tl.join(nj.e2m1_value(b) * sc, nj.e2m1_value(b.to(tl.int32) >> 4) * sc)  # low nibble first
-        bits = nj.bf16_bits(tl.reshape(v, (BLOCK_M, NB_P2, QB)), HW)
+        bits = nj.bf16_bits(tl.reshape(v, (BLOCK_M, G.NB_P2, G.QB)), G.HW)
     else:
-        elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
-        b = tl.load((cache_ptr + base + VAL_OFF + row * VAL_STRIDE)[:, None, None] + elem[None, :, :],
+        elem = blk[:, None] * G.QB + tl.arange(0, G.QB)[None, :]
+        b = tl.load((cache_ptr + base + G.VAL_OFF + row * G.VAL_STRIDE)[:, None, None] + elem[None, :, :],
                     mask=ok[:, None, None] & inb[:, :, None], other=0)
-        bits = ue8m0_block_bits(b, s, HW, FF_NAN)
-    out = blk[:, None] * QB + tl.arange(0, QB)[None, :]
+        bits = ue8m0_block_bits(b, s, G.HW, G.FF_NAN)
+    out = blk[:, None] * G.QB + tl.arange(0, G.QB)[None, :]
     tl.store(out_row[:, None, None] + out[None, :, :], bits.to(tl.int16), mask=live[:, None, None] & inb[:, :, None])
 
 
 @triton.jit
-def _fp4_decode_lanes(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
-                      PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                      SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr, NB: tl.constexpr, NB_P2: tl.constexpr,
-                      QB: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr, HW: tl.constexpr):
-    """The fp4 slot decode, one (row, block) pair per lane: its data record's words and scale
+def fp4_decode_lanes_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
+                            PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
+                            SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr, NB: tl.constexpr,
+                            NB_P2: tl.constexpr, QB: tl.constexpr, FP4: tl.constexpr, BLOCK_M: tl.constexpr,
+                            SITE: tl.constexpr, HW: tl.constexpr):
+    """The fp4 slot decode of word-aligned records, one (row, block) pair per lane (the other
+    decodes take decode_body through rows_jit's kernels): its data record's words and scale
     byte in, its bf16 values out as int32 pairs (nj.e2m1_bf16_words; with HW about four
     instructions a value, against eighteen for codes decoded one by one and joined)."""
-    tl.static_assert(QB % 8 == 0, "a data word holds eight values")
+    tl.static_assert(FP4 and QB % 8 == 0, "fp4 rows: a data word holds eight values")
     rows, blk, live, in_range, ok, page, row, slot = lane_pairs(slots_ptr, slot_stride, n_rows, capacity, BLOCK_M,
                                                                 NB, NB_P2, PAGE_SIZE)
     base = cache_ptr + page * page_stride
@@ -167,45 +168,3 @@ def _fp4_decode_lanes(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_strid
     tl.store(dst[:, None] + tl.arange(0, QB // 2)[None, :], nj.e2m1_bf16_words(w, nj.e4m3_to_f32(sbyte, HW), HW),
              mask=(in_range & live)[:, None])
     record_slots(err_ptr, rows, slot, capacity, SITE)
-
-
-@triton.jit
-def v41_decode_kernel(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
-                  PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                  SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                  NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, FP4: tl.constexpr,
-                  FF_NAN: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr, HW: tl.constexpr = False,
-                  WORDS: tl.constexpr = False, LANES: tl.constexpr = False):
-    """out (int16 bits of bf16) [N, NB * QB]: the rows at slots; zero rows for invalid slots (a
-    slot >= capacity recorded at SITE). With LANES (FP4 rows whose data records are word
-    aligned: WORDS) through _fp4_decode_lanes."""
-    if FP4 and LANES and WORDS:
-        _fp4_decode_lanes(cache_ptr, slots_ptr, out_ptr, err_ptr, n_rows, slot_stride, capacity, page_stride,
-                          PAGE_SIZE, VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, BLOCK_M, SITE, HW)
-        return
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
-    decode_body(cache_ptr, page, row, ok, out_ptr + rows * (NB * QB), in_range, page_stride,
-                VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, FP4, FF_NAN, BLOCK_M, HW)
-    record_slots(err_ptr, rows, slot, capacity, SITE)
-
-
-@triton.jit
-def v41_paged_decode_kernel(cache_ptr, table_ptr, seq_ptr, glen_ptr, base_ptr, out_ptr, err_ptr,
-                        t_stride0, t_stride1, table_cols, num_pages, page_stride,
-                        out_stride0, out_stride1, offset, width, req0,
-                        PAGE_SIZE: tl.constexpr, VAL_OFF: tl.constexpr, VAL_STRIDE: tl.constexpr,
-                        SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
-                        NB: tl.constexpr, NB_P2: tl.constexpr, QB: tl.constexpr, FP4: tl.constexpr,
-                        FF_NAN: tl.constexpr, HAS_GLEN: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        GLEN_SITE: tl.constexpr, OUT_SITE: tl.constexpr, HW: tl.constexpr = False):
-    """dequantize_gather: bf16 bits out[req, offset + i] = the decoded row of position
-    seq_len - gather_len + i of request req (program axis 1, plus req0) through the table; an
-    invalid gather_len or workspace width recorded (rows_jit.request_rows)."""
-    req = tl.program_id(1).to(tl.int64) + req0
-    i = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live, ok, page, row, seq, glen = request_rows(table_ptr, t_stride0, t_stride1, table_cols, num_pages, seq_ptr,
-                                                  glen_ptr, base_ptr, req, i, width, HAS_GLEN, HAS_BASE, PAGE_SIZE)
-    decode_body(cache_ptr, page, row, ok, out_ptr + req * out_stride0 + (offset + i) * out_stride1, live,
-                page_stride, VAL_OFF, VAL_STRIDE, SCALE_OFF, SCALE_STRIDE, NB, NB_P2, QB, FP4, FF_NAN, BLOCK_M, HW)
-    record_request(err_ptr, req, seq, glen, width, offset, GLEN_SITE, OUT_SITE)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_cache, check_tensor  # noqa: F401 - FLOAT_DTYPES: C.FLOAT_DTYPES
+from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_cache, check_tensor, repeats  # noqa: F401 - FLOAT_DTYPES: C.FLOAT_DTYPES
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import CompressorState, Fp8DsMla
-from kvformats.formats.compressor_state import RATIOS
+from kvformats.formats.compressor_state import RATIOS, halves
 from kvformats.registry import get_format
 
 
@@ -99,7 +99,7 @@ def state_layout(state_cache, ratio: int, head_dim: int) -> CompressorState:
     if not isinstance(state_cache, torch.Tensor) or state_cache.dtype != torch.float32 or state_cache.dim() != 3:
         raise InputTypeError(f"state_cache must be a float32 tensor [pages, rows_per_page, 2 * W], "
                              f"got {describe(state_cache)}")
-    coff = 2 if ratio == 4 else 1
+    coff = halves(ratio)
     if state_cache.shape[2] != 2 * coff * head_dim:
         raise LayoutError(f"state_cache rows must hold 2 * W = {2 * coff * head_dim} floats for ratio {ratio} "
                           f"and head_dim {head_dim} (W = {coff} * head_dim), got {state_cache.shape[2]}")
@@ -131,5 +131,5 @@ def check_written_slots(layout, cache, slots, write, name: str) -> None:
     if live.numel() and int(live.max()) >= capacity:
         raise InputError(f"{name} has slot {int(live.max())} beyond the cache's capacity: {cache.shape[0]} pages "
                          f"* {layout.page_size} rows = {capacity} slots (negative means 'no row')")
-    if torch.unique(live).numel() != live.numel():
+    if repeats(live):
         raise InputError(f"{name} repeats a target row among the rows this call writes")

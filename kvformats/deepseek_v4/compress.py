@@ -55,7 +55,7 @@ def save_compressor_state(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tens
     device = state_cache.device if isinstance(state_cache, torch.Tensor) else None
     C.check_tensor("kv", kv, dtypes=C.FLOAT_DTYPES, shape=(None, None), device=device)
     C.check_int("ratio", ratio, allowed=C.RATIOS)
-    coff = 2 if ratio == 4 else 1
+    coff = C.halves(ratio)
     if kv.shape[1] % coff:
         raise InputError(f"kv width must be a multiple of 2 for ratio 4 (W = 2 * head_dim), got {kv.shape[1]}")
     layout = C.state_layout(state_cache, ratio, kv.shape[1] // coff)
@@ -176,22 +176,24 @@ def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, rat
         block_table_base_offsets, rms_weight, eps, cos_sin_cache, kv_slots)
 
 
+def _insert_at(kind: str, ratio: int, state_cache, kv_cache, kwargs: dict) -> None:
+    """``compress_kv_insert`` at the one ratio of ``kind`` (a ``ratio`` keyword may repeat it)."""
+    given = kwargs.pop("ratio", ratio)
+    if given != ratio:
+        raise InputError(f"{kind} compress insert requires ratio {ratio}, got {given!r}")
+    compress_kv_insert(state_cache, kv_cache, ratio=ratio, **kwargs)
+
+
 @replay.replayable
 def csa_compress_kv_insert(state_cache, kv_cache, **kwargs) -> None:
     """``compress_kv_insert`` with ratio 4 (overlapping windows of 8 positions)."""
-    ratio = kwargs.pop("ratio", 4)
-    if ratio != 4:
-        raise InputError(f"CSA compress insert requires ratio 4, got {ratio!r}")
-    compress_kv_insert(state_cache, kv_cache, ratio=4, **kwargs)
+    _insert_at("CSA", 4, state_cache, kv_cache, kwargs)
 
 
 @replay.replayable
 def hca_compress_kv_insert(state_cache, kv_cache, **kwargs) -> None:
     """``compress_kv_insert`` with ratio 128 (windows of 128 positions, no overlap)."""
-    ratio = kwargs.pop("ratio", 128)
-    if ratio != 128:
-        raise InputError(f"HCA compress insert requires ratio 128, got {ratio!r}")
-    compress_kv_insert(state_cache, kv_cache, ratio=128, **kwargs)
+    _insert_at("HCA", 128, state_cache, kv_cache, kwargs)
 
 
 def _pooled_rows(state_cache, ratio, positions, req_indices, state_slots, block_table, base, weight, eps,

@@ -47,6 +47,22 @@ def _check_fits(name: str, value: int, limit: int) -> None:
                          f"pass a smaller {name}")
 
 
+def _check_sizes(*sizes: tuple[str, int, int]) -> None:
+    """Python-int sizes ``(name, value, limit)``: each an int >= 1, then each at most its limit."""
+    for name, value, _ in sizes:
+        C.check_int(name, value, minimum=1)
+    for name, value, limit in sizes:
+        _check_fits(name, value, limit)
+
+
+def _check_requests(block_table, base_offsets, query_start_loc, seq_lens, device) -> None:
+    """A block table (optional base offsets) of R requests, their query_start_loc [R + 1] and
+    seq_lens [R]."""
+    r = C.check_table(block_table, None, device, base_offsets)
+    C.check_index("query_start_loc", query_start_loc, r + 1, device)
+    C.check_index("seq_lens", seq_lens, r, device)
+
+
 def _int32_entries(x: torch.Tensor) -> torch.Tensor:
     """int64 index-row entries -> int32, −1 for those outside the int32 range (no wrapping)."""
     return torch.where((x >= -INT32_MAX - 1) & (x <= INT32_MAX), x, -1).to(torch.int32)
@@ -91,10 +107,7 @@ def table_slot_mapping(*, positions, req_indices, block_table, page_size: int, e
     C.check_table(block_table, None, dev, block_table_base_offsets)
     if is_valid_token is not None:
         C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(n,), device=dev)
-    C.check_int("page_size", page_size, minimum=1)
-    C.check_int("entry_stride", entry_stride, minimum=1)
-    _check_fits("page_size", page_size, INT64_MAX)
-    _check_fits("entry_stride", entry_stride, INT64_MAX)
+    _check_sizes(("page_size", page_size, INT64_MAX), ("entry_stride", entry_stride, INT64_MAX))
     return D.resolve("table_slot_mapping", backend, dev)(positions, req_indices, block_table, page_size,
                                                           entry_stride, block_table_base_offsets, is_valid_token)
 
@@ -124,13 +137,8 @@ def compressed_slot_mapping(*, num_tokens: int, query_start_loc, seq_lens, block
     """
     dev = _device(block_table)
     C.check_int("num_tokens", num_tokens)
-    r = C.check_table(block_table, None, dev, block_table_base_offsets)
-    C.check_index("query_start_loc", query_start_loc, r + 1, dev)
-    C.check_index("seq_lens", seq_lens, r, dev)
-    C.check_int("page_size", page_size, minimum=1)
-    C.check_int("ratio", ratio, minimum=1)
-    _check_fits("page_size", page_size, INT64_MAX)
-    _check_fits("ratio", ratio, INT64_MAX)
+    _check_requests(block_table, block_table_base_offsets, query_start_loc, seq_lens, dev)
+    _check_sizes(("page_size", page_size, INT64_MAX), ("ratio", ratio, INT64_MAX))
     if out is not None:
         C.check_tensor("out", out, dtypes=(torch.int64,), shape=(None,), device=dev)
         if out.shape[0] < num_tokens:
@@ -183,8 +191,7 @@ def global_topk_indices_and_lens(*, topk_indices, req_indices, block_table, page
     n = topk_indices.shape[0]
     C.check_index("req_indices", req_indices, n, dev)
     C.check_table(block_table, None, dev)
-    C.check_int("page_size", page_size, minimum=1)
-    _check_fits("page_size", page_size, INT64_MAX)
+    _check_sizes(("page_size", page_size, INT64_MAX))
     if is_valid_token is not None:
         C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(n,), device=dev)
     fn = D.resolve("global_topk_indices_and_lens", backend, dev)
@@ -339,13 +346,8 @@ def decode_swa_indices_and_lens(*, query_start_loc, seq_lens, req_indices, block
     """
     dev = _device(req_indices)
     n = C.check_index("req_indices", req_indices, None, dev)
-    r = C.check_table(block_table, None, dev, block_table_base_offsets)
-    C.check_index("query_start_loc", query_start_loc, r + 1, dev)
-    C.check_index("seq_lens", seq_lens, r, dev)
-    C.check_int("window_size", window_size, minimum=1)
-    C.check_int("page_size", page_size, minimum=1)
-    _check_fits("window_size", window_size, INT32_MAX)
-    _check_fits("page_size", page_size, INT64_MAX)
+    _check_requests(block_table, block_table_base_offsets, query_start_loc, seq_lens, dev)
+    _check_sizes(("window_size", window_size, INT32_MAX), ("page_size", page_size, INT64_MAX))
     if is_valid_token is not None:
         C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(n,), device=dev)
     for name, out, shape in (("out_indices", out_indices, (None, window_size)), ("out_lens", out_lens, (None,))):

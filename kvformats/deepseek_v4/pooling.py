@@ -26,7 +26,7 @@ MASKED_SCORE = -1.0e30
 
 def window_slots(state_cache, ratio: int, positions, req_indices, block_table, base_offsets) -> torch.Tensor:
     """int64 ``[T, L]`` state slots of every window position (−1 where missing)."""
-    L = ratio * (2 if ratio == 4 else 1)
+    L = ratio * C.halves(ratio)
     offsets = torch.arange(L, device=positions.device, dtype=torch.int64)
     q = positions.long()[:, None] - L + 1 + offsets[None, :]
     return table_slots(block_table, req_indices, q, state_cache.shape[1], base_offsets, state_cache.shape[0])

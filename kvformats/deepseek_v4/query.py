@@ -33,8 +33,9 @@ def _check_positions(positions, cos_sin, check) -> None:
         C.check_positions_in_table(positions, cos_sin)
 
 
-def _check_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, check):
-    """Shared validation of the query preps; returns weights as ``[T, H]``."""
+def _prepare(op: str, index_q, positions, cos_sin, weights, softmax_scale, head_scale, backend, check):
+    """A query prep: its inputs validated (weights taken as ``[T, H]``), then ``op``'s
+    implementation run on them."""
     device = index_q.device if isinstance(index_q, torch.Tensor) else None
     C.check_tensor("index_q", index_q, dtypes=C.FLOAT_DTYPES, shape=(None, None, INDEX_HEAD_DIM), device=device)
     t, h, _ = index_q.shape
@@ -48,7 +49,8 @@ def _check_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, ch
     C.check_float("softmax_scale", softmax_scale, minimum=float("-inf"))
     C.check_float("head_scale", head_scale, minimum=float("-inf"))
     _check_positions(positions, cos_sin, check)
-    return weights
+    fn = D.resolve(op, backend, index_q.device)
+    return fn(index_q, positions, cos_sin, weights, float(softmax_scale), float(head_scale))
 
 
 def _rotated(index_q, positions, cos_sin, op: str) -> torch.Tensor:
@@ -79,9 +81,8 @@ def prepare_indexer_q_mxfp4(index_q: torch.Tensor, positions: torch.Tensor, cos_
     not read on the host: such a token's outputs are computed unrotated (cos 1, sin 0) and the
     violation is recorded for ``kvformats.raise_pending``.
     """
-    weights = _check_q(index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale, check)
-    fn = D.resolve("prepare_indexer_q_mxfp4", backend, index_q.device)
-    return fn(index_q, positions, cos_sin_cache, weights, float(softmax_scale), float(head_scale))
+    return _prepare("prepare_indexer_q_mxfp4", index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale,
+                    backend, check)
 
 
 @D.reference("prepare_indexer_q_mxfp4")
@@ -102,15 +103,10 @@ def prepare_indexer_q_fp8(index_q: torch.Tensor, positions: torch.Tensor, cos_si
     Same inputs as ``prepare_indexer_q_mxfp4``. Returns ``(q_fp8 float8_e4m3fn [T, H, 128],
     weights_out float32 [T, H])`` with ``q_fp8 = fp8(Hadamard(bf16(rope_p(q))))`` and no scale.
     Values beyond ±448 saturate to ±448 (tokenspeed's unclamped cast would give NaN there).
-
-    ``check`` (True, False or "strict"; ``spec/checks.md``): positions outside the cos/sin
-    table raise before anything is computed on CPU tensors and in strict mode; on a GPU they are
-    not read on the host: such a token's outputs are computed unrotated (cos 1, sin 0) and the
-    violation is recorded for ``kvformats.raise_pending``.
+    ``check`` as in ``prepare_indexer_q_mxfp4``.
     """
-    weights = _check_q(index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale, check)
-    fn = D.resolve("prepare_indexer_q_fp8", backend, index_q.device)
-    return fn(index_q, positions, cos_sin_cache, weights, float(softmax_scale), float(head_scale))
+    return _prepare("prepare_indexer_q_fp8", index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale,
+                    backend, check)
 
 
 @D.reference("prepare_indexer_q_fp8")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from kvformats import deferred, replay
+from kvformats.checks import REPEATED_SLOTS, repeats
 from kvformats.deepseek_v4 import _checks as C
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.deepseek_v4.transforms import rms_norm, rope_tail
@@ -64,8 +65,8 @@ def swa_insert(q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, slots:
         C.check_positions_in_table(positions, cos_sin_cache)
         if s:
             live = slots[locate(layout, kv_cache, slots)[0]]
-            if torch.unique(live).numel() != live.numel():
-                raise InputError("slots repeat a target row; each non-negative slot may appear once per call")
+            if repeats(live):
+                raise InputError(REPEATED_SLOTS)
     D.resolve("swa_insert", backend, device)(q, kv, kv_cache, layout, slots, positions, cos_sin_cache, eps)
     return q
 

@@ -39,7 +39,7 @@ from kvformats import deepseek_v4 as dsv4
 from kvformats import deferred
 from kvformats.deepseek_v4.indices import ALIGN, round_up
 from kvformats.errors import InputError, InputTypeError, describe
-from kvformats.oplib import NAMESPACE, define
+from kvformats.oplib import NAMESPACE, define, shares_storage
 
 PREFIX = "dsv4_"
 
@@ -147,10 +147,7 @@ def _arg_names(args: str) -> list[str]:
 def _fresh(t: torch.Tensor, inputs) -> torch.Tensor:
     """``t`` contiguous and in storage of its own (custom-op outputs must not alias inputs)."""
     t = t.contiguous()
-    ptr = t.untyped_storage().data_ptr()
-    if any(isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() == ptr for x in inputs):
-        return t.clone(memory_format=torch.contiguous_format)
-    return t
+    return t.clone(memory_format=torch.contiguous_format) if shares_storage(t, inputs) else t
 
 
 def _flat(result):

@@ -1,8 +1,7 @@
 """compressor_state: DeepSeek V4 compressor residual state (spec/upstream.md §5).
 
 float32 cache ``[pages, page_size, 2W]``; one row per token position holds
-``[kv (W) | score + ape[p % ratio] (W)]`` with ``W = coff * head_dim``, coff = 2 for the
-overlapping ratio-4 compressor and 1 for ratio 128.
+``[kv (W) | score + ape[p % ratio] (W)]`` with ``W = halves(ratio) * head_dim``.
 """
 
 from __future__ import annotations
@@ -17,6 +16,13 @@ from kvformats.ops import register_reference_ops
 from kvformats.registry import register_format
 
 RATIOS = (4, 128)
+
+
+def halves(ratio: int) -> int:
+    """The halves of a state row: 2 for ratio 4, whose windows overlap (a window of 8 positions
+    reads the first half of its older 4 rows and the second half of its newer 4), 1 for ratio
+    128. A row is ``halves * head_dim`` wide and a window ``halves * ratio`` positions long."""
+    return 2 if ratio == 4 else 1
 
 
 @register_format
@@ -43,7 +49,7 @@ class CompressorState(Layout):
     @property
     def overlap(self) -> bool:
         """Ratio 4 compresses overlapping windows, so each row carries two halves."""
-        return self.ratio == 4
+        return halves(self.ratio) == 2
 
     @property
     def decode_dtype(self) -> None:
@@ -52,7 +58,7 @@ class CompressorState(Layout):
     @property
     def width(self) -> int:
         """W, the width of the kv half and of the score half."""
-        return (2 if self.overlap else 1) * self.head_dim
+        return halves(self.ratio) * self.head_dim
 
     def _segments(self):
         return (Segment("state", (

@@ -218,6 +218,11 @@ class Arena:
         for s in range(page * ps, (page + 1) * ps):
             self.rows.pop(s, None)
 
+    def reuse(self, page: int) -> None:
+        """Page reuse (a state machine's rule): the page zeroed, then every arena byte checked."""
+        self.zero_page(page)
+        self.check()
+
     def model_rows(self, slots) -> torch.Tensor:
         """uint8 ``[N, row_bytes]`` the model says gather returns for ``slots``."""
         slots = [int(s) for s in torch.as_tensor(slots).reshape(-1).tolist()]

@@ -67,7 +67,7 @@ def store_ds_mla(y, cache_ptr, base, row, H: tl.constexpr, NB: tl.constexpr, QB:
     codes = nj.e4m3_code(xq * nj.pow2(-e)[:, None], HW)
     tl.store(cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE + blk[:, None] * QB + j[None, :], codes.to(tl.uint8),
              mask=nope[:, None])
-    s = tl.minimum(tl.maximum(e + 127, 0), 255)
+    s = nj.ue8m0_byte(e)
     tl.store(cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE + blk, s.to(tl.uint8), mask=nope)
     if PAD_BYTES > 0:
         k = tl.arange(0, PAD_P2)
@@ -101,7 +101,7 @@ def store_indexer(y, had_scale, cache_ptr, base, row, LOG2_H: tl.constexpr, MXFP
         lo, hi = tl.split(tl.reshape(codes, (NB, QB // 2, 2)))  # element 2k low nibble, 2k + 1 high
         pair = blk[:, None] * (QB // 2) + tl.arange(0, QB // 2)[None, :]
         tl.store(cache_ptr + base + VAL_OFF + row * VAL_STRIDE + pair, (lo | (hi << 4)).to(tl.uint8))
-        s = tl.minimum(tl.maximum(e + 127, 0), 255)
+        s = nj.ue8m0_byte(e)
         tl.store(cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE + blk, s.to(tl.uint8))
     else:
         if POW2:

@@ -94,55 +94,50 @@ def compressed_slot_mapping(num_tokens, qsl, seq_lens, table, page_size, ratio, 
     return dest[:num_tokens]
 
 
-def _index_rows(n: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """int32 index rows [n, width] and their lengths [n] (every element written by the kernel)."""
-    return (torch.empty((n, width), dtype=torch.int32, device=device),
-            torch.empty(n, dtype=torch.int32, device=device))
+def _index_rows(op: str, kernel, n: int, width: int, device, head: tuple, tail: tuple, records: bool = False,
+                **constexprs):
+    """int32 index rows [n, width] and their lengths [n], every element written by one launch of
+    ``kernel(*head, rows, lengths, *tail)``, with the device's error record first where the
+    kernel ``records``; nothing launched (nor any record allocated) for n == 0."""
+    out = torch.empty((n, width), dtype=torch.int32, device=device)
+    lens = torch.empty(n, dtype=torch.int32, device=device)
+    if n:
+        grid, meta = _rows(op, n, width)
+        if records:
+            head = (deferred.error_record(device), *head)
+        fast(kernel)[grid](*head, out, lens, *tail, **constexprs, **meta)
+    return out, lens
 
 
 def global_topk_indices_and_lens(topk, req, table, page_size, is_valid):
     n, width = topk.shape
-    glob, lens = _index_rows(n, width, topk.device)
-    if n == 0:
-        return glob, lens
     valid, valid_stride, has_valid = _optional(is_valid, req)
     requests, cols, ts0, ts1 = _table(table)
-    grid, meta = _rows("global_topk_indices_and_lens", n, width)
-    fast(jit.global_topk_kernel)[grid](
-        topk, req, valid, table, glob, lens, n, width, requests, cols, topk.stride(0), topk.stride(1),
-        req.stride(0), valid_stride, ts0, ts1, max_page_entry(page_size, INT32_MAX), HAS_VALID=has_valid,
-        PAGE_SIZE=page_size, **meta)
-    return glob, lens
+    return _index_rows("global_topk_indices_and_lens", jit.global_topk_kernel, n, width, topk.device,
+                       (topk, req, valid, table),
+                       (n, width, requests, cols, topk.stride(0), topk.stride(1), req.stride(0), valid_stride, ts0,
+                        ts1, max_page_entry(page_size, INT32_MAX)),
+                       HAS_VALID=has_valid, PAGE_SIZE=page_size)
 
 
 def combine_topk_swa_indices(topk_idx, qsl, seq_lens, gather_lens, window, ratio, topk, ww, cb):
-    n = topk_idx.shape[0]
+    n, requests = topk_idx.shape[0], seq_lens.shape[0]
     width = round_up(topk + window, ALIGN)
-    out, lens = _index_rows(n, width, topk_idx.device)
-    if n == 0:
-        return out, lens
-    requests = seq_lens.shape[0]
-    grid, meta = _rows("combine_topk_swa_indices", n, width)
-    fast(jit.combine_topk_swa_kernel)[grid](
-        deferred.error_record(qsl.device), topk_idx, qsl, seq_lens, gather_lens, out, lens, n, width, requests, topk, ratio, window, ww, cb,
-        topk_idx.stride(0), topk_idx.stride(1), qsl.stride(0), seq_lens.stride(0), gather_lens.stride(0),
-        _steps(requests), SITE=_SITES["combine"], **meta)
-    return out, lens
+    return _index_rows("combine_topk_swa_indices", jit.combine_topk_swa_kernel, n, width, topk_idx.device,
+                       (topk_idx, qsl, seq_lens, gather_lens),
+                       (n, width, requests, topk, ratio, window, ww, cb, topk_idx.stride(0), topk_idx.stride(1),
+                        qsl.stride(0), seq_lens.stride(0), gather_lens.stride(0), _steps(requests)),
+                       records=True, SITE=_SITES["combine"])
 
 
 def combine_dense_swa_indices(positions, req, seq_lens, compressed_lens, gather_lens, window, ratio, ww, cb):
-    n = positions.shape[0]
+    n, requests = positions.shape[0], seq_lens.shape[0]
     width = round_up(max(cb + window, 1), ALIGN)
-    out, lens = _index_rows(n, width, positions.device)
-    if n == 0:
-        return out, lens
-    requests = seq_lens.shape[0]
-    grid, meta = _rows("combine_dense_swa_indices", n, width)
-    fast(jit.combine_dense_swa_kernel)[grid](
-        positions, req, seq_lens, compressed_lens, gather_lens, out, lens, n, width, requests, ratio, window, ww,
-        cb, positions.stride(0), req.stride(0), seq_lens.stride(0), compressed_lens.stride(0),
-        gather_lens.stride(0), HAS_COMPRESSED=ratio > 1 and requests > 0, **meta)
-    return out, lens
+    return _index_rows("combine_dense_swa_indices", jit.combine_dense_swa_kernel, n, width, positions.device,
+                       (positions, req, seq_lens, compressed_lens, gather_lens),
+                       (n, width, requests, ratio, window, ww, cb, positions.stride(0), req.stride(0),
+                        seq_lens.stride(0), compressed_lens.stride(0), gather_lens.stride(0)),
+                       HAS_COMPRESSED=ratio > 1 and requests > 0)
 
 
 def decode_swa_indices_and_lens(qsl, seq_lens, req, table, window, page_size, base, is_valid, out_indices,

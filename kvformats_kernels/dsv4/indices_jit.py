@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kvformats_kernels.record_jit import record_order
+from kvformats_kernels.rows_jit import search_step
 
 # Counts and scalars that change from call to call, and strides of per-request arrays read by
 # gathers: specialising on them (== 1, % 16) would only add compiles. The strides of the
@@ -54,19 +55,13 @@ def table_slot(table_ptr, t_stride0, t_stride1, cols, req, first_page, pos, ok, 
 def find_request(qsl_ptr, qsl_stride, requests, t, live, steps):
     """For absolute token indices ``t`` (int64 [BM]): (inside, request, qsl[r], qsl[r + 1]) with
     r = the number of qsl[1..R] entries <= t (torch.searchsorted(right=True) on sorted offsets),
-    by a branch-free binary search of ``steps`` = bit length of R steps (a runtime bound: R
-    changes every engine step, a constexpr would recompile); inside = t >= qsl[0] and r < R.
-    Outside rows get request 0 and zero offsets."""
+    by rows_jit.search_step, ``steps`` = bit length of R times (a runtime bound: R changes every
+    engine step, a constexpr would recompile); inside = t >= qsl[0] and r < R. Outside rows get
+    request 0 and zero offsets."""
     lo = tl.zeros(t.shape, tl.int64)
     hi = lo + requests
     for _ in range(steps):
-        active = live & (lo < hi)
-        mid = (lo + hi) // 2
-        v = tl.load(qsl_ptr + (mid + 1) * qsl_stride, mask=active, other=0).to(tl.int64)
-        right = (active & (v <= t)).to(tl.int64)
-        left = (active & (v > t)).to(tl.int64)
-        lo = lo + right * (mid + 1 - lo)
-        hi = hi - left * (hi - mid)
+        lo, hi = search_step(qsl_ptr, qsl_stride, t, live, lo, hi)
     first = tl.load(qsl_ptr).to(tl.int64)
     inside = live & (t >= first) & (lo < requests)
     req = lo * inside.to(tl.int64)

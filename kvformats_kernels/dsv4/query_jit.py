@@ -229,7 +229,7 @@ def _indexer_rows(row, live, cs_row, pos_ok, had_scale, ROPE: tl.constexpr, MXFP
                     nj.e2m1_code_short(blocks * nj.pow2(-e)[:, :, None])
                 # little-endian words, as e2m1_words_hw: element 8w + j in bits 4j..4j+3 of word w
                 out = tl.sum(tl.reshape(codes, (BM, 8, 8)) << (4 * tl.arange(0, 8))[None, None, :], axis=2)
-            s = tl.minimum(tl.maximum(e + 127, 0), 255)
+            s = nj.ue8m0_byte(e)
             word = word | tl.sum(s << (8 * tl.arange(0, 2) + 16 * half)[None, :], axis=1)  # disjoint bytes
         else:
             out = nj.e4m3_bits(y) if SAFE else e4m3_fast(y, HW_E4M3).to(tl.int32)
@@ -386,7 +386,7 @@ def inv_rope_kernel(o_ptr, pos_ptr, cs_ptr, out_ptr, scale_ptr, err_ptr, n_tok, 
     store_rows(dst, codes.to(tl.uint8), live, 16 if GS >= 16 else GS, LANE_STORE)
 
     if TMA:  # NQ = 4: one word of four exponent bytes per (token, head)
-        s = tl.where(live, tl.minimum(tl.maximum(e + 127, 0), 255), 0)
+        s = tl.where(live, nj.ue8m0_byte(e), 0)
         word = tl.sum(tl.reshape(s << (8 * g), (BLOCK_T, NQP)), axis=1)  # disjoint bytes: the sum is an OR
         tt = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         tl.store(scale_ptr + head * t_pad + tt, word, mask=tt < t_pad)

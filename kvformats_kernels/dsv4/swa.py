@@ -10,23 +10,11 @@ from kvformats import deferred
 from kvformats_kernels import _common as cm
 from kvformats_kernels.dsv4 import swa_jit as jit
 from kvformats_kernels.dsv4.query import bf16_words
+from kvformats_kernels.fp8_ds_mla import row_geometry
 from kvformats_kernels.launch import fast
 
 # q: heads per program (a [BLOCK_H, D] tile); kv: rows per program. Benchmarks may override.
 CONFIG = {"block_h": 8, "block_kv": 8, "num_warps": 4}
-
-
-@cm.per_layout
-def _geometry(layout) -> dict:
-    """fp8_ds_mla row geometry as constexprs (byte offsets inside a page, strides between rows)."""
-    nope_off, nope_stride, _ = cm.region(layout, "nope")
-    rope_off, rope_stride, _ = cm.region(layout, "rope")
-    scale_off, scale_stride, _ = cm.region(layout, "scale")
-    pad_off, pad_stride, pad_bytes = cm.region(layout, "scale_pad")
-    return dict(PAGE_SIZE=layout.page_size, NOPE_OFF=nope_off, NOPE_STRIDE=nope_stride, ROPE_OFF=rope_off,
-                ROPE_STRIDE=rope_stride, SCALE_OFF=scale_off, SCALE_STRIDE=scale_stride, PAD_OFF=pad_off,
-                PAD_STRIDE=pad_stride, PAD_BYTES=pad_bytes, PAD_P2=cm.next_pow2(pad_bytes), NB=layout.num_blocks,
-                NB_P2=cm.next_pow2(layout.num_blocks), QB=layout.nope_dim // layout.num_blocks)
 
 
 def swa_insert(q, kv, kv_cache, layout, slots, positions, cos_sin, eps) -> None:
@@ -55,9 +43,9 @@ def swa_insert(q, kv, kv_cache, layout, slots, positions, cos_sin, eps) -> None:
         qk, kvk, slots, positions, cs, u8, deferred.error_record(q.device), heads, head_blocks, q_programs, n_kv,
         qk.stride(0), qk.stride(1), cm.row_stride(kvk), slots.stride(0), positions.stride(0), cs.stride(0), cs.shape[0],
         cm.capacity(layout, kv_cache),
-        page_stride, cm.f32(eps), D=d, DT=cm.next_pow2(d), ROPE=rope, RT=cm.next_pow2(rope), **_geometry(layout),
-        **cm.rule_constants(layout.scale_rule), Q_BF16=q_bf16, Q_PAIRS=words is not None, KV_BF16=kv_bf16,
-        BLOCK_H=cfg["block_h"], BLOCK_KV=cfg["block_kv"], SITE=_SITE, **cm.launch_opts(cfg), enable_fp_fusion=False)
+        page_stride, cm.f32(eps), D=d, DT=cm.next_pow2(d), ROPE=rope, RT=cm.next_pow2(rope), PAGE_SIZE=layout.page_size,
+        **row_geometry(layout), **cm.rule_constants(layout.scale_rule), Q_BF16=q_bf16, Q_PAIRS=words is not None,
+        KV_BF16=kv_bf16, BLOCK_H=cfg["block_h"], BLOCK_KV=cfg["block_kv"], SITE=_SITE, **cm.launch_opts(cfg), enable_fp_fusion=False)
 
 
 _SITE = deferred.site("swa_insert", "positions")

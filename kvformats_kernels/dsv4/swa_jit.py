@@ -11,7 +11,8 @@ from kvformats_kernels import numerics_jit as nj
 from kvformats_kernels import record_jit as rec
 from kvformats_kernels.dsv4 import transforms_jit as tj
 from kvformats_kernels.dsv4.query_jit import abs_max_nan, rope_pairs, words_f32
-from kvformats_kernels.rows_jit import locate
+from kvformats_kernels.fp8_ds_mla_jit import store_row
+from kvformats_kernels.rows_jit import locate_slot
 
 
 @triton.jit
@@ -107,7 +108,7 @@ def _kv_rows(kv_ptr, slots_ptr, pos_ptr, cs_ptr, cache_ptr, blk_id, n_kv, kv_str
     to bf16, the NoPE dims bf16-rounded and quantized per QB-block, as one fp8_ds_mla row
     (the arithmetic of fp8_ds_mla_jit.encode_kernel, NaN policy included)."""
     rows = blk_id.to(tl.int64) * BLOCK_KV + tl.arange(0, BLOCK_KV)
-    in_range, ok, page, row = locate(slots_ptr, slot_stride, rows, n_kv, capacity, PAGE_SIZE)
+    in_range, ok, page, row, _ = locate_slot(slots_ptr, slot_stride, rows, n_kv, capacity, PAGE_SIZE)
     base = page * page_stride
     x_row = kv_ptr + rows * kv_stride
 
@@ -128,24 +129,9 @@ def _kv_rows(kv_ptr, slots_ptr, pos_ptr, cs_ptr, cache_ptr, blk_id, n_kv, kv_str
         xq = nj.bf16_round(xq)
     e = nj.block_exponent(abs_max_nan(xq, 2), FLOOR, ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX)
     codes = nj.e4m3_bits(xq * nj.pow2(-e)[:, :, None])
-    nope_at = cache_ptr + base + NOPE_OFF + row * NOPE_STRIDE
-    tl.store(nope_at[:, None, None] + elem[None, :, :], codes.to(tl.uint8),
-             mask=ok[:, None, None] & (blk < NB)[None, :, None])
-    s = tl.minimum(tl.maximum(e + 127, 0), 255)
-    scale_at = cache_ptr + base + SCALE_OFF + row * SCALE_STRIDE
-    tl.store(scale_at[:, None] + blk[None, :], s.to(tl.uint8), mask=ok[:, None] & (blk < NB)[None, :])
-    if PAD_BYTES > 0:
-        p = tl.arange(0, PAD_P2)
-        pad_at = cache_ptr + base + PAD_OFF + row * PAD_STRIDE
-        tl.store(pad_at[:, None] + p[None, :], tl.zeros((BLOCK_KV, PAD_P2), tl.uint8),
-                 mask=ok[:, None] & (p < PAD_BYTES)[None, :])
-
-    # RoPE tail (rotated and rounded above): bf16 little endian, element j's low byte at 2j, high
-    # byte at 2j + 1.
-    pairs = tl.reshape(tl.join(h & 0xFF, (h >> 8) & 0xFF), (BLOCK_KV, 2 * RT))
-    k = tl.arange(0, 2 * RT) - 2 * (RT - ROPE)
-    rope_at = cache_ptr + base + ROPE_OFF + row * ROPE_STRIDE
-    tl.store(rope_at[:, None] + k[None, :], pairs.to(tl.uint8), mask=ok[:, None] & (k >= 0)[None, :])
+    store_row(cache_ptr, base, row, ok, ok[:, None, None] & (blk < NB)[None, :, None], codes, e, h, NOPE_OFF,
+              NOPE_STRIDE, ROPE_OFF, ROPE_STRIDE, SCALE_OFF, SCALE_STRIDE, PAD_OFF, PAD_STRIDE, PAD_BYTES, PAD_P2, NB,
+              ROPE, RT - ROPE)
 
 
 @triton.jit
