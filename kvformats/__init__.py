@@ -9,6 +9,7 @@
 Importing kvformats never imports Triton; kernels load on the first CUDA call.
 """
 
+import kvformats.codec  # noqa: F401  (registers the formats, binds the layouts' ops)
 from kvformats.deferred import error_record, pending_error, raise_pending, strict_checks
 from kvformats.errors import (
     BackendUnavailableError,

@@ -15,7 +15,7 @@ from typing import ClassVar
 import attrs
 import torch
 
-from kvformats import ops, paged, replay
+from kvformats import replay
 from kvformats.checks import check_cache, check_float_rows
 from kvformats.elements import ELEMENTS, ElementType
 from kvformats.errors import InputError, LayoutError
@@ -27,6 +27,19 @@ TORCH_DTYPES = {name: e.torch_dtype for name, e in ELEMENTS.items()}
 
 
 INT64_MAX = 2**63 - 1  # the largest tensor dimension (and byte count) torch can hold
+
+# The public ops (encode, decode, gather, the paged reads) validate and dispatch in the codec
+# layer, which sits above this declaration; it hands its functions in through ``bind_codec``
+# when it is imported (``import kvformats`` imports it), so the declaration imports nothing
+# from dispatch.
+_codec = None
+
+
+def bind_codec(ops) -> None:
+    """Give the layouts' public methods the codec layer's functions: ``ops`` has ``encode``,
+    ``decode``, ``gather``, ``dequantize_gather``, ``gather_paged`` and ``decode_topk``."""
+    global _codec
+    _codec = ops
 
 
 def _is_int(value) -> bool:
@@ -56,6 +69,11 @@ def one_of(*allowed):
                               f"got {_got(value)}")
 
     return check
+
+
+def storage_bytes(cache: torch.Tensor) -> torch.Tensor:
+    """The whole storage under ``cache`` (arena padding included) as a uint8 alias ``[bytes]``."""
+    return torch.empty(0, dtype=torch.uint8, device=cache.device).set_(cache.untyped_storage())
 
 
 @functools.lru_cache(maxsize=1024)
@@ -141,7 +159,8 @@ class Region:
 @attrs.frozen(kw_only=True)
 class Layout:
     """Base of every format. Subclasses add parameters and implement ``_segments``,
-    ``encode_rows`` and ``decode_rows``; the public ops live in ``kvformats.ops``."""
+    ``encode_rows`` and ``decode_rows``; the public ops validate and dispatch in
+    ``kvformats.ops`` (bound in by ``bind_codec``)."""
 
     name: ClassVar[str] = ""
     page_alignment: ClassVar[str | None] = None  # name of a segment whose record size pages round up to
@@ -351,17 +370,17 @@ class Layout:
         call are refused on the host; on the GPU's default path each byte of such a row comes
         from one of the rows that name it (spec/checks.md).
         """
-        ops.encode(self, x, cache, slots, backend=backend, check=check, **kwargs)
+        _codec.encode(self, x, cache, slots, backend=backend, check=check, **kwargs)
 
     def decode(self, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto", check: bool | str = True):
         """Dequantize the rows at ``slots [N]``; zero rows for negative slots."""
-        return ops.decode(self, cache, slots, backend=backend, check=check)
+        return _codec.decode(self, cache, slots, backend=backend, check=check)
 
     def gather(self, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto",
                check: bool | str = True) -> torch.Tensor:
         """The encoded rows at ``slots [N]`` -> uint8 ``[N, row_bytes]`` (segments in page order:
         data bytes, then scale bytes); zero rows for negative slots."""
-        return ops.gather(self, cache, slots, backend=backend, check=check)
+        return _codec.gather(self, cache, slots, backend=backend, check=check)
 
     @property
     def decode_dtype(self) -> torch.dtype | None:
@@ -376,7 +395,7 @@ class Layout:
         through ``block_table [R, max_pages]`` (page index ``q // page_size - base[b]``) into
         ``out[b, offset + i]`` (``out [R, W, head_dim]`` of ``decode_dtype``). Missing pages give
         zero rows; rows at or beyond gather_len are untouched. Returns ``out``."""
-        return paged.dequantize_gather(self, cache, out, block_table=block_table, seq_lens=seq_lens,
+        return _codec.dequantize_gather(self, cache, out, block_table=block_table, seq_lens=seq_lens,
                                        gather_lens=gather_lens, block_table_base_offsets=block_table_base_offsets,
                                        offset=offset, backend=backend, check=check)
 
@@ -389,13 +408,13 @@ class Layout:
         or float32 ``[T]``, one little-endian word per row). Missing pages give zero rows. Without
         ``out``, pass ``num_rows`` (``cu_seq_lens[-1]``, known to the caller) to allocate them: else
         that value is read from the device, the one host synchronization of this op."""
-        return paged.gather_paged(self, cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=out,
+        return _codec.gather_paged(self, cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=out,
                                   num_rows=num_rows, backend=backend, check=check)
 
     def decode_topk(self, cache: torch.Tensor, topk_slots: torch.Tensor, *, backend: str = "auto",
                     check: bool | str = True):
         """Decode a ``[T, K]`` matrix of slots (−1 holes give zero rows) -> ``[T, K, head_dim]``."""
-        return paged.decode_topk(self, cache, topk_slots, backend=backend, check=check)
+        return _codec.decode_topk(self, cache, topk_slots, backend=backend, check=check)
 
     def check_encode_input(self, x, device: torch.device, **kwargs) -> tuple[int, dict]:
         """Validate ``encode``'s row input; returns (N, keyword arguments for encode_rows)."""

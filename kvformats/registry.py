@@ -89,12 +89,22 @@ def register_op(fmt: str, op: str, backend: str):
     return deco
 
 
+# The kernel package is a plugin: found by name on the first CUDA call, it hands over a table
+# of its launchers and imports nothing of this layer back, so kernels and dispatch form no cycle.
+KERNEL_PACKAGE = "kvformats_kernels"
+
+
 def _load_kernels() -> None:
-    """Import the kernel package once; it registers its Triton ops if Triton is importable."""
+    """Import the kernel package once and register its table as the "triton" backend (an
+    empty table when Triton does not import)."""
     global _kernels_loaded
     if not _kernels_loaded:
         _kernels_loaded = True
-        importlib.import_module("kvformats_kernels")
+        kernels = importlib.import_module(KERNEL_PACKAGE)
+        for (fmt, op), fn in kernels.kernel_table().items():
+            register_op(fmt, op, "triton")(fn)
+        for fmt, profiles in kernels.kernel_profiles().items():
+            register_kernel_profiles(fmt, profiles)
 
 
 # Ops whose bytes depend on the numerics profile. Reads (decode, gather, the paged ops) multiply

@@ -1,11 +1,14 @@
-"""Triton kernels for kvformats, imported lazily by ``kvformats.registry`` on the first CUDA call.
+"""Triton kernels for kvformats, loaded by ``kvformats.registry`` on the first CUDA call.
 
-If Triton imports, every format's encode / decode / gather and the paged ops
-(dequantize_gather, gather_paged: byte formats; decode_topk: all) are registered as the
-"triton" backend; if not, nothing is registered and ``backend="triton"`` raises
-BackendUnavailableError. Each implementation takes the same arguments as the reference
-(``kvformats.ops``), already validated there, and never synchronises with the host, so it
-can be captured in a CUDA graph. Bytes equal the reference's bytes exactly.
+The registry imports this package by name and reads two tables: ``kernel_table()``, each
+format's encode / decode / gather and paged ops (dequantize_gather, gather_paged: byte formats;
+decode_topk: all) and each DeepSeek V4 operation, registered as the "triton" backend; and
+``kernel_profiles()``, the numerics profiles each Triton encode implements. Both are empty when
+Triton does not import, and ``backend="triton"`` then raises BackendUnavailableError. This
+package registers nothing itself and imports no dispatch module back. Each implementation takes
+the same arguments as the reference (``kvformats.ops``), already validated there, and never
+synchronises with the host, so it can be captured in a CUDA graph. Bytes equal the reference's
+bytes exactly.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
 else:
     AVAILABLE = True
 
+# the ops a format's kernel module may implement (compressor_state has no single-dtype decode
+# and no byte workspaces, so it lacks some)
+CODEC_OPS = ("encode", "decode", "gather", "dequantize_gather", "gather_paged", "decode_topk")
+
 if AVAILABLE:
-    from kvformats.paged import PAGED_OPS
     from kvformats.profiles import profile_table
-    from kvformats.registry import register_kernel_profiles, register_op
-    from kvformats_kernels import fp8_ds_mla, indexer, state, v41
+    from kvformats_kernels import dsv4, fp8_ds_mla, indexer, state, v41
 
     IMPLEMENTATIONS = {
         "fp8_ds_mla": fp8_ds_mla,
@@ -32,12 +37,23 @@ if AVAILABLE:
         "fp8_ds_mla_v41": v41,  # the V4.1 rows (528 B; 288 B fp4 extra cache)
         "fp4_ds_mla_v41": v41,
     }
-    for _fmt, _module in IMPLEMENTATIONS.items():
-        for _op in ("encode", "decode", "gather", *PAGED_OPS):
-            # compressor_state has no single-dtype decode / byte workspaces
-            if hasattr(_module, _op):
-                register_op(_fmt, _op, "triton")(getattr(_module, _op))
     # every numerics profile of these formats is a set of encode constexprs (_common.profile_constants)
-    for _fmt in ("fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer"):
-        register_kernel_profiles(_fmt, profile_table(_fmt).names)
-    from kvformats_kernels import dsv4  # noqa: E402,F401  (registers the deepseek_v4 operations)
+    PROFILED = ("fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer")
+
+
+def kernel_table() -> dict:
+    """(format or operation family, op) -> Triton implementation."""
+    if not AVAILABLE:
+        return {}
+    table = {(fmt, op): getattr(module, op) for fmt, module in IMPLEMENTATIONS.items()
+             for op in CODEC_OPS if hasattr(module, op)}
+    table.update({(dsv4.FAMILY, op): fn for op, fn in dsv4.OPS.items()})
+    return table
+
+
+def kernel_profiles() -> dict:
+    """Format -> the numerics profiles its Triton ``encode`` implements (formats not named get
+    their default only)."""
+    if not AVAILABLE:
+        return {}
+    return {fmt: profile_table(fmt).names for fmt in PROFILED}

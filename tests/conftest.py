@@ -53,6 +53,7 @@ def routed(monkeypatch):
         from kvformats import registry
 
         monkeypatch.setattr(deferred, "HOST_CHECKED", set())
+        registry._load_kernels()  # the Triton launchers, read from the kernel package's table
         real = registry.resolve
 
         def resolve(fmt, op, backend, device):

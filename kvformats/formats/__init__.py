@@ -1,4 +1,5 @@
-"""One module per format; importing this package registers them all."""
+"""One module per format. ``FORMATS`` lists them; the codec layer (``kvformats.codec``) registers
+each with its reference ops when it is imported."""
 
 from kvformats.formats.compressor_state import CompressorState
 from kvformats.formats.fp4_ds_mla_v41 import Fp4DsMlaV41
@@ -8,4 +9,6 @@ from kvformats.formats.fp8_ds_mla_v41 import Fp8DsMlaV41
 from kvformats.formats.fp8_indexer import Fp8Indexer
 from kvformats.formats.mxfp4_indexer import Mxfp4Indexer
 
-__all__ = ["CompressorState", "Fp4DsMlaV41", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41", "Fp8Indexer", "Mxfp4Indexer"]
+FORMATS = (CompressorState, Fp4DsMlaV41, Fp8DsMla, Fp8DsMlaV32, Fp8DsMlaV41, Fp8Indexer, Mxfp4Indexer)
+
+__all__ = ["FORMATS", "CompressorState", "Fp4DsMlaV41", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41", "Fp8Indexer", "Mxfp4Indexer"]

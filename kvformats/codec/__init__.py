@@ -1,0 +1,21 @@
+"""The codec layer: argument checks run, the registry picks a backend, rows move.
+
+Importing it registers every format of ``kvformats.formats`` with its reference ops and gives
+the layouts' public methods (``layout.encode`` ...) their functions, so neither the formats nor
+the declaration import anything from here.
+"""
+
+from types import SimpleNamespace
+
+from kvformats import layout, registry
+from kvformats import ops as slot_ops
+from kvformats import paged as paged_ops
+from kvformats.formats import FORMATS
+
+for _cls in FORMATS:
+    registry.register_format(_cls)
+    slot_ops.register_reference_ops(_cls.name)
+
+layout.bind_codec(SimpleNamespace(encode=slot_ops.encode, decode=slot_ops.decode, gather=slot_ops.gather,
+                                  dequantize_gather=paged_ops.dequantize_gather,
+                                  gather_paged=paged_ops.gather_paged, decode_topk=paged_ops.decode_topk))

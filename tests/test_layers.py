@@ -1,0 +1,175 @@
+"""The package's layers: imports only point down (or stay within a layer), and no modules import
+each other in a cycle. Read from the source with ast: every ``import`` and ``from ... import``,
+at module level or inside a function, counts (not those under ``if TYPE_CHECKING``).
+
+The registry finds the kernel package by name at run time (``KERNEL_PACKAGE``) and reads its
+table: that is the plugin arrangement, data handed down, not an import, so it is not an edge."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("kvformats", "kvformats_kernels")
+
+# Bottom first. A module belongs to the layer of the longest prefix that names it (a package and
+# everything below it); "kvformats" itself is the package's front (its __init__: the names
+# ``import kvformats`` gives) and names no module below it, so a new module at the top of the
+# package has no layer until it is given one here.
+LAYERS = (
+    ("errors", ("kvformats.errors",)),
+    ("runtime", ("kvformats.runtime",)),  # deferred value checks, launch replay
+    ("validation", ("kvformats.validation",)),  # argument checks
+    ("numerics", ("kvformats.numerics",)),
+    ("declaration", ("kvformats.layout",)),
+    ("formats", ("kvformats.formats",)),
+    ("codec", ("kvformats.codec",)),  # registry, dispatch, row I/O, paged ops, torch ops
+    ("front", ("kvformats",)),
+    ("model ops", ("kvformats.deepseek_v4",)),
+    ("kernels", ("kvformats_kernels",)),
+    ("spec", ("kvformats.spec",)),  # spec JSON, golden vectors, generated docs
+    ("caches", ("kvformats.caches",)),  # cache files, regions, hexdumps, diff, check
+    ("cli", ("kvformats.cli", "kvformats.__main__")),
+    ("testing", ("kvformats.testing",)),
+)
+RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
+# What the kernels may import of kvformats: never the codec layer nor the front, whose registry
+# reads the kernels' table (the model ops' modules give them constants and reference fallbacks).
+KERNELS_MAY_IMPORT = ("errors", "runtime", "numerics", "declaration", "formats", "model ops")
+# Old import paths kept for one release; each is the new module under its old name.
+COMPAT = ("kvformats.convert", "kvformats.deferred", "kvformats.io", "kvformats.ops", "kvformats.paged",
+          "kvformats.profiles", "kvformats.registry", "kvformats.rope", "kvformats.strategies",
+          "kvformats.tolerance", "kvformats.torch_ops", "kvformats.vectors")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _target(name: str) -> str | None:
+    """The module ``name`` imports: itself, or its nearest enclosing package or module."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    up = package.split(".")[:len(package.split(".")) - child.level + 1]
+                    base = ".".join(up + ([child.module] if child.module else []))
+                # ``from package import submodule`` imports the submodule; a name, the module
+                found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in child.names)
+            visit(child)
+
+    visit(tree)
+    return {t for name in found if (t := _target(name)) and t != module}
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def _layer(module: str) -> str | None:
+    if module in COMPAT:
+        return "old path"
+    best = None
+    for name, prefixes in LAYERS:
+        for prefix in prefixes:
+            inside = module.startswith(prefix + ".") and prefix != "kvformats"
+            if (module == prefix or inside) and (best is None or len(prefix) > len(best[1])):
+                best = (name, prefix)
+    return best[0] if best else None
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if _layer(m) is None] == []
+    assert [m for m in COMPAT if m not in MODULES] == [], "a kept old path is missing"
+
+
+def test_no_import_points_up():
+    up = [f"{m} ({_layer(m)}) imports {t} ({_layer(t)})"
+          for m, targets in GRAPH.items() if m not in COMPAT for t in sorted(targets)
+          if t not in COMPAT and RANK.get(_layer(t), -1) > RANK.get(_layer(m), len(RANK))]
+    assert up == []
+
+
+def test_nothing_imports_an_old_path():
+    used = [f"{m} imports {t}" for m, targets in GRAPH.items() for t in sorted(targets) if t in COMPAT and m != t]
+    assert used == []
+
+
+def test_kernels_import_only_what_lies_below_dispatch():
+    bad = [f"{m} imports {t} ({_layer(t)})" for m, targets in GRAPH.items() if _layer(m) == "kernels"
+           for t in sorted(targets) if _layer(t) != "kernels" and _layer(t) not in KERNELS_MAY_IMPORT]
+    assert bad == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def connect(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            connect(v)
+    return out
+
+
+def test_no_import_cycles():
+    assert _cycles(GRAPH) == []
+
+
+@pytest.mark.parametrize("module", COMPAT)
+def test_an_old_path_is_the_new_module(module):
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.import_module(module)
+    new = old.__name__
+    assert new != module and importlib.import_module(new) is old
