@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 import kvformats as kvf
+from kvformats.caches.files import save_cache
 from kvformats.cli import main as cli_main
-from kvformats.io import save_cache
 
 
 def filled_cache(layout, total_bytes: int):

@@ -9,7 +9,7 @@ a production-geometry cache, times the same call made
   (b) ``public``: ``layout.<op>(..., backend="triton")`` (validation, including the slot checks
       that read the slots on the host, then dispatch); ``public nc``: the same with ``check=False``,
   (c) ``op``: ``torch.ops.kvformats.<op>(fmt, params, ..., "triton")`` with the layout key made
-      once; ``op nc``: the same with ``check=False``; ``wrapper``: ``kvformats.torch_ops.<op>(layout,
+      once; ``op nc``: the same with ``check=False``; ``wrapper``: ``kvformats.codec.torch_ops.<op>(layout,
       ...)``, which makes the key each call; ``bare op``: a bench-only op of the same schema whose
       kernel is the bare launcher (``bare_ops``: what the dispatch alone costs),
 each (eager) as the wall-clock time of ``--calls`` back-to-back calls synchronised once at the
@@ -69,7 +69,7 @@ def bare_ops(fmt: str, layout, impl) -> dict:
     (no validation, no layout lookup)}: its cost over calling the launcher is the dispatcher's
     plus that of running the launcher inside an op kernel, the part of the custom-op path that
     no validation work can shorten."""
-    from kvformats.torch_ops import SCHEMAS
+    from kvformats.codec.torch_ops import SCHEMAS
 
     def encode(fmt_, params, inputs, cache, slots, backend, check=True):
         if len(inputs) == 1:
@@ -98,7 +98,7 @@ def bare_ops(fmt: str, layout, impl) -> dict:
 
 def path_fns(layout, impl, cache, x, kw, slots, bare: dict) -> dict:
     """{(op, path): zero-argument call}; ``bare``: bare_ops of this format."""
-    import kvformats.torch_ops as kops
+    import kvformats.codec.torch_ops as kops
 
     fmt, params = kops.layout_key(layout)
     inputs = [*x, kw["positions"], kw["ape"]] if isinstance(x, tuple) else [x]
@@ -168,7 +168,7 @@ def dispatch_floor_us(calls: int, repeats: int) -> float:
     """µs per call of an op with ``kvformats::encode``'s schema whose kernel does nothing: what
     torch's dispatcher alone costs this host for a Python kernel (the part of the custom-op
     path kvformats cannot shorten)."""
-    from kvformats.torch_ops import SCHEMAS
+    from kvformats.codec.torch_ops import SCHEMAS
 
     lib = _BENCH.setdefault("lib", torch.library.Library("kvformats_bench", "FRAGMENT"))
     if "noop" not in _BENCH:

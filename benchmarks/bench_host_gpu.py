@@ -2,12 +2,12 @@
 
     python3 -m benchmarks host_gpu [--rows 64,131072] [--calls 50] [--rounds 5] [--json out.json]
 
-For each prepared call of ``kvformats.calls.public_calls`` (through the API and through the
+For each prepared call of ``kvformats.testing.calls.public_calls`` (through the API and through the
 ``torch.library`` custom ops), the wall-clock µs per call of ``--calls`` back-to-back calls with
 no synchronization between them (the GPU work overlaps unless the launch queue fills; the
 queue is drained before each round), median of ``--rounds`` rounds; in the default check mode
 and with ``check=False``, and in the default mode on the full path (``full``: every call
-validated and worked out anew, as before ``kvformats.replay`` keeps a plan). Beside them, the floors of the same run: an empty Triton kernel
+validated and worked out anew, as before ``kvformats.runtime.replay`` keeps a plan). Beside them, the floors of the same run: an empty Triton kernel
 launch (one argument and twenty), a 1-element torch ``add_``, and the GPU time of each call
 (median of CUDA events over a replayed graph of 20 calls) so that host time can be read against
 the work it launches. Prints a table; ``--json`` writes every figure.
@@ -24,8 +24,8 @@ import torch
 
 import kvformats as kvf
 from benchmarks.gpu_timing import graph_per_call_us, host_per_call_us
-from kvformats import replay
-from kvformats.calls import public_calls
+from kvformats.runtime import replay
+from kvformats.testing.calls import public_calls
 
 
 def floors(calls: int, rounds: int) -> dict:

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 import kvformats as kvf
-from kvformats import ops
+from kvformats.codec import slot_ops as ops
 from benchmarks.gpu_timing import bench, copy_bandwidth, graph_per_call_us, same_size_copy_us
 from benchmarks.traffic import SECTOR, cache_sectors, dense_sectors
 
@@ -217,7 +217,7 @@ def paged_cases(layout, impl, cache, pages, g):
 
 
 def kvf_paged():
-    from kvformats import paged
+    from kvformats.codec import paged_ops as paged
 
     return paged
 

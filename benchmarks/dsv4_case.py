@@ -28,7 +28,7 @@ class Case:
 def implementation(op: str, backend: str):
     """The registered ``backend`` implementation of ``deepseek_v4.op`` for CUDA tensors (called
     with prepared arguments, so the public functions' validation is not timed)."""
-    from kvformats import registry
+    from kvformats.codec import registry
     from kvformats.deepseek_v4 import FAMILY
 
     return registry.resolve(FAMILY, op, backend, torch.device("cuda"))

@@ -25,8 +25,8 @@ import torch
 from benchmarks.dsv4_case import Case
 from benchmarks.dsv4_case import registered_case as _case
 
+from kvformats.deepseek_v4.rope import cos_sin_cache
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
-from kvformats.rope import cos_sin_cache
 
 DECODE_MAX = 4096
 DEV = "cuda"

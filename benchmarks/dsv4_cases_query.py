@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 from benchmarks.dsv4_case import Case, implementation
 
-from kvformats.deepseek_v4 import _checks as C
+from kvformats.deepseek_v4 import _validation as C
+from kvformats.deepseek_v4.rope import cos_sin_cache
 from kvformats.formats import Fp8DsMla
-from kvformats.rope import cos_sin_cache
 
 DECODE_MAX = 4096
 DEV = "cuda"

@@ -3,10 +3,10 @@ validation, dispatch, launchers and replay, with the kernel launch itself stubbe
 
     python3 -m benchmarks host_overhead_cpu [--calls 2000] [--rows 64] [--only encode,dsv4]
 
-The prepared calls of ``kvformats.calls.public_calls`` run on CPU tensors inside
-``kvformats_kernels.stub.stubbed_launches`` (the path CUDA tensors take, each launch logged
+The prepared calls of ``kvformats.testing.calls.public_calls`` run on CPU tensors inside
+``kvformats.testing.launch_stub.stubbed_launches`` (the path CUDA tensors take, each launch logged
 instead of run), back to back. Two columns: the full path (``KVFORMATS_REPLAY=0``: checks,
-dispatch, launcher) and a replayed call (``kvformats.replay``: the metadata key, the
+dispatch, launcher) and a replayed call (``kvformats.runtime.replay``: the metadata key, the
 allocations, the launch arguments). Triton's C launcher and the driver come on top on a GPU
 (benchmarks/bench_host_gpu.py).
 """
@@ -21,9 +21,9 @@ os.environ.pop("TRITON_INTERPRET", None)  # the stub replaces the launch; nothin
 
 import torch
 
-from kvformats import replay
-from kvformats.calls import public_calls
-from kvformats_kernels.stub import stubbed_launches
+from kvformats.runtime import replay
+from kvformats.testing.calls import public_calls
+from kvformats.testing.launch_stub import stubbed_launches
 
 
 def per_call_us(fn, calls: int) -> float:

@@ -10,7 +10,7 @@ Importing kvformats never imports Triton; kernels load on the first CUDA call.
 """
 
 import kvformats.codec  # noqa: F401  (registers the formats, binds the layouts' ops)
-from kvformats.deferred import error_record, pending_error, raise_pending, strict_checks
+from kvformats.codec.registry import get_format, list_formats
 from kvformats.errors import (
     BackendUnavailableError,
     CacheFileError,
@@ -26,8 +26,8 @@ from kvformats.errors import (
 )
 from kvformats.formats import CompressorState, Fp4DsMlaV41, Fp8DsMla, Fp8DsMlaV32, Fp8DsMlaV41, Fp8Indexer, Mxfp4Indexer
 from kvformats.layout import Field, Layout, Region, Segment
-from kvformats.profiles import PROFILE_NAMES, Profile, supported_profiles
-from kvformats.registry import get_format, list_formats
+from kvformats.numerics.profiles import PROFILE_NAMES, Profile, supported_profiles
+from kvformats.runtime.deferred import error_record, pending_error, raise_pending, strict_checks
 
 __version__ = "0.1.0"
 SPEC_VERSION = "1"

@@ -55,12 +55,12 @@ class CacheWriteError(CacheFileError, OutputError):
 def __getattr__(name: str):
     """``StrategyArgumentError`` is made on first use: it is also hypothesis's InvalidArgument (the
     error hypothesis users expect from a strategy), and ``import kvformats`` must not import
-    hypothesis, which only ``kvformats.strategies`` needs."""
+    hypothesis, which only ``kvformats.testing.strategies`` needs."""
     if name == "StrategyArgumentError":
         from hypothesis.errors import InvalidArgument
 
         class StrategyArgumentError(KVFormatError, InvalidArgument):
-            """A strategy of kvformats.strategies was called with an invalid argument."""
+            """A strategy of kvformats.testing.strategies was called with an invalid argument."""
 
         StrategyArgumentError.__module__, StrategyArgumentError.__qualname__ = __name__, name
         globals()[name] = StrategyArgumentError

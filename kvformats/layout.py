@@ -15,12 +15,12 @@ from typing import ClassVar
 import attrs
 import torch
 
-from kvformats import replay
-from kvformats.checks import check_cache, check_float_rows
-from kvformats.elements import ELEMENTS, ElementType
 from kvformats.errors import InputError, LayoutError
+from kvformats.numerics.elements import ELEMENTS, ElementType
+from kvformats.runtime import replay
+from kvformats.validation import check_cache, check_float_rows
 
-# Element types by their ml_dtypes/torch names (kvformats.elements): (bytes per stored unit,
+# Element types by their ml_dtypes/torch names (kvformats.numerics.elements): (bytes per stored unit,
 # elements per unit) and the torch dtype of a typed view, as read from the one table.
 ELEMENT_TYPES = {name: (e.unit_bytes, e.per_unit) for name, e in ELEMENTS.items()}
 TORCH_DTYPES = {name: e.torch_dtype for name, e in ELEMENTS.items()}
@@ -160,14 +160,14 @@ class Region:
 class Layout:
     """Base of every format. Subclasses add parameters and implement ``_segments``,
     ``encode_rows`` and ``decode_rows``; the public ops validate and dispatch in
-    ``kvformats.ops`` (bound in by ``bind_codec``)."""
+    ``kvformats.codec.slot_ops`` (bound in by ``bind_codec``)."""
 
     name: ClassVar[str] = ""
     page_alignment: ClassVar[str | None] = None  # name of a segment whose record size pages round up to
     container_dtype: ClassVar[torch.dtype] = torch.uint8
     quant_input_dtype: ClassVar[torch.dtype] = torch.float32  # what encode rounds its input to first
     # Valid parameter sets worth fuzzing besides the defaults (keyword arguments for get_format;
-    # kvformats.strategies draws one, the first when it shrinks) and the page sizes to draw.
+    # kvformats.testing.strategies draws one, the first when it shrinks) and the page sizes to draw.
     example_params: ClassVar[tuple[dict, ...]] = ({},)
     page_size_range: ClassVar[tuple[int, int]] = (1, 64)
     # Whether decode(encode(decode(encode(x)))) == decode(encode(x)) is a stated property of the
@@ -363,7 +363,7 @@ class Layout:
         ``slots [N]`` (int32/int64; negative = skip). Only the bytes of written rows change.
 
         Metadata errors raise InputError/LayoutError before any write. Slot values (below the
-        capacity, no repeats) are checked by ``check`` (``kvformats.deferred``): on CPU tensors
+        capacity, no repeats) are checked by ``check`` (``kvformats.runtime.deferred``): on CPU tensors
         and with ``check="strict"`` on the host before any write; by default on the GPU without
         a host read, where a slot beyond the cache is skipped and recorded for
         ``kvformats.raise_pending``; ``check=False`` checks no values. Rows named twice in one

@@ -1,4 +1,4 @@
-"""Triton kernels for kvformats, loaded by ``kvformats.registry`` on the first CUDA call.
+"""Triton kernels for kvformats, loaded by ``kvformats.codec.registry`` on the first CUDA call.
 
 The registry imports this package by name and reads two tables: ``kernel_table()``, each
 format's encode / decode / gather and paged ops (dequantize_gather, gather_paged: byte formats;
@@ -6,7 +6,7 @@ decode_topk: all) and each DeepSeek V4 operation, registered as the "triton" bac
 ``kernel_profiles()``, the numerics profiles each Triton encode implements. Both are empty when
 Triton does not import, and ``backend="triton"`` then raises BackendUnavailableError. This
 package registers nothing itself and imports no dispatch module back. Each implementation takes
-the same arguments as the reference (``kvformats.ops``), already validated there, and never
+the same arguments as the reference (``kvformats.codec.slot_ops``), already validated there, and never
 synchronises with the host, so it can be captured in a CUDA graph. Bytes equal the reference's
 bytes exactly.
 """
@@ -25,7 +25,7 @@ else:
 CODEC_OPS = ("encode", "decode", "gather", "dequantize_gather", "gather_paged", "decode_topk")
 
 if AVAILABLE:
-    from kvformats.profiles import profile_table
+    from kvformats.numerics.profiles import profile_table
     from kvformats_kernels import dsv4, fp8_ds_mla, indexer, state, v41
 
     IMPLEMENTATIONS = {

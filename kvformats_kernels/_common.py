@@ -13,7 +13,7 @@ import types
 import torch
 import triton.language as tl
 
-from kvformats import deferred
+from kvformats.runtime import deferred
 from kvformats_kernels import rows_jit
 from kvformats_kernels.launch import fast
 
@@ -137,7 +137,7 @@ def byte_cache(layout, cache: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 # The record sites (deferred.SITES) the launchers pass to their kernels as the SITE constexpr:
-# the same (op, argument) the reference records with (kvformats.ops and kvformats.paged).
+# the same (op, argument) the reference records with (kvformats.codec.slot_ops and kvformats.codec.paged_ops).
 SITES = {
     "encode": deferred.site("encode", "slots"),
     "decode": deferred.site("decode", "slots"),

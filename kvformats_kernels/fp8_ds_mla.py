@@ -122,7 +122,7 @@ def _paged_plan(layout, rope16: bool, has_glen: bool, has_base: bool, cfg_items:
 
 
 def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
-    """bf16 ``out [R, W, head_dim]``: see kvformats.paged.dequantize_gather (validated there)."""
+    """bf16 ``out [R, W, head_dim]``: see kvformats.codec.paged_ops.dequantize_gather (validated there)."""
     u8, stride = cm.byte_cache(layout, cache)
     alias, stride16, rope16 = _rope_alias(layout, u8, stride)
     cfg = cm.CONFIG[("fp8_ds_mla", "paged")]

@@ -123,7 +123,7 @@ def _paged_plan(layout, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bo
 
 
 def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
-    """float32 ``out [R, W, head_dim]``: see kvformats.paged.dequantize_gather (validated there)."""
+    """float32 ``out [R, W, head_dim]``: see kvformats.codec.paged_ops.dequantize_gather (validated there)."""
     u8, stride = cm.byte_cache(layout, cache)
     cfg = cm.CONFIG[("indexer", "paged")]
     block_m, consts = _paged_plan(layout, gather_lens is not None, base is not None, tuple(cfg.items()),

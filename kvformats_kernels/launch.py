@@ -25,8 +25,8 @@ import os
 
 import torch
 
-from kvformats import replay_plan
 from kvformats.errors import InputTypeError
+from kvformats.runtime import replay_plan
 
 _INT32 = 1 << 31
 # Tests set this: a call site that passes a runtime argument by keyword raises on every path

@@ -6,7 +6,7 @@ The Triton CPU interpreter does not round like the GPU (its fp32 -> bf16 truncat
 fp32 -> float8e4nv breaks ties away from zero and can drop a binade), and a libm ``log2`` may
 differ from torch in the last ulp. Every rounding here is therefore done on the float32 bit
 pattern with integer arithmetic, which is exact on the GPU and under ``TRITON_INTERPRET=1``
-alike. Each helper mirrors one function of ``kvformats.numerics`` and is checked against it
+alike. Each helper mirrors one function of ``kvformats.numerics.codes`` and is checked against it
 bit for bit (tests/kernels).
 """
 
@@ -169,7 +169,7 @@ def _round_down_limit(m):
     log2(q) rounds down to m iff log2(1 + j 2^-23) < half the float32 gap above m, so the limit
     grows with the binade of |m|: for a = m (m >= 0) or -m - 1 (m < 0), the limit is
     ceil(ln 2 * 2^(t-1)) with t = floor(log2 a): 1 for a < 4, then 2, 3, 6, 12, 23, 45.
-    Equal to kvformats.numerics' table for every m in [-127, 128] (checked in tests/kernels).
+    Equal to kvformats.numerics.codes' table for every m in [-127, 128] (checked in tests/kernels).
     """
     a = tl.where(m < 0, -m - 1, m)
     return (1 + (a >= 4).to(tl.int32) + (a >= 8).to(tl.int32) + 3 * (a >= 16).to(tl.int32)
@@ -180,7 +180,7 @@ def _round_down_limit(m):
 def ceil_log2(q, NORMAL_ONLY: tl.constexpr = False):
     """``ceil(log2(q))`` as float32 arithmetic gives it, for float32 q >= 0 -> int32.
 
-    Mirrors kvformats.numerics.ceil_log2: one above a power of two only when the mantissa field
+    Mirrors kvformats.numerics.codes.ceil_log2: one above a power of two only when the mantissa field
     reaches the round-down limit of its binade; subnormal q are taken at q * 2^64 and the
     exponent lowered by 64 (q = 0 gives -191); +inf gives 128, NaN 129. Exact integer work:
     the subnormal mantissa is normalised by an exact int -> float conversion.
@@ -205,7 +205,7 @@ def ceil_log2(q, NORMAL_ONLY: tl.constexpr = False):
 
 @triton.jit
 def floor_log2(a):
-    """Exact ``floor(log2(a))`` of float32 a >= 0 -> int32, as kvformats.numerics.floor_log2:
+    """Exact ``floor(log2(a))`` of float32 a >= 0 -> int32, as kvformats.numerics.codes.floor_log2:
     subnormals through the exact int -> float conversion of their mantissa, 0 -> -1000,
     +Inf and NaN -> 128."""
     b = f32_bits(a) & 0x7FFFFFFF
@@ -221,7 +221,7 @@ def e2m1_code(y, RNE: tl.constexpr = False, SIGNED_ZERO: tl.constexpr = False):
     a magnitude equal to a threshold takes the smaller code, and the sign bit is set only on a
     non-zero code of a negative value. RNE: ties go to the even code (PTX cvt.rn.satfinite, OCP);
     SIGNED_ZERO: the sign bit copies the input's (nibble 8 possible). NaN gives code 0 (every
-    threshold compare is false), as ``kvformats.numerics.e2m1_encode``.
+    threshold compare is false), as ``kvformats.numerics.codes.e2m1_encode``.
 
     From 1 up, e2m1 is a float with one mantissa bit (codes 2..7 = 1, 1.5, 2, 3, 4, 6), so
     rounding is adding just under half an ulp (2^21 - 1), plus the kept bit for RNE, to the

@@ -1,4 +1,4 @@
-"""The device side of ``kvformats.deferred``: record a value-check violation without the host.
+"""The device side of ``kvformats.runtime.deferred``: record a value-check violation without the host.
 
 A kernel that skips rows failing a value check (a slot beyond the cache, a position beyond the
 cos/sin table, ...) calls ``record_violation`` with the mask of those rows. Only programs that

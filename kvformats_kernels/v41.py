@@ -17,12 +17,13 @@ from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
 # Rows per program and warps, by op, chosen by H200 sweeps of 2-16 rows per program and 2-8
-# warps (encode_lanes, the fp4 encode of aligned bf16 rows: 16 rows of 4 warps, four (row,
-# block) pairs a lane, 54 against 60 µs at 4 rows; decodes: 2 warps); hw_cvt: the GPU's
+# warps (decodes: 2 warps). encode_lanes, the fp4 encode of aligned bf16 rows, keeps one (row,
+# block) pair per lane: 16 rows of 4 warps (four pairs a lane) ran in 54 against 60 µs but
+# wrote wrong bytes on the H200 for rows of wide magnitudes (see _lanes). hw_cvt: the GPU's
 # float8 / bf16 conversions (cm.hw_cvt).
 CONFIG = {
     "encode": {"block_m": 4, "num_warps": 4, "hw_cvt": 1},
-    "encode_lanes": {"block_m": 16, "num_warps": 4, "hw_cvt": 1},
+    "encode_lanes": {"block_m": 4, "num_warps": 4, "hw_cvt": 1},
     "decode": {"block_m": 4, "num_warps": 2, "hw_cvt": 1},
     "paged": {"block_m": 4, "num_warps": 4, "hw_cvt": 1},
 }
@@ -65,20 +66,23 @@ def _encode_config(layout, is_bf16: bool, aligned: bool) -> tuple[dict, bool]:
     on 16 bytes takes encode_lanes where its shape allows (_lanes); every other encode the
     per-row kernel's."""
     lanes = CONFIG["encode_lanes"]
-    if is_bf16 and aligned and _lanes(layout, lanes):
+    if is_bf16 and aligned and _lanes(layout, lanes, one_per_lane=True):
         return lanes, True
     return CONFIG["encode"], False
 
 
-def _lanes(layout, cfg: dict) -> bool:
+def _lanes(layout, cfg: dict, one_per_lane: bool = False) -> bool:
     """Whether an fp4 kernel may take its one-(row, block)-pair-per-lane layout: its blocks hold
     whole words (eight values) and the program has a pair for every lane (with fewer, Triton
     spreads a block over lanes that repeat each other: see indexer._whole_blocks_per_lane).
-    The encode also needs bf16 rows on 16 bytes (a block in one lane's two vector loads): from
-    float32 rows, or rows Triton cannot load in vectors, it built programs that scaled blocks
-    by part of their maximum on the H200 (Triton 3.6)."""
+    The encode also needs bf16 rows on 16 bytes (a block in one lane's two vector loads) and
+    exactly one pair per lane (``one_per_lane``): from float32 rows, rows Triton cannot load in
+    vectors, or programs of four pairs a lane, it built programs that wrote wrong bytes on the
+    H200 (Triton 3.6: blocks scaled by part of their maximum). The decode's two pairs a lane
+    are checked byte for byte on the H200."""
     g = _geometry(layout)
-    return g["FP4"] and g["QB"] % 8 == 0 and cfg["block_m"] * g["NB_P2"] >= 32 * cfg["num_warps"]
+    pairs, lanes = cfg["block_m"] * g["NB_P2"], 32 * cfg["num_warps"]
+    return g["FP4"] and g["QB"] % 8 == 0 and (pairs == lanes if one_per_lane else pairs >= lanes)
 
 
 def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
@@ -146,7 +150,7 @@ def _paged_plan(layout, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bo
 
 
 def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
-    """bf16 ``out [R, W, head_dim]``: see kvformats.paged.dequantize_gather (validated there)."""
+    """bf16 ``out [R, W, head_dim]``: see kvformats.codec.paged_ops.dequantize_gather (validated there)."""
     u8, stride = cm.byte_cache(layout, cache)
     cfg = CONFIG["paged"]
     block_m, consts = _paged_plan(layout, gather_lens is not None, base is not None, tuple(cfg.items()),

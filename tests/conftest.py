@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("KVFORMATS_STRICT_CALL_SITES", "1")  # kvformats_kernels.launch: no runtime argument by keyword
 
-from kvformats import deferred  # noqa: E402  (after the interpreter choice)
+from kvformats.runtime import deferred  # noqa: E402  (after the interpreter choice)
 
 
 settings.register_profile("default", max_examples=40, deadline=None,
@@ -30,7 +30,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 @pytest.fixture(autouse=True)
 def _clear_error_records():
-    """Every test starts with clear error records (kvformats.deferred): a test that records a
+    """Every test starts with clear error records (kvformats.runtime.deferred): a test that records a
     violation must not leave it for the next one to find."""
     for rec in deferred._RECORDS.values():
         rec.zero_()
@@ -50,7 +50,7 @@ def routed(monkeypatch):
     Triton launchers whatever the device (after the public op validated its arguments), so that
     kernel tests run under the interpreter without CUDA; with CUDA nothing changes."""
     if not torch.cuda.is_available():
-        from kvformats import registry
+        from kvformats.codec import registry
 
         monkeypatch.setattr(deferred, "HOST_CHECKED", set())
         registry._load_kernels()  # the Triton launchers, read from the kernel package's table

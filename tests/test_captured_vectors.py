@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import kvformats as kvf
-from kvformats.vectors import load_vector, run_vector
+from kvformats.spec.vectors import load_vector, run_vector
 
 ROOT = Path(__file__).resolve().parents[1]
 DIR = ROOT / "spec" / "vectors" / "captured"

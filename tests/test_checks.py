@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvformats as kvf
-from kvformats.checks import check_cache, check_tensor
+from kvformats.validation import check_cache, check_tensor
 
 LAYOUTS = [kvf.Fp8DsMla(page_size=2), kvf.Fp8Indexer(page_size=3), kvf.Mxfp4Indexer(head_dim=64, page_size=2),
            kvf.CompressorState(head_dim=64, page_size=2)]

@@ -105,7 +105,7 @@ def test_demo_save_keeps_the_file(capsys, tmp_path, monkeypatch):
     code, out, err = run(capsys, "demo", "--rows", "64", "--device", "cpu", "--save", "demo.safetensors")
     assert code == 0, out + err
     check_demo_output(out)
-    from kvformats.io import load_caches
+    from kvformats.caches.files import load_caches
     assert sorted(load_caches(tmp_path / "demo.safetensors")) == kvf.list_formats()
     assert "next: kvformats check demo.safetensors" in out
 
@@ -136,7 +136,7 @@ def test_demo_runs_without_the_io_extra(capsys, tmp_path, monkeypatch):
 def test_demo_bounds_come_from_the_regions(layout):
     import torch
 
-    from kvformats.demo import _ratio, element_bound
+    from kvformats.cli.demo import _ratio, element_bound
 
     g = torch.Generator().manual_seed(1)
     x = (torch.randn(32, layout.head_dim, generator=g) * torch.exp2(torch.randint(-8, 8, (32, 1), generator=g))
@@ -156,10 +156,10 @@ def test_demo_bounds_come_from_the_regions(layout):
 
 
 def test_demo_says_when_a_bound_is_violated(capsys, tmp_path, monkeypatch):
-    import kvformats.demo
+    import kvformats.cli.demo
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(kvformats.demo, "_ratio", lambda err, bound: 2.0)
+    monkeypatch.setattr(kvformats.cli.demo, "_ratio", lambda err, bound: 2.0)
     code, out, _ = run(capsys, "demo", "--rows", "16", "--device", "cpu")
     assert code == 1
     assert out.splitlines()[-1].startswith(f"verdict: FAILED: BOUND VIOLATED by {', '.join(kvf.list_formats()[:2])}")
@@ -227,9 +227,10 @@ def test_docs_check_says_ok_and_writes_refuse_unwritable_places(capsys, tmp_path
 
 
 def test_spec_and_docs_writers_raise_output_errors(tmp_path):
-    from kvformats import docgen, spec
     from kvformats.cli import build_parser
     from kvformats.errors import OutputError
+    from kvformats.spec import docgen
+    from kvformats.spec import formats as spec
 
     (tmp_path / "afile").write_text("x")
     with pytest.raises(OutputError, match="not a directory"):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import kvformats as kvf
+from kvformats.caches.files import save_caches
 from kvformats.cli import main
-from kvformats.io import save_caches
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_dump_page_and_slot(files, capsys):
     assert code == 0 and rec["slot"] == 5 and rec["page"] == 1 and rec["row"] == 1
     assert [r["name"] for r in rec["regions"]] == ["nope", "rope", "scale", "scale_pad"]
     decoded = kvf.Fp8DsMla(page_size=4)  # values beside bytes equal what decode returns
-    from kvformats.io import load_cache
+    from kvformats.caches.files import load_cache
     entry = load_cache(files / "one.safetensors", "swa")
     want = decoded.decode(entry.cache, torch.tensor([5]))[0, :448].float()
     assert torch.equal(torch.tensor(rec["regions"][0]["values"]), want)
@@ -135,7 +135,7 @@ def test_diff_of_one_page_names_that_page_everywhere(files, capsys):
 
 
 def test_diff_pad_differences_have_no_row_and_bad_max_items_is_a_usage_error(files, capsys, tmp_path):
-    from kvformats.io import load_cache
+    from kvformats.caches.files import load_cache
 
     entry = load_cache(files / "one.safetensors", "swa")
     dirty = entry.cache.clone()

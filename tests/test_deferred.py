@@ -1,4 +1,4 @@
-"""The check modes and the device error record (kvformats.deferred): what is checked where,
+"""The check modes and the device error record (kvformats.runtime.deferred): what is checked where,
 what a violation records, and that the default path on a GPU never reads a tensor value on the
 host (guarded here with meta tensors, whose values cannot be read)."""
 
@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import deferred, registry
-from kvformats.strategies import storage_bytes
+from kvformats.codec import registry
+from kvformats.runtime import deferred
+from kvformats.testing.strategies import storage_bytes
 
 CPU = torch.device("cpu")
 FORMATS = kvf.list_formats()
@@ -234,7 +235,7 @@ def test_default_checks_never_read_values_on_the_host(fmt, kernel, monkeypatch):
 
 
 def test_rope_tail_off_the_host_leaves_invalid_rows_unrotated_and_records(device_mode):
-    from kvformats.rope import cos_sin_cache, rope_tail
+    from kvformats.deepseek_v4.rope import cos_sin_cache, rope_tail
 
     cs = cos_sin_cache(64, 16)
     x = torch.randn(3, 128)
@@ -273,10 +274,10 @@ def test_decreasing_query_start_loc_is_recorded_off_the_host(op, device_mode):
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "reference"])
 def test_no_public_call_reads_values_on_the_host_by_default(kernel, monkeypatch):
-    """Every prepared call of kvformats.calls (each codec and paged op of every format, each
+    """Every prepared call of kvformats.testing.calls (each codec and paged op of every format, each
     deepseek_v4 operation) on meta tensors: any host read of a value would raise, so the
     default mode's checks on a device read none."""
-    from kvformats.calls import public_calls
+    from kvformats.testing.calls import public_calls
 
     noop = _NoOps(monkeypatch, kernel)
     calls = public_calls("meta", rows=8)

@@ -9,7 +9,7 @@ import pytest
 
 import kvformats as kvf
 from kvformats.cli import build_parser
-from kvformats.docgen import check_docs
+from kvformats.spec.docgen import check_docs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvformats import numerics as nx
+from kvformats.numerics import codes as nx
 
 
 def _lanes(y: np.ndarray) -> np.ndarray:

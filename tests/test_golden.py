@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import kvformats as kvf
-from kvformats.vectors import load_vector, run_vector, vector_paths
+from kvformats.spec.vectors import load_vector, run_vector, vector_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTOR_DIR = ROOT / "spec" / "vectors"

@@ -10,11 +10,11 @@ import torch
 
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
-from kvformats import rope
-from kvformats import torch_ops as kops
-from kvformats.convert import convert_rows, convert_slots, pack_ue8m0, unpack_ue8m0
-from kvformats.profiles import supported_profiles
-from kvformats.strategies import storage_bytes
+from kvformats.codec import torch_ops as kops
+from kvformats.codec.convert import convert_rows, convert_slots, pack_ue8m0, unpack_ue8m0
+from kvformats.deepseek_v4 import rope
+from kvformats.numerics.profiles import supported_profiles
+from kvformats.testing.strategies import storage_bytes
 
 INT_PARAMS = [(name, field) for name in kvf.list_formats()
               for field, value in kvf.get_format(name).params.items() if isinstance(value, int)]
@@ -215,7 +215,7 @@ def test_save_compressor_state_takes_inputs_that_require_grad(path):
 @pytest.fixture
 def cuda_dispatch(monkeypatch):
     """Dispatch as on a CUDA device (the kernels run under the Triton interpreter on CPU)."""
-    from kvformats import registry
+    from kvformats.codec import registry
 
     real = registry._resolve
     monkeypatch.setattr(registry, "_RESOLVED", {})
@@ -263,7 +263,7 @@ def test_triton_backend_runs_the_kernel_for_shapes_it_supports(cuda_dispatch, mo
                             for a, b in zip(got, want))
 
 
-# ----- item 16, the same class in kvformats.convert: messages say what came, k is an exact int -------------
+# ----- item 16, the same class in kvformats.codec.convert: messages say what came, k is an exact int -------------
 @pytest.mark.parametrize("call, err, words", [
     (lambda: convert_rows(kvf.Mxfp4Indexer(), torch.zeros(2, 3), kvf.Mxfp4Indexer()), kvf.InputError,
      ["uint8 tensor [N, 68]", "torch.float32 tensor of shape (2, 3)"]),

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import kvformats as kvf
+from kvformats.caches.files import load_cache, load_caches, read_metadata, save_cache, save_caches
 from kvformats.cli import main
 from kvformats.errors import CacheFileError, CacheWriteError, InputError, InputTypeError, KVFormatError, OutputError
-from kvformats.io import load_cache, load_caches, read_metadata, save_cache, save_caches
 
 
 def rewrite_metadata(src, dst, edit):
@@ -239,11 +239,11 @@ def test_the_io_extra_is_named_when_it_is_missing(good, monkeypatch):
 
 
 def test_library_errors_are_importable_from_errors_and_their_old_homes():
-    import kvformats.convert
-    import kvformats.io
+    import kvformats.codec.convert
+    import kvformats.caches.files
 
-    assert kvformats.io.CacheFileError is CacheFileError
-    assert kvformats.convert.ConversionError.__module__ == "kvformats.errors"
+    assert kvformats.caches.files.CacheFileError is CacheFileError
+    assert kvformats.codec.convert.ConversionError.__module__ == "kvformats.errors"
     assert issubclass(CacheFileError, KVFormatError) and issubclass(CacheFileError, ValueError)
 
 
@@ -263,9 +263,9 @@ def narrow_cache(width, stride=None, gap_byte=0xAB, seed=0):
 @pytest.mark.parametrize("width,stride,pad", [(1168, None, 0), (1168, 1728, 0), (1400, None, 232),
                                               (1400, 2000, 232), (1728, 2500, 560)])
 def test_views_cover_only_the_pad_inside_the_page(width, stride, pad):
-    from kvformats.diff import diff_caches
-    from kvformats.fsck import check
-    from kvformats.render import page_lines
+    from kvformats.caches.check import check
+    from kvformats.caches.diff import diff_caches
+    from kvformats.caches.hexdump import page_lines
 
     layout, cache = narrow_cache(width, stride)
     views = layout.views(cache)
@@ -295,7 +295,7 @@ def test_narrow_page_files_work_in_every_command(tmp_path, capsys):
 
 
 def test_a_dirty_pad_inside_a_narrow_page_is_still_found():
-    from kvformats.fsck import check
+    from kvformats.caches.check import check
 
     layout, cache = narrow_cache(1400, 2000)
     cache[1, 1399] = 1  # the last pad byte inside the page
@@ -304,7 +304,7 @@ def test_a_dirty_pad_inside_a_narrow_page_is_still_found():
 
 
 def test_diff_of_caches_with_different_page_widths_is_refused(tmp_path, capsys):
-    from kvformats.diff import diff_caches
+    from kvformats.caches.diff import diff_caches
 
     layout, narrow = narrow_cache(1168)
     wide = layout.allocate(3)

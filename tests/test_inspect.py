@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats.diagram import layout_svg
-from kvformats.diff import diff_caches
-from kvformats.fsck import check, scale_exponent_range
-from kvformats.render import hexdump_page, json_number, page_lines, slot_record
+from kvformats.caches.check import check, scale_exponent_range
+from kvformats.caches.diff import diff_caches
+from kvformats.caches.hexdump import hexdump_page, json_number, page_lines, slot_record
+from kvformats.spec.diagram import layout_svg
 
 SMALL = {"fp8_ds_mla_v41": {"head_dim": 64, "page_size": 4}, "fp4_ds_mla_v41": {"head_dim": 64, "page_size": 4},
          "fp8_ds_mla": {"page_size": 4}, "fp8_ds_mla_v32": {"page_size": 4}, "fp8_indexer": {"page_size": 4}, "mxfp4_indexer": {"page_size": 4},
@@ -145,7 +145,7 @@ def test_diagram_names_every_region(name):
 
 @pytest.mark.parametrize("kind, width, value", [("e4m3", 8, 0x7F), ("e2m1", 4, 0x8)])
 def test_word_wise_code_checks_equal_byte_wise(kind, width, value):
-    from kvformats.fsck import _bad_codes
+    from kvformats.caches.check import _bad_codes
 
     g = torch.Generator().manual_seed(1)
     raw = torch.randint(0, 256, (64, 8, 16), dtype=torch.uint8, generator=g)

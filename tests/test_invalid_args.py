@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import checks
-from kvformats.strategies import storage_bytes
+from kvformats import validation as checks
+from kvformats.testing.strategies import storage_bytes
 
 FORMATS = kvf.list_formats()
 

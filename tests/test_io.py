@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats.io import CacheFileError, load_cache, load_caches, read_metadata, save_cache, save_caches
+from kvformats.caches.files import CacheFileError, load_cache, load_caches, read_metadata, save_cache, save_caches
 
 
 def filled(layout, pages=3, page_stride=None, seed=0):

@@ -19,17 +19,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvformats as kvf
-from kvformats import numerics as nx
-from kvformats import registry
-from kvformats import strategies as kst
+from kvformats.caches.check import check
 from kvformats.cli import build_parser, main
-from kvformats.convert import convert_rows
-from kvformats.demo import _ratio, element_bound
+from kvformats.cli.demo import _ratio, element_bound
+from kvformats.codec import registry
+from kvformats.codec.convert import convert_rows
+from kvformats.codec.slot_ops import register_reference_ops
 from kvformats.errors import LayoutError
-from kvformats.fsck import check
 from kvformats.layout import Field, Layout, Segment, positive
-from kvformats.ops import register_reference_ops
-from kvformats.tolerance import code_distance
+from kvformats.numerics import codes as nx
+from kvformats.testing import strategies as kst
+from kvformats.testing.tolerance import code_distance
 
 NAME = "test_tiny_rows"
 BLOCK = 16
@@ -161,7 +161,7 @@ def test_list_show_spec_and_docs_derive_it(tiny, capsys, tmp_path):
     assert spec["row_bytes"] == 68 and spec["numerics"]["quant_block"] == BLOCK
     assert spec["numerics"]["element_type"] == "float8_e4m3fn" and spec["numerics"]["scale_dtype"] == "float8_e8m0fnu"
     assert spec["numerics"]["error_bound"].startswith("|x - x_hat| <= max(|x|/16, 2^(e-10))")
-    from kvformats.docgen import expected_docs
+    from kvformats.spec.docgen import expected_docs
 
     docs = expected_docs(REPO, build_parser())
     assert f"| `tail` | bfloat16 | [16] |" in docs[f"reference/formats/{NAME}.md"]
@@ -170,7 +170,7 @@ def test_list_show_spec_and_docs_derive_it(tiny, capsys, tmp_path):
 
 def test_check_and_dump_read_a_cache_file_of_it(tiny, capsys, tmp_path):
     pytest.importorskip("safetensors")
-    from kvformats.io import save_caches
+    from kvformats.caches.files import save_caches
 
     cache, slots, _ = _filled(tiny)
     path = tmp_path / "tiny.safetensors"

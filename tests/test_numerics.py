@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import numerics as nx
+from kvformats.numerics import codes as nx
 
 ALL_BYTES = torch.arange(256, dtype=torch.int32).to(torch.uint8)
 ALL_BF16 = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()

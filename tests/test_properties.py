@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import kvformats as kvf
-from kvformats import strategies as kst
-from kvformats.strategies import storage_bytes
+from kvformats.testing import strategies as kst
+from kvformats.testing.strategies import storage_bytes
 
 FORMATS = kvf.list_formats()
 INT_OF = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import registry
+from kvformats.codec import registry
 from kvformats.layout import Layout
 
 CLASSES = {"compressor_state": kvf.CompressorState, "fp8_ds_mla": kvf.Fp8DsMla,
@@ -47,7 +47,7 @@ def test_get_format_equals_the_class(name, params):
 def test_auto_backend_on_cpu_is_the_reference(name, op):
     impl = registry.resolve(name, op, "auto", torch.device("cpu"))
     assert impl is registry.resolve(name, op, "reference", torch.device("cpu"))
-    assert impl.__module__ == "kvformats.ops"
+    assert impl.__module__ == "kvformats.codec.slot_ops"
 
 
 def test_auto_on_cpu_does_not_load_kernels():
@@ -116,6 +116,6 @@ def test_every_error_class_is_exported():
 
     classes = {c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, kvf.KVFormatError)}
     # StrategyArgumentError needs hypothesis, which ``import kvformats`` must not import: it is
-    # exported by kvformats.strategies instead
+    # exported by kvformats.testing.strategies instead
     classes.discard(getattr(errors, "StrategyArgumentError", None))
     assert classes <= {getattr(kvf, n) for n in kvf.__all__}

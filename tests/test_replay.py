@@ -1,7 +1,7 @@
-"""kvformats.replay: a replayed call launches exactly what its full path launches, and every
+"""kvformats.runtime.replay: a replayed call launches exactly what its full path launches, and every
 case the full path must see (errors, strict checks, new metadata) still goes through it.
 
-The launches are logged instead of run (kvformats_kernels.stub), so this runs on a CPU; the GPU
+The launches are logged instead of run (kvformats.testing.launch_stub), so this runs on a CPU; the GPU
 tests compare a replayed call's bytes with the reference (tests/kernels/test_replay_gpu.py).
 """
 
@@ -16,10 +16,11 @@ import torch
 pytest.importorskip("triton")
 
 import kvformats as kvf  # noqa: E402
-from kvformats import replay, replay_plan  # noqa: E402
-from kvformats.calls import public_calls  # noqa: E402
+from kvformats.codec import slot_ops  # noqa: E402
 from kvformats.errors import InputError, InputTypeError  # noqa: E402
-from kvformats_kernels.stub import Address, stubbed_launches  # noqa: E402
+from kvformats.runtime import replay, replay_plan  # noqa: E402
+from kvformats.testing.calls import public_calls  # noqa: E402
+from kvformats.testing.launch_stub import Address, stubbed_launches  # noqa: E402
 
 NAMES = sorted(public_calls("meta", 64))
 
@@ -61,7 +62,7 @@ def _tensors_in(fn) -> list[torch.Tensor]:
             stack += list(o.values())
         elif isinstance(o, (list, tuple)):
             stack += list(o)
-        elif type(o).__name__ == "Ops":  # kvformats.calls' custom-op bundle
+        elif type(o).__name__ == "Ops":  # kvformats.testing.calls' custom-op bundle
             stack += list(vars(o).values())
     return found
 
@@ -171,7 +172,7 @@ def test_keys_tell_apart_what_the_full_path_reads(stub):
     for c in calls:
         c()
         c()
-    table = kvf.ops.decode.__wrapped_plans__
+    table = slot_ops.decode.__wrapped_plans__
     assert sum(isinstance(p, replay_plan.Plan) for p in table.values()) == len(calls)
     for _ in range(2):  # 1 == True, but check=1 is keyed apart and refused each time
         with pytest.raises(InputTypeError):
@@ -187,7 +188,7 @@ def test_calls_nested_in_a_recording_run_in_full(stub):
     outer(lay, cache, slots)
     outer(lay, cache, slots)
     assert sum(isinstance(p, replay_plan.Plan) for p in outer.__wrapped_plans__.values()) == 1
-    assert kvf.ops.decode.__wrapped_plans__ == {}  # the inner call was recorded as part of the outer one
+    assert slot_ops.decode.__wrapped_plans__ == {}  # the inner call was recorded as part of the outer one
     n = len(stub)
     assert outer(lay, cache, slots).shape == (8, lay.head_dim) and len(stub) == n + 1
 
@@ -202,7 +203,7 @@ def test_launch_hooks_and_the_switch_turn_replay_off(stub, monkeypatch):
     lay, cache, x, slots = _codec()
     lay.decode(cache, slots)
     lay.decode(cache, slots)
-    plan = next(p for p in kvf.ops.decode.__wrapped_plans__.values() if isinstance(p, replay_plan.Plan))
+    plan = next(p for p in slot_ops.decode.__wrapped_plans__.values() if isinstance(p, replay_plan.Plan))
     used = []
     monkeypatch.setattr(plan, "replay", lambda ptrs, tensors: used.append(1))
     lay.decode(cache, slots)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import kvformats as kvf
-from kvformats.spec import check_specs, fingerprint, format_spec, spec_text, write_specs
+from kvformats.spec.formats import check_specs, fingerprint, format_spec, spec_text, write_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_DIR = ROOT / "spec" / "formats"

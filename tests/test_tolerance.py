@@ -1,4 +1,4 @@
-"""kvformats.tolerance: code distances in value order, checked on hand-made byte changes."""
+"""kvformats.testing.tolerance: code distances in value order, checked on hand-made byte changes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 import kvformats as kvf
 from kvformats.errors import LayoutError
-from kvformats.tolerance import code_distance, ordinal
+from kvformats.testing.tolerance import code_distance, ordinal
 
 
 def rows(layout, n=3, seed=0):

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import numerics as nx
+from kvformats.codec.rows import write_rows
 from kvformats.errors import InputError
-from kvformats.rowio import write_rows
-from kvformats.spec import format_spec
+from kvformats.numerics import codes as nx
+from kvformats.spec.formats import format_spec
 
 READING = {  # (format, profile) -> how 0xFF reads
     ("fp8_ds_mla", "tokenspeed"): "inf", ("fp8_ds_mla", "vllm"): "nan", ("fp8_ds_mla", "flashmla-ref"): "nan",

@@ -121,7 +121,8 @@ def _batches(machines, args, counts, started, state, base, share, budget) -> Non
 
 def unregistered_ops(machines, backend_has) -> list[str]:
     """``fmt.op`` that the harness offers to a triton machine but the registry does not hold."""
-    from kvformats import paged, registry
+    from kvformats.codec import paged_ops as paged
+    from kvformats.codec import registry
 
     registry._load_kernels()
     return [f"{fmt}.{op}" for fmt, b, _ in machines if b == "triton" and fmt != "compress_pipeline"
@@ -215,7 +216,7 @@ def report(header, counts, runs, arena, started, args, triton_line, launches, mi
         print(triton_line.replace("{launches}", str(launches)))
     if pooled[1]:
         print(f"compressed rows written by kernels: {pooled[0]} of {pooled[1]} values one code apart from the "
-              f"reference ({pooled[0] / pooled[1]:.1e}; the pooling bar, kvformats.tolerance; every other byte exact)")
+              f"reference ({pooled[0] / pooled[1]:.1e}; the pooling bar, kvformats.testing.tolerance; every other byte exact)")
     print(f"arena bytes differing from the model (outside written rows or in them): {mismatched}")
 
 
@@ -260,7 +261,7 @@ def main(argv=None) -> int:
     missing = unregistered_ops(machines, backend_has) if torch.cuda.is_available() else []
     if missing:  # the machine would call them through backend="triton" and stop at BackendUnavailableError
         print("the triton machines would call ops that have a launcher but no registered Triton kernel on CUDA: "
-              + ", ".join(missing) + "; reliability_harness.backend_has must consult kvformats.registry on CUDA")
+              + ", ".join(missing) + "; reliability_harness.backend_has must consult kvformats.codec.registry on CUDA")
         return 2
     counter = LaunchCounter()
     counted = counter.install()

@@ -5,7 +5,7 @@
 Run by ``tools/sanitize.py`` under each compute-sanitizer tool, as a process of its own.
 
 * Codec ops: for every registered format with a Triton ``encode`` / ``decode`` / ``gather`` /
-  ``dequantize_gather`` / ``gather_paged`` / ``decode_topk`` (``kvformats.registry``), calls
+  ``dequantize_gather`` / ``gather_paged`` / ``decode_topk`` (``kvformats.codec.registry``), calls
   through the public layout methods with ``backend="triton"`` on caches whose last page ends
   exactly where their allocation ends, with −1 slots, slots beyond the capacity
   (``check=False``, up to ``2^31 - 1`` / ``2^40``), block tables with −1 entries, pages beyond
@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 import kvformats as kvf  # noqa: E402
 from kvformats import deepseek_v4 as dsv4  # noqa: E402
-from kvformats import paged, registry  # noqa: E402
+from kvformats.codec import paged_ops as paged, registry  # noqa: E402
 from kvformats.testing.launch_count import LaunchCounter  # noqa: E402
 from kvformats.testing.sanitize_dsv4_cases import dsv4_cases  # noqa: E402,F401  (also used by the tests)
 
@@ -212,7 +212,7 @@ def add_paged(d: Driver, layout, cache, fmt: str, tag: str) -> None:
 
 def add_profile_encodes(d: Driver, fmt: str) -> None:
     """One encode per non-default numerics profile (each is its own compiled encode variant)."""
-    from kvformats.profiles import profile_table
+    from kvformats.numerics.profiles import profile_table
 
     table = profile_table(fmt)
     for name in (table.names if table is not None else ()):
@@ -229,7 +229,7 @@ def add_profile_encodes(d: Driver, fmt: str) -> None:
 def add_profile_reads(d: Driver, fmt: str) -> None:
     """The reads of one profile per reading of scale byte 0xFF (``ue8m0_ff``) other than the
     default profile's: the decode kernels take it as a constexpr, so each is its own variant."""
-    from kvformats.profiles import profile_table
+    from kvformats.numerics.profiles import profile_table
 
     table = profile_table(fmt)
     if table is None:

@@ -7,9 +7,8 @@ the declaration import anything from here.
 
 from types import SimpleNamespace
 
-from kvformats import layout, registry
-from kvformats import ops as slot_ops
-from kvformats import paged as paged_ops
+from kvformats import layout
+from kvformats.codec import paged_ops, registry, slot_ops
 from kvformats.formats import FORMATS
 
 for _cls in FORMATS:

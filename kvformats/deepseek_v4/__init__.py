@@ -9,7 +9,7 @@
 
 Every public function validates its arguments first (typed errors, nothing written) and then
 calls the implementation registered for its backend under ``("deepseek_v4", op)`` in
-``kvformats.registry``; the reference implementations take the validated tensors. A mapping
+``kvformats.codec.registry``; the reference implementations take the validated tensors. A mapping
 from every tokenspeed function is in docs/porting-from-tokenspeed.md.
 """
 

@@ -1,6 +1,6 @@
 """Backend dispatch for the DeepSeek V4 operations.
 
-Each operation ``op`` is registered in ``kvformats.registry`` under the family name
+Each operation ``op`` is registered in ``kvformats.codec.registry`` under the family name
 ``"deepseek_v4"`` (in the slot a format name takes for codec ops), so a kernel package adds a
 backend with ``register_op("deepseek_v4", op, "triton")(fn)``; ``fn`` receives exactly the
 arguments the reference receives, already validated.
@@ -8,7 +8,7 @@ arguments the reference receives, already validated.
 
 from __future__ import annotations
 
-from kvformats import registry
+from kvformats.codec import registry
 
 FAMILY = "deepseek_v4"
 OPS: list[str] = []

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred, registry, replay
-from kvformats.checks import check_slots
-from kvformats.deepseek_v4 import _checks as C
+from kvformats.codec import registry
+from kvformats.codec.blocktable import table_slots
+from kvformats.codec.rows import write_rows
 from kvformats.deepseek_v4 import _dispatch as D
-from kvformats.blocktable import table_slots
+from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.pooling import pool_reference
 from kvformats.deepseek_v4.transforms import hadamard_reference, rope_tail
 from kvformats.errors import InputError
-from kvformats.rowio import write_rows
+from kvformats.runtime import deferred, replay
+from kvformats.validation import check_slots
 
 INDEX_FORMATS = ("fp8_indexer", "mxfp4_indexer")
 
@@ -153,7 +154,7 @@ def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, rat
             state rows.
         rms_weight: ``[h]`` weight of the compressor's norm.
         rms_eps: epsilon of the compressor's norm.
-        cos_sin_cache: float32 ``[max_positions, rope_dim]`` (``kvformats.rope.cos_sin_cache``).
+        cos_sin_cache: float32 ``[max_positions, rope_dim]`` (``kvformats.deepseek_v4.rope.cos_sin_cache``).
         kv_slots: int ``[T]`` slot of each token's row in ``kv_cache`` (−1: none).
         kv_page_size: rows per page of ``kv_cache``.
         block_table_base_offsets: optional int ``[R]``: logical page of column 0 of ``block_table``.

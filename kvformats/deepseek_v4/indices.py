@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred, registry, replay
-from kvformats.deepseek_v4 import _checks as C
+from kvformats.codec import registry
+from kvformats.codec.blocktable import request_of_token, table_slots
 from kvformats.deepseek_v4 import _dispatch as D
-from kvformats.blocktable import request_of_token, table_slots
+from kvformats.deepseek_v4 import _validation as C
 from kvformats.errors import InputError
+from kvformats.runtime import deferred, replay
 
 ALIGN = 128  # index rows are padded to a multiple of 128 entries (sparse-prefill alignment)
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1

@@ -33,7 +33,7 @@ from kvformats.deepseek_v4.pipeline_caches import LayerCaches
 from kvformats.deepseek_v4.pipeline_config import CSA_RATIO, HCA_RATIO, LayerConfig
 from kvformats.deepseek_v4.pipeline_weights import LayerWeights
 from kvformats.errors import InputError
-from kvformats.numerics import e2m1_decode, unpack_nibbles
+from kvformats.numerics.codes import e2m1_decode, unpack_nibbles
 
 
 @attrs.define

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.deepseek_v4 import _checks as C
+from kvformats.codec.blocktable import table_slots
 from kvformats.deepseek_v4 import _dispatch as D
-from kvformats.blocktable import table_slots
+from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.transforms import rms_norm
 
 MASKED_SCORE = -1.0e30

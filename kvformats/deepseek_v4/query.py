@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred, replay
-from kvformats import numerics as nx
-from kvformats.deepseek_v4 import _checks as C
 from kvformats.deepseek_v4 import _dispatch as D
+from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.transforms import hadamard_reference, resolve_for_shapes, rope_tail
 from kvformats.errors import InputError
 from kvformats.formats import Mxfp4Indexer
+from kvformats.numerics import codes as nx
+from kvformats.runtime import deferred, replay
 
 INDEX_HEAD_DIM = 128
 _MXFP4 = Mxfp4Indexer(head_dim=INDEX_HEAD_DIM, page_size=1)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred, replay
-from kvformats.checks import REPEATED_SLOTS, repeats
-from kvformats.deepseek_v4 import _checks as C
+from kvformats.codec.rows import locate, write_rows
 from kvformats.deepseek_v4 import _dispatch as D
+from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.transforms import rms_norm, rope_tail
 from kvformats.errors import InputError, InputTypeError, describe
-from kvformats.rowio import locate, write_rows
+from kvformats.runtime import deferred, replay
+from kvformats.validation import REPEATED_SLOTS, repeats
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)
 

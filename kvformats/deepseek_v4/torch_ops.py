@@ -8,7 +8,7 @@
 Op ``kvformats::dsv4_<op>`` for each ``op`` in ``kvformats.deepseek_v4.OPS``; its schema lists the
 Python function's parameters in definition order (positional, then keyword-only, same names), so
 every argument is positional at the op level. The real implementation calls the public function:
-same validation, same typed errors, same bytes. Conventions (as ``kvformats.torch_ops``):
+same validation, same typed errors, same bytes. Conventions (as ``kvformats.codec.torch_ops``):
 
 * caches and ``q`` written in place are declared mutated (``Tensor(a!)``) and the op returns
   ``()``; so do the index helpers with ``out=`` workspaces, whose ``out`` arguments are required
@@ -36,10 +36,10 @@ import inspect
 import torch
 
 from kvformats import deepseek_v4 as dsv4
-from kvformats import deferred
+from kvformats.codec.torch_library import NAMESPACE, define, shares_storage
 from kvformats.deepseek_v4.indices import ALIGN, round_up
 from kvformats.errors import InputError, InputTypeError, describe
-from kvformats.oplib import NAMESPACE, define, shares_storage
+from kvformats.runtime import deferred
 
 PREFIX = "dsv4_"
 

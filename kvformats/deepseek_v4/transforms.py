@@ -1,7 +1,7 @@
 """Element-wise transforms of DeepSeek V4 attention: GPT-J RoPE on the tail dims, the Sylvester
 Hadamard rotation of the indexer, and RMSNorm.
 
-RoPE is ``kvformats.rope`` (re-exported here): interleaved pairs on the last ``rope_dim`` dims,
+RoPE is ``kvformats.deepseek_v4.rope`` (re-exported here): interleaved pairs on the last ``rope_dim`` dims,
 float32 math, a float32 ``cos_sin_cache [max_positions, rope_dim]`` of ``[cos | sin]`` rows.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import replay
-from kvformats.checks import FLOAT_DTYPES
 from kvformats.deepseek_v4 import _dispatch as D
+from kvformats.deepseek_v4.rope import cos_sin_cache, rope_tail
 from kvformats.errors import BackendUnavailableError, InputError, InputTypeError, describe
-from kvformats.rope import cos_sin_cache, rope_tail
+from kvformats.runtime import replay
+from kvformats.validation import FLOAT_DTYPES
 
 __all__ = ["cos_sin_cache", "hadamard_transform", "rms_norm", "rope_tail"]
 

@@ -9,11 +9,9 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
 from kvformats.errors import InputError, InputTypeError, describe
 from kvformats.layout import Field, Layout, Segment, one_of, positive
-from kvformats.ops import register_reference_ops
-from kvformats.registry import register_format
+from kvformats.validation import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
 
 RATIOS = (4, 128)
 
@@ -25,7 +23,6 @@ def halves(ratio: int) -> int:
     return 2 if ratio == 4 else 1
 
 
-@register_format
 @attrs.frozen(kw_only=True)
 class CompressorState(Layout):
     """``CompressorState(head_dim=512, ratio=4, page_size=4)``: float32 rows of 2W values.
@@ -110,6 +107,3 @@ class CompressorState(Layout):
     def decode_rows(self, rows: torch.Tensor):
         values = rows.view(torch.float32)
         return values[:, :self.width], values[:, self.width:]
-
-
-register_reference_ops(CompressorState.name)

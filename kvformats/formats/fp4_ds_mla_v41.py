@@ -14,12 +14,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvformats import numerics as nx
 from kvformats.formats._blocks import BlockScaledRows
 from kvformats.layout import Layout, positive
-from kvformats.ops import register_reference_ops
-from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
-from kvformats.registry import register_format
+from kvformats.numerics import codes as nx
+from kvformats.numerics.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 
 QUANT_BLOCK = 16
 # The scale's floor: e4m3's smallest normal (torch.finfo(torch.float8_e4m3fn).tiny).
@@ -59,7 +57,6 @@ PROFILES = declare(
 )
 
 
-@register_format
 @attrs.frozen(kw_only=True)
 class Fp4DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
     """``Fp4DsMlaV41(head_dim=512, page_size=64)``: 288 B rows, 18432 B pages; the fp4 extra
@@ -103,6 +100,3 @@ class Fp4DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
         # exact in float32 and in bf16 (at most 6 significant bits, magnitudes >= 2^-7 or 0)
         scaled = values * nx.e4m3_decode(rows[:, self.row_span("scale")]).unsqueeze(-1)
         return scaled.reshape(n, d).to(torch.bfloat16)
-
-
-register_reference_ops(Fp4DsMlaV41.name)

@@ -10,12 +10,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvformats import numerics as nx
 from kvformats.formats._nope_rope import NopeRopeRows
 from kvformats.layout import Field, Layout, Segment, positive
-from kvformats.ops import register_reference_ops
-from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
-from kvformats.registry import register_format
+from kvformats.numerics import codes as nx
+from kvformats.numerics.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 
 QUANT_BLOCK = 64
 SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax")
@@ -34,7 +32,6 @@ PROFILES = declare(
 )
 
 
-@register_format
 @attrs.frozen(kw_only=True)
 class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
     """``Fp8DsMla(head_dim=512, rope_dim=64, page_size=64)``: 584 B rows; a page is padded to a
@@ -102,6 +99,3 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
         out[:, :nope] = values.view(n, nope)
         out.view(torch.uint8)[:, 2 * nope:] = rows[:, self.row_span("rope")]
         return out
-
-
-register_reference_ops(Fp8DsMla.name)

@@ -18,13 +18,11 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvformats import numerics as nx
 from kvformats.formats._bytes import float_bytes
 from kvformats.formats._nope_rope import NopeRopeRows
 from kvformats.layout import Field, Layout, Segment, positive
-from kvformats.ops import register_reference_ops
-from kvformats.profiles import FLT_MIN, Profile, ProfiledLayout, ProfiledRule, declare, profile_field
-from kvformats.registry import register_format
+from kvformats.numerics import codes as nx
+from kvformats.numerics.profiles import FLT_MIN, Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 
 QUANT_BLOCK = 128
 PROFILES = declare(
@@ -48,7 +46,6 @@ PROFILES = declare(
 )
 
 
-@register_format
 @attrs.frozen(kw_only=True)
 class Fp8DsMlaV32(NopeRopeRows, ProfiledLayout, Layout):
     """``Fp8DsMlaV32(head_dim=576, rope_dim=64, page_size=64, profile="flashmla-ref")``: 656 B
@@ -103,6 +100,3 @@ class Fp8DsMlaV32(NopeRopeRows, ProfiledLayout, Layout):
         out[:, :nope] = values.reshape(n, nope)
         out.view(torch.uint8)[:, 2 * nope:] = rows[:, self.row_span("rope")]
         return out
-
-
-register_reference_ops(Fp8DsMlaV32.name)

@@ -12,12 +12,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvformats import numerics as nx
 from kvformats.formats._blocks import BlockScaledRows
 from kvformats.layout import Layout, positive
-from kvformats.ops import register_reference_ops
-from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
-from kvformats.registry import register_format
+from kvformats.numerics import codes as nx
+from kvformats.numerics.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 
 QUANT_BLOCK = 32
 # The V4 584 B row's rule (spec/upstream.md §2.2: amax floored at 1e-4, 2^ceil(log2(A / 448)),
@@ -32,7 +30,6 @@ PROFILES = declare(
 )
 
 
-@register_format
 @attrs.frozen(kw_only=True)
 class Fp8DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
     """``Fp8DsMlaV41(head_dim=512, page_size=64)``: 528 B rows, 33792 B pages.
@@ -71,6 +68,3 @@ class Fp8DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
         # a NaN code or a NaN scale (0xFF) gives NaN
         scales = nx.ue8m0_decode(rows[:, self.row_span("scale")])
         return (values * scales.unsqueeze(-1)).reshape(n, d).to(torch.bfloat16)
-
-
-register_reference_ops(Fp8DsMlaV41.name)

@@ -9,13 +9,11 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvformats import numerics as nx
 from kvformats.formats._blocks import BlockScaledRows
 from kvformats.formats._bytes import float_bytes
 from kvformats.layout import Layout, positive
-from kvformats.ops import register_reference_ops
-from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
-from kvformats.registry import register_format
+from kvformats.numerics import codes as nx
+from kvformats.numerics.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 
 QUANT_BLOCK = 128
 SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-10, floor_on="scale")
@@ -37,7 +35,6 @@ PROFILES = declare(
 )
 
 
-@register_format
 @attrs.frozen(kw_only=True)
 class Fp8Indexer(BlockScaledRows, ProfiledLayout, Layout):
     """``Fp8Indexer(head_dim=128, page_size=64)``: 132 B rows, 8448 B pages.
@@ -85,6 +82,3 @@ class Fp8Indexer(BlockScaledRows, ProfiledLayout, Layout):
         scales = rows[:, self.row_span("scale")].contiguous().view(torch.float32)
         values = nx.e4m3_decode(rows[:, self.row_span("values")]).reshape(n, nb, self.QUANT_BLOCK)
         return (values * scales.unsqueeze(-1)).reshape(n, d)
-
-
-register_reference_ops(Fp8Indexer.name)

@@ -10,12 +10,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvformats import numerics as nx
 from kvformats.formats._blocks import BlockScaledRows
 from kvformats.layout import Layout, positive
-from kvformats.ops import register_reference_ops
-from kvformats.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
-from kvformats.registry import register_format
+from kvformats.numerics import codes as nx
+from kvformats.numerics.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
 
 QUANT_BLOCK = 32
 SCALE_RULE = nx.ScaleRule(element_max=nx.E2M1_MAX, floor=1e-4, floor_on="absmax",
@@ -47,7 +45,6 @@ PROFILES = declare(
 )
 
 
-@register_format
 @attrs.frozen(kw_only=True)
 class Mxfp4Indexer(BlockScaledRows, ProfiledLayout, Layout):
     """``Mxfp4Indexer(head_dim=128, page_size=64)``: 68 B rows, 4352 B pages.
@@ -94,6 +91,3 @@ class Mxfp4Indexer(BlockScaledRows, ProfiledLayout, Layout):
         values = nx.e2m1_decode(codes).reshape(n, nb, self.QUANT_BLOCK)
         scales = nx.ue8m0_decode(rows[:, self.row_span("scale")], self.numerics.ue8m0_ff)
         return (values * scales.unsqueeze(-1)).reshape(n, d)
-
-
-register_reference_ops(Mxfp4Indexer.name)

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import kvformats as kvf
-from kvformats import paged
-from kvformats import strategies as kst
+from kvformats.codec import paged_ops as paged
 from kvformats.errors import InputError
+from kvformats.testing import strategies as kst
 from kvformats.testing.reliability_harness import (COUNTS, DEVICE, SENTINELS, Arena, backend_has, row_alone,
                                                    run_op, same_values, strided, table_slot)
 

@@ -8,7 +8,7 @@ here) and every compressed row; a compressed row's expected bytes are recomputed
 model's state alone (a fresh state tensor built from the model, then pooling, the RoPE
 rotation and the fp8_ds_mla codec of the reference), never from the cache under test. The
 reference backend must reproduce those bytes exactly; a Triton kernel pools in another order,
-so its rows are held to tokenspeed's bar (kvformats.tolerance: scale bytes equal, values at most
+so its rows are held to tokenspeed's bar (kvformats.testing.tolerance: scale bytes equal, values at most
 one code apart): a row within it becomes the model's row, so every other arena byte, and where
 each row landed, is still checked exactly.
 """
@@ -22,10 +22,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 from kvformats.deepseek_v4.pooling import pool_reference
+from kvformats.deepseek_v4.rope import cos_sin_cache
 from kvformats.deepseek_v4.transforms import rope_tail
-from kvformats.rope import cos_sin_cache
-from kvformats.tolerance import code_distance
 from kvformats.testing.reliability_harness import COUNTS, DEVICE, POOLED_APART, SENTINELS, Arena, run_op, table_slot
+from kvformats.testing.tolerance import code_distance
 
 RMS_EPS = 1e-6
 

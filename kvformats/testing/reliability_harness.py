@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from kvformats import registry
+from kvformats.codec import registry
 from kvformats.errors import BackendUnavailableError
 
 CUDA = torch.cuda.is_available()
@@ -52,7 +52,7 @@ class OpCounter(collections.Counter):
 
 # The fuzz tool prints COUNTS. MISMATCHED[0]: arena bytes that differed from the expected image
 # (0 on every passing run). POOLED_APART: [values one code apart, values compared] in the
-# compressed rows a kernel wrote (the pooling path's bar, kvformats.tolerance; exact elsewhere).
+# compressed rows a kernel wrote (the pooling path's bar, kvformats.testing.tolerance; exact elsewhere).
 COUNTS = OpCounter()
 MISMATCHED = [0]
 ARENA_BYTES_CHECKED = [0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred
+from kvformats.runtime import deferred
 from kvformats_kernels import _common as cm
 from kvformats_kernels import state
 from kvformats_kernels.dsv4 import compress_jit as jit

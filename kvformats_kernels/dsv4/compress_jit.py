@@ -146,7 +146,7 @@ def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr,
     target slot in [0, capacity) and its rope position (p // RATIO) * RATIO is a row of
     cos_sin; out is the target cache's bytes (page stride out_stride). ws: float32 [T, HP].
     A group end whose target slot is >= capacity, or whose rope position is beyond cos_sin, is
-    recorded (kvformats.deferred; SLOT_SITE, POS_SITE) after the stores, by axis-1 program 0: a
+    recorded (kvformats.runtime.deferred; SLOT_SITE, POS_SITE) after the stores, by axis-1 program 0: a
     store to the record ahead of them would hold the row loads back.
 
     HW: the GPU's float8 / bf16 conversions in the fp8_ds_mla row. EARLY_INPUTS (unsplit

@@ -10,9 +10,9 @@ import os
 
 import torch
 
-from kvformats import deferred
 from kvformats.deepseek_v4 import query as ref
 from kvformats.deepseek_v4.transforms import hadamard_reference
+from kvformats.runtime import deferred
 from kvformats_kernels import _common as cm
 from kvformats_kernels.dsv4 import query_jit as jit
 from kvformats_kernels.launch import fast

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred
+from kvformats.runtime import deferred
 from kvformats_kernels import _common as cm
 from kvformats_kernels.dsv4 import swa_jit as jit
 from kvformats_kernels.dsv4.query import bf16_words

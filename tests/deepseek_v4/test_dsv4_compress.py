@@ -9,9 +9,9 @@ import torch
 
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
-from kvformats.strategies import storage_bytes
 from kvformats.testing import dsv4_oracle as orc
 from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache, writers
+from kvformats.testing.strategies import storage_bytes
 
 CASES = {  # id: (ratio, head_dim, target page size)
     "csa": (4, 128, 4),

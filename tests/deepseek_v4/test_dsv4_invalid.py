@@ -9,8 +9,8 @@ import torch
 
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
-from kvformats.strategies import storage_bytes
 from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache
+from kvformats.testing.strategies import storage_bytes
 
 IE, TE, LE = kvf.InputError, kvf.InputTypeError, kvf.LayoutError
 
@@ -168,7 +168,7 @@ def test_the_valid_calls_of_the_table_do_write():
 
 
 def test_ops_are_registered_for_kernels():
-    from kvformats import registry
+    from kvformats.codec import registry
 
     for op in dsv4.OPS:
         impl = registry.resolve(dsv4.FAMILY, op, "auto", torch.device("cpu"))

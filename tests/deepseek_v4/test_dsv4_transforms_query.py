@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import kvformats as kvf
-import kvformats.rope
+import kvformats.deepseek_v4.rope
 from kvformats import deepseek_v4 as dsv4
-from kvformats.strategies import storage_bytes
 from kvformats.testing import dsv4_oracle as orc
 from kvformats.testing.dsv4_scenarios import SENTINEL, sentinel_cache
+from kvformats.testing.strategies import storage_bytes
 
 _spec = importlib.util.spec_from_file_location(
     "kvf_vector_oracle", Path(__file__).resolve().parents[2] / "spec" / "vectors" / "oracle.py")
@@ -30,7 +30,7 @@ def _bf16(values) -> list[float]:
 
 
 def test_rope_is_the_library_rope():
-    assert dsv4.rope_tail is kvformats.rope.rope_tail and dsv4.cos_sin_cache is kvformats.rope.cos_sin_cache
+    assert dsv4.rope_tail is kvformats.deepseek_v4.rope.rope_tail and dsv4.cos_sin_cache is kvformats.deepseek_v4.rope.cos_sin_cache
 
 
 @pytest.mark.parametrize("inverse", [False, True])

@@ -182,8 +182,8 @@ def test_every_path_matches_unquantized_recomputation():
     """SWA, CSA, HCA and the layer against bf16 rows from the same float32 states (no fp8),
     attending the rows the step's indexer chose: only the fp8_ds_mla row error remains, within
     the same 0.1 bound as the SWA test (measured 0.02-0.03 here)."""
+    from kvformats.deepseek_v4.quality import PATHS, Exact, Run, _queries, attention, rel
     from kvformats.deepseek_v4.synthetic import activations
-    from kvformats.quality import PATHS, Exact, Run, _queries, attention, rel
 
     cfg = tiny_config(requests=1, max_context=384)
     run = Run(cfg, activations(cfg.hidden, [300], seed=1), 296, 4)

@@ -10,7 +10,7 @@ import torch
 
 from kvformats.deepseek_v4.pipeline import LayerStep
 from kvformats.deepseek_v4.pipeline_config import LayerConfig
-from kvformats.tolerance import code_distance
+from kvformats.testing.tolerance import code_distance
 
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")]
@@ -51,7 +51,7 @@ def assert_same(a, b):
 
 
 # The Triton backend only: the reference backend filters invalid rows with a host read
-# (kvformats.rowio.write_rows), which no CUDA graph can capture; it defines bytes, engines run kernels.
+# (kvformats.codec.rows.write_rows), which no CUDA graph can capture; it defines bytes, engines run kernels.
 @pytest.mark.parametrize("topk,fmt", [(512, "mxfp4_indexer"), (512, "fp8_indexer"), (2048, "mxfp4_indexer")])
 @pytest.mark.parametrize("backend", ["auto"])
 def test_decode_step_graph_replay_equals_eager(topk, fmt, backend):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import convert as cv
+from kvformats.codec import convert as cv
 
 V4, V32, V32V = kvf.Fp8DsMla(page_size=4), kvf.Fp8DsMlaV32(page_size=4), kvf.Fp8DsMlaV32(page_size=4, profile="vllm")
 

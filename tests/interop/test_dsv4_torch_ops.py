@@ -11,8 +11,8 @@ import torch
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 from kvformats.deepseek_v4 import torch_ops as dops
-from kvformats.strategies import storage_bytes
 from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache
+from kvformats.testing.strategies import storage_bytes
 
 T = torch.tensor
 
@@ -283,7 +283,7 @@ def test_errors_pass_through_before_any_write():
 
 
 def test_import_is_lazy():
-    code = ("import sys, kvformats, kvformats.deepseek_v4, kvformats.torch_ops; "
+    code = ("import sys, kvformats, kvformats.deepseek_v4, kvformats.codec.torch_ops; "
             "assert 'kvformats.deepseek_v4.torch_ops' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats.rope import cos_sin_cache, rope_tail
+from kvformats.deepseek_v4.rope import cos_sin_cache, rope_tail
 
 PAGE = 64
 HEAD, ROPE, NOPE = 512, 64, 448

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import convert as cv
+from kvformats.codec import convert as cv
 
 UNSUPPORTED = [("fp8_ds_mla", "ocp"), ("fp8_ds_mla", "deepgemm-ref"), ("fp8_ds_mla_v32", "tokenspeed"),
                ("fp8_ds_mla_v32", "ocp"), ("fp8_indexer", "flashmla-ref"), ("fp8_indexer", "ocp"),

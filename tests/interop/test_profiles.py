@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import numerics as nx
-from kvformats import registry
-from kvformats.spec import format_spec, numerics_spec
+from kvformats.codec import registry
+from kvformats.numerics import codes as nx
+from kvformats.spec.formats import format_spec, numerics_spec
 
 QUANTIZED = ["fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer"]
 
@@ -193,7 +193,7 @@ def test_spec_json_carries_the_profile(name):
 
 
 def test_fingerprint_follows_the_profile():
-    from kvformats.spec import fingerprint
+    from kvformats.spec.formats import fingerprint
 
     assert fingerprint(kvf.Fp8DsMla()) != fingerprint(kvf.Fp8DsMla(profile="vllm"))
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import torch_ops as kops
+from kvformats.codec import torch_ops as kops
 
 FORMATS = kvf.list_formats()
 
@@ -65,7 +65,7 @@ def test_wrappers_match_the_layout_methods(name):
         assert torch.equal(a, b)
 
 
-# The kvformats.torch_ops wrappers take layout objects; dynamo folds layout_key(layout) into a
+# The kvformats.codec.torch_ops wrappers take layout objects; dynamo folds layout_key(layout) into a
 # constant from torch 2.13 on (torch 2.11 raises AsPythonConstantNotImplementedError there, seen on
 # the H200 host). With older torch, compile the torch.ops.kvformats ops with a precomputed key.
 WRAPPERS_COMPILE = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
@@ -130,7 +130,7 @@ def test_encode_op_takes_one_input_or_the_four_of_the_compressor_state():
 
 def test_a_mutating_op_bumps_the_version_counter():
     # Functionalization and autograd's saved-tensor checks rely on it; the ops are defined
-    # through a Library fragment (kvformats.oplib), not custom_op, which did it explicitly.
+    # through a Library fragment (kvformats.codec.torch_library), not custom_op, which did it explicitly.
     lay, inputs, cache, slots = case("fp8_ds_mla")
     before = cache._version
     kops.encode(lay, inputs[0], cache, slots)
@@ -138,7 +138,7 @@ def test_a_mutating_op_bumps_the_version_counter():
 
 
 def test_import_kvformats_stays_light():
-    code = "import sys, kvformats; assert 'kvformats.torch_ops' not in sys.modules and 'kvformats.convert' not in sys.modules"
+    code = "import sys, kvformats; assert 'kvformats.codec.torch_ops' not in sys.modules and 'kvformats.codec.convert' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

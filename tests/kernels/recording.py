@@ -1,11 +1,11 @@
 """Helpers of the error-record kernel tests: read the device record, and the words a violation
-must leave there (kvformats.deferred: [state, check, site, index, value, bound, 0, 0])."""
+must leave there (kvformats.runtime.deferred: [state, check, site, index, value, bound, 0, 0])."""
 
 from __future__ import annotations
 
 import torch
 
-from kvformats import deferred
+from kvformats.runtime import deferred
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -17,9 +17,9 @@ import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 from kvformats.deepseek_v4.pooling import pool_reference
 from kvformats.formats import CompressorState
-from kvformats.strategies import storage_bytes
 from kvformats.testing.dsv4_scenarios import SENTINEL, make_batch, state_c, writers
-from kvformats.tolerance import code_distance
+from kvformats.testing.strategies import storage_bytes
+from kvformats.testing.tolerance import code_distance
 
 triton = pytest.importorskip("triton")
 from kvformats_kernels.dsv4 import compress as K

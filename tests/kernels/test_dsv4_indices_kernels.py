@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvformats import deepseek_v4 as dsv4
-from kvformats import registry
+from kvformats.codec import registry
 from kvformats.testing.dsv4_scenarios import make_batch
 from kvformats.testing.index_batches import batches
 

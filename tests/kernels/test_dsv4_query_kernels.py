@@ -14,12 +14,12 @@ import torch
 
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
-from kvformats import numerics as nx
-from kvformats.deepseek_v4 import _checks as C
+from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4 import query as rq
 from kvformats.deepseek_v4 import swa as rs
 from kvformats.deepseek_v4.transforms import hadamard_reference
-from kvformats.strategies import storage_bytes
+from kvformats.numerics import codes as nx
+from kvformats.testing.strategies import storage_bytes
 
 triton = pytest.importorskip("triton")
 import triton.language as tl

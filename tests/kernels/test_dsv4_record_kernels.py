@@ -15,8 +15,8 @@ import torch
 
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
-from kvformats import deferred
 from kvformats.formats import CompressorState, Fp8DsMla
+from kvformats.runtime import deferred
 from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache, writers
 
 pytest.importorskip("triton")

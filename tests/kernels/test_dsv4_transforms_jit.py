@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvformats.deepseek_v4.rope import cos_sin_cache, rope_tail
 from kvformats.deepseek_v4.transforms import hadamard_reference, rms_norm
-from kvformats.rope import cos_sin_cache, rope_tail
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402

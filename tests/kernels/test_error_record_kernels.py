@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import deferred
-from kvformats.strategies import storage_bytes
+from kvformats.runtime import deferred
+from kvformats.testing.strategies import storage_bytes
 
 pytest.importorskip("triton")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvformats import numerics as nx
+from kvformats.numerics import codes as nx
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402

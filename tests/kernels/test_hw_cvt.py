@@ -1,6 +1,6 @@
 """On the GPU the kernels may use the hardware float8 / bf16 conversions (``HW`` in numerics_jit,
 ``hw_cvt`` in the kernel configs): they must give exactly the integer helpers' results, which
-tests/kernels/test_kernels.py checks against kvformats.numerics. Compared here on every bf16
+tests/kernels/test_kernels.py checks against kvformats.numerics.codes. Compared here on every bf16
 pattern, 2^22 random float32 patterns, the e4m3 rounding midpoints and all 256 e4m3 bytes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvformats import numerics as nx
+from kvformats.numerics import codes as nx
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402

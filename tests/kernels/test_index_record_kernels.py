@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvformats import deferred
+from kvformats.runtime import deferred
 
 pytest.importorskip("triton")
 

@@ -16,16 +16,17 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import numerics as nx
-from kvformats import ops, registry
+from kvformats.codec import registry
+from kvformats.codec import slot_ops as ops
+from kvformats.numerics import codes as nx
 
 triton = pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402
 
 import kvformats_kernels as kk  # noqa: E402  (after conftest chose interpreter or GPU)
-from kvformats_kernels import numerics_jit as nj  # noqa: E402
 from kvformats_kernels import _common as cm  # noqa: E402
+from kvformats_kernels import numerics_jit as nj  # noqa: E402
 from kvformats_kernels._common import rule_constants  # noqa: E402
 
 CUDA = torch.cuda.is_available()

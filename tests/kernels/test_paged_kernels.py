@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import paged, registry
+from kvformats.codec import paged_ops as paged
+from kvformats.codec import registry
 from kvformats.errors import BackendUnavailableError
 
 triton = pytest.importorskip("triton")

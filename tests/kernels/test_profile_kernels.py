@@ -1,6 +1,6 @@
 """The Triton encode kernels honour every numerics profile their package declares (spec/profiles.md):
 kernel bytes == reference bytes for each (format, profile), and the profile-only helpers
-(e2m1 round-half-even / signed zero, exact floor_log2) equal kvformats.numerics element for element."""
+(e2m1 round-half-even / signed zero, exact floor_log2) equal kvformats.numerics.codes element for element."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import numerics as nx
-from kvformats import ops, registry
+from kvformats.codec import registry
+from kvformats.codec import slot_ops as ops
+from kvformats.numerics import codes as nx
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import ops, paged
-from kvformats.rowio import write_rows
+from kvformats.codec import paged_ops as paged
+from kvformats.codec import slot_ops as ops
+from kvformats.codec.rows import write_rows
 
 triton = pytest.importorskip("triton")
 

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import registry
-from kvformats.strategies import storage_bytes
+from kvformats.codec import registry
 from kvformats.testing.reliability_harness import CUDA, DEVICE, run_op, triton_available
+from kvformats.testing.strategies import storage_bytes
 
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 SENTINEL = 0xA5

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats import numerics as nx
-from kvformats.rowio import write_rows
+from kvformats.codec.rows import write_rows
+from kvformats.numerics import codes as nx
 from kvformats.testing.reliability_harness import DEVICE, Arena, backend_has, run_op, same_values, triton_available
 
 NAN, INF = float("nan"), float("inf")

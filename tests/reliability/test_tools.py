@@ -351,7 +351,7 @@ def test_bench_bare_ops_call_the_launcher_through_the_dispatcher():
     import benchmarks.bench_custom_ops_gpu as bench
 
     import kvformats as kvf
-    from kvformats import ops
+    from kvformats.codec import slot_ops as ops
 
     lay = kvf.Fp8DsMla(page_size=2)
     impl = types.SimpleNamespace(encode=ops.encode_reference, decode=ops.decode_reference,

@@ -1,5 +1,5 @@
 """Shared parts of the capture scripts (tools/capture/*.py): deterministic edge-case inputs, the
-vector JSON (the shape of spec/vectors, read by kvformats.vectors) and the provenance block.
+vector JSON (the shape of spec/vectors, read by kvformats.spec.vectors) and the provenance block.
 
 The capture scripts run an engine's own code, imported from a directory outside the tracked tree
 (never copied into the repository), and store its inputs and outputs as data under

@@ -8,7 +8,7 @@ over the measured tokens) of the attention output of each path (SWA, CSA, HCA, w
 the indexer's recall@k (overlap of its top-k with the exact bf16 indexer's top-k).
 
 Runs: the pipeline with the MXFP4 and with the FP8 indexer cache (default profiles, every op
-as the step runs it), then each numerics profile of ``kvformats.profiles.supported_profiles``
+as the step runs it), then each numerics profile of ``kvformats.numerics.profiles.supported_profiles``
 applied to the exact rows (``layout.encode`` with that profile, then decode): fp8_ds_mla
 profiles for the attention error, indexer profiles for recall@k. The measured tokens are the
 decode tokens after a prefill of each request.
@@ -26,7 +26,7 @@ from kvformats.deepseek_v4.pipeline import LayerStep, _mxfp4_query, index_scores
 from kvformats.deepseek_v4.pipeline_attention import sparse_attention
 from kvformats.deepseek_v4.pipeline_config import CSA_RATIO, HCA_RATIO, LayerConfig
 from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
-from kvformats.profiles import supported_profiles
+from kvformats.numerics.profiles import supported_profiles
 
 PATHS = ("swa", "csa", "hca", "layer")
 

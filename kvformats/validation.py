@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from kvformats import deferred
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
+from kvformats.runtime import deferred
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -133,7 +133,7 @@ def check_slots(layout, slots, n: int | None, cache: torch.Tensor, *, check_rang
                 site: int | None = None, kernel: bool = False) -> None:
     """``slots`` is int32/int64 ``[n]`` (any length for None) on the cache's device. Its values
     are checked by the op's check mode ``check_range`` (True, False or "strict":
-    ``kvformats.deferred``): on the host before any write (every slot below the capacity and,
+    ``kvformats.runtime.deferred``): on the host before any write (every slot below the capacity and,
     with ``unique``, no non-negative slot repeated), or on the device through the error record,
     which a ``kernel`` implementation writes itself and the reference writes here (``site``)."""
     check_tensor("slots", slots, dtypes=INDEX_DTYPES, shape=(n,), device=cache.device)

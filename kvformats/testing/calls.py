@@ -1,7 +1,7 @@
 """One valid call of every public operation, on prepared inputs: for smoke tests, host-cost
 benchmarks and the guard that the default checks never synchronize.
 
-    for name, call in kvformats.calls.public_calls("cuda", rows=64).items():
+    for name, call in kvformats.testing.calls.public_calls("cuda", rows=64).items():
         call()        # the same inputs every time, so a call can be captured in a CUDA graph
 
 ``rows`` is the tokens of one engine step: up to ``DECODE_MAX`` a decode step (one token per
@@ -17,10 +17,10 @@ from typing import Callable
 import torch
 
 from kvformats import deepseek_v4 as dsv4
+from kvformats.codec.registry import get_format, list_formats
+from kvformats.deepseek_v4.rope import cos_sin_cache
 from kvformats.formats import CompressorState
 from kvformats.formats.compressor_state import halves
-from kvformats.registry import get_format, list_formats
-from kvformats.rope import cos_sin_cache
 
 DECODE_MAX = 4096
 HEAD, ROPE, INDEX_HEAD, HEADS, PAGE = 512, 64, 128, 64, 64
@@ -69,7 +69,7 @@ def _codec_ops(lay, custom: bool):
         return lay
     import functools
 
-    import kvformats.torch_ops as kops
+    import kvformats.codec.torch_ops as kops
 
     class Ops:
         pass
@@ -254,7 +254,7 @@ def public_calls(device, rows: int = 64, *, check=True, custom: bool = False,
                  seed: int = 0) -> dict[str, Callable[[], object]]:
     """Name -> one prepared call of every public op (codec ops of every format, deepseek_v4 ops,
     index helpers) at ``rows`` tokens on ``device``; through the ``torch.library`` custom ops
-    (``kvformats.torch_ops``, ``kvformats.deepseek_v4.torch_ops``) when ``custom``."""
+    (``kvformats.codec.torch_ops``, ``kvformats.deepseek_v4.torch_ops``) when ``custom``."""
     g = torch.Generator().manual_seed(seed)
     _NORMAL.pop(str(torch.device(device)), None)
     calls: dict[str, Callable[[], object]] = {}

@@ -5,8 +5,8 @@
     kvformats spec --write | --check [--dir D]  write or check spec/formats/*.json
     kvformats demo [--rows N] [--device D]      round-trip every format, check its error bound
     kvformats docs --write | --check [--root R] write or check the generated docs pages
-    kvformats dump | diff | check | diagram     look inside cache files (kvformats.cli_inspect)
-    kvformats quality [--json] [--activations F]  DeepSeek V4 formats' accuracy (kvformats.cli_quality)
+    kvformats dump | diff | check | diagram     look inside cache files (kvformats.cli.caches)
+    kvformats quality [--json] [--activations F]  DeepSeek V4 formats' accuracy (kvformats.cli.quality)
 
 Exit status: 0 success, 1 spec/docs drift found (or a demo bound violated, or its file round
 trip changed a cache), 2 usage error (unknown format, bad parameter, unreadable input,
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import kvformats as kvf
-from kvformats.cli_args import PARAM_HELP, layout_arg
+from kvformats.cli.args import PARAM_HELP, layout_arg
 from kvformats.errors import KVFormatError, UsageError  # noqa: F401 - UsageError re-exported
 
 EXIT_USAGE = 2
@@ -57,7 +57,7 @@ def cmd_list(args, out) -> int:
 def cmd_show(args, out) -> int:
     layout = layout_arg(args.format, args.param)
     if args.json:
-        from kvformats.spec import spec_text
+        from kvformats.spec.formats import spec_text
 
         out(spec_text(layout).rstrip("\n"))
         return 0
@@ -75,7 +75,7 @@ def cmd_show(args, out) -> int:
 
 
 def cmd_spec(args, out) -> int:
-    from kvformats import spec
+    from kvformats.spec import formats as spec
 
     root = Path(args.dir)
     if args.write:
@@ -99,7 +99,7 @@ def cmd_spec(args, out) -> int:
 def cmd_demo(args, out) -> int:
     import torch
 
-    from kvformats.demo import best_device, run_demo
+    from kvformats.cli.demo import best_device, run_demo
 
     if args.rows <= 0:
         raise UsageError(f"--rows must be positive, got {args.rows}")
@@ -107,7 +107,7 @@ def cmd_demo(args, out) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here")
     if args.save:  # checked before the demo runs, not after
-        from kvformats.io import IO_HINT, io_available, writable_file
+        from kvformats.caches.files import IO_HINT, io_available, writable_file
 
         if not io_available():
             raise UsageError(f"--save needs the io extra (safetensors, numpy): {IO_HINT}")
@@ -120,7 +120,7 @@ def cmd_demo(args, out) -> int:
 
 
 def cmd_docs(args, out) -> int:
-    from kvformats import docgen
+    from kvformats.spec import docgen
 
     root = Path(args.root)
     if args.write:
@@ -191,8 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(fn=cmd_demo)
     docs = _write_or_check(sub, "docs", "write or check the generated pages under docs/", cmd_docs)
     docs.add_argument("--root", default=".", help="repository root (default .)")
-    from kvformats.cli_inspect import add_parsers
-    from kvformats.cli_quality import add_parser as add_quality
+    from kvformats.cli.caches import add_parsers
+    from kvformats.cli.quality import add_parser as add_quality
 
     add_parsers(sub)
     add_quality(sub)

@@ -2,7 +2,7 @@
 checked against the format's documented per-element error bound, then a cache-file round trip.
 
 Bounds come from the layout's regions: each scaled data region is bounded by the grid of its
-element type in ``kvformats.elements`` at the scale s of each block (``2^e`` for power-of-two
+element type in ``kvformats.numerics.elements`` at the scale s of each block (``2^e`` for power-of-two
 rules, the stored value otherwise): ``max(rel |x|, abs s, |x| - max s)``:
 
 * e4m3 (``float8_e4m3fn``): 3 mantissa bits with round-to-nearest-even, so a normal code is off
@@ -19,7 +19,7 @@ The reported ratio is max(err / bound) over elements with a positive bound (and 
 exact field is exact; inf if an exact field is not). A ratio <= 1 means the bound holds. The
 relative error is each element's error over the largest |x| of its row (rows span 2^-8..2^7).
 
-The file step saves every cache with ``kvformats.io`` and reads it back (into a temporary
+The file step saves every cache with ``kvformats.caches.files`` and reads it back (into a temporary
 directory that is removed, unless ``save_to`` names the file to keep); without the ``io`` extra
 it is skipped with a one-line note.
 """
@@ -56,7 +56,7 @@ def _ratio(err: torch.Tensor, bound: torch.Tensor) -> float:
 def _block_bound(layout, region, x32: torch.Tensor) -> torch.Tensor:
     """Per-element bound for ``x32 [N, D]``, the values of a data region quantized in blocks of
     ``region.block`` against the scales the layout's rule picks for them: the bound of the
-    region's element type (kvformats.elements) at each block's scale."""
+    region's element type (kvformats.numerics.elements) at each block's scale."""
     n, d = x32.shape
     blocks = x32.reshape(n, d // region.block, region.block)
     rule = layout.scale_rule
@@ -150,7 +150,7 @@ def run_demo(rows: int = 4096, device: str | None = None, out=print, save_to: st
 
     The file step writes ``save_to`` when given (and keeps it), else a file in a temporary
     directory that is removed; it is skipped, with a note, without the io extra."""
-    from kvformats.io import IO_HINT, io_available
+    from kvformats.caches.files import IO_HINT, io_available
 
     device = device or best_device()
     gen = torch.Generator().manual_seed(0)
@@ -215,7 +215,7 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _file_round_trip(caches: dict, save_to: str | None, out) -> dict[str, bool]:
     """Save every demo cache to one file and read it back; show a few bytes of one slot the way
     ``kvformats dump`` shows them. Returns format -> whether the cache came back unchanged."""
-    from kvformats.io import load_caches, save_caches
+    from kvformats.caches.files import load_caches, save_caches
 
     with tempfile.TemporaryDirectory(prefix="kvformats-demo-") as tmp:
         path = save_to or os.path.join(tmp, "kvformats-demo.safetensors")
@@ -238,7 +238,7 @@ def _file_round_trip(caches: dict, save_to: str | None, out) -> dict[str, bool]:
 
 def slot_lines(layout, cache: torch.Tensor, slot: int) -> list[str]:
     """A few lines: each region of one slot with its first bytes and first decoded values."""
-    from kvformats.render import slot_record
+    from kvformats.caches.hexdump import slot_record
 
     rec = slot_record(layout, cache, slot)
     lines = [f"    slot {slot} = page {rec['page']} row {rec['row']}"]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.checks import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_cache, check_tensor, repeats  # noqa: F401 - FLOAT_DTYPES: C.FLOAT_DTYPES
+from kvformats.codec.registry import get_format
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import CompressorState, Fp8DsMla
 from kvformats.formats.compressor_state import RATIOS, halves
-from kvformats.registry import get_format
+from kvformats.validation import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_cache, check_tensor, repeats  # noqa: F401 - FLOAT_DTYPES: C.FLOAT_DTYPES
 
 
 def check_int(name: str, value, *, minimum: int = 0, allowed: tuple | None = None) -> int:
@@ -69,7 +69,7 @@ def check_positions_in_table(positions, cos_sin, mask=None, name: str = "positio
     lo, hi = int(p.min()), int(p.max())
     if lo < 0 or hi >= cos_sin.shape[0]:
         raise InputError(f"{name} must lie in [0, {cos_sin.shape[0]}) (rows of cos_sin_cache), got values "
-                         f"in [{lo}, {hi}]; build a longer table with kvformats.rope.cos_sin_cache")
+                         f"in [{lo}, {hi}]; build a longer table with kvformats.deepseek_v4.rope.cos_sin_cache")
 
 
 def check_sorted(name: str, t) -> None:

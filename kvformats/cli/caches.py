@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 
-from kvformats.cli_args import PARAM_HELP, layout_arg, write_output
+from kvformats.cli.args import PARAM_HELP, layout_arg, write_output
 from kvformats.errors import KVFormatError, UsageError
 
 
 def _entry(path: str, tensor: str | None):
-    from kvformats.io import load_cache
+    from kvformats.caches.files import load_cache
 
     try:
         return load_cache(path, tensor)
@@ -52,7 +52,7 @@ def _print_json(out, obj) -> None:
 
 
 def cmd_dump(args, out) -> int:
-    from kvformats.render import hexdump_page, page_lines, slot_record, dump_slot
+    from kvformats.caches.hexdump import dump_slot, hexdump_page, page_lines, slot_record
 
     entry = _entry(args.file, args.tensor)
     layout, cache = entry.layout, entry.cache
@@ -74,7 +74,7 @@ def cmd_dump(args, out) -> int:
 
 
 def cmd_diff(args, out) -> int:
-    from kvformats.diff import diff_caches
+    from kvformats.caches.diff import diff_caches
 
     a, b = _entry(args.a, args.tensor), _entry(args.b, args.tensor)
     if a.layout != b.layout:
@@ -115,8 +115,8 @@ def _print_diff(report: dict, out) -> None:
 
 
 def cmd_check(args, out) -> int:
-    from kvformats.fsck import check
-    from kvformats.io import load_caches
+    from kvformats.caches.check import check
+    from kvformats.caches.files import load_caches
 
     if args.tensor is not None:
         entries = [_entry(args.file, args.tensor)]
@@ -148,11 +148,11 @@ def _print_check(report: dict, out) -> None:
 
 
 def cmd_diagram(args, out) -> int:
-    from kvformats.diagram import layout_svg
+    from kvformats.spec.diagram import layout_svg
 
     layout = layout_arg(args.format, args.param)
     if args.output:
-        from kvformats.io import writable_file
+        from kvformats.caches.files import writable_file
 
         try:  # before drawing, so that a bad path costs nothing
             writable_file(args.output, "SVG file")

@@ -19,16 +19,16 @@ from pathlib import Path
 import attrs
 
 import kvformats
-from kvformats.elements import E2M1_RNE_RULE, ELEMENTS  # noqa: F401 - E2M1_RNE_RULE re-exported
+from kvformats.codec.registry import get_format, list_formats
 from kvformats.errors import OutputError
-from kvformats.registry import get_format, list_formats
+from kvformats.numerics.elements import E2M1_RNE_RULE, ELEMENTS  # noqa: F401 - E2M1_RNE_RULE re-exported
 
 ADDRESSING = ("page = slot // page_size; row = slot % page_size; byte of a region's row = "
               "page * page_stride + offset + row * row_stride (page_stride = cache.stride(0), "
               ">= page_bytes allowed); slot < 0 = no row")
 EXAMPLE_SLOT = 70
 
-# The element types' rounding rules, scale storage and bounds (kvformats.elements), by name.
+# The element types' rounding rules, scale storage and bounds (kvformats.numerics.elements), by name.
 ELEMENT_RULES = {name: e.grid.rounding for name, e in ELEMENTS.items() if e.quantized}
 SCALE_STORAGE = {name: e.scale_storage for name, e in ELEMENTS.items() if e.scale_storage}
 ERROR_BOUNDS = {name: e.grid.error_bound for name, e in ELEMENTS.items() if e.quantized}

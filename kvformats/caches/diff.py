@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from kvformats.caches.check import CHUNK_BYTES
+from kvformats.caches.hexdump import json_number
+from kvformats.caches.regions import elements_per_byte, page_width, region_bytes, scaled_values
 from kvformats.errors import InputError
-from kvformats.fsck import CHUNK_BYTES
-from kvformats.inspect import elements_per_byte, page_width, region_bytes, scaled_values
 from kvformats.layout import Layout
-from kvformats.render import json_number
 
 
 def _first_items(layout, region, a, b, start, mismatch, room, first_page):

@@ -14,10 +14,10 @@ import functools
 
 import torch
 
-from kvformats import numerics as nx
-from kvformats.elements import ELEMENTS
-from kvformats.inspect import region_bytes
+from kvformats.caches.regions import region_bytes
 from kvformats.layout import Layout, Region
+from kvformats.numerics import codes as nx
+from kvformats.numerics.elements import ELEMENTS
 
 CHUNK_BYTES = 64 << 20
 MAX_LISTED_PAGES = 20

@@ -1,4 +1,4 @@
-"""``kvformats quality``: the accuracy report of the DeepSeek V4 cache formats (kvformats.quality).
+"""``kvformats quality``: the accuracy report of the DeepSeek V4 cache formats (kvformats.deepseek_v4.quality).
 
     kvformats quality [--json] [--out FILE] [--activations FILE.safetensors] [--topk K] [--tiny]
 
@@ -52,8 +52,8 @@ def _load(path: Path):
 def cmd_quality(args, out) -> int:
     import torch
 
+    from kvformats.deepseek_v4.quality import report
     from kvformats.deepseek_v4.synthetic import activations
-    from kvformats.quality import report
 
     shapes = dict(DEFAULTS)
     if args.tiny:

@@ -1,4 +1,4 @@
-"""What ``kvformats.replay`` records of one call, and the plan that repeats it for new tensors.
+"""What ``kvformats.runtime.replay`` records of one call, and the plan that repeats it for new tensors.
 
 A ``Recording`` watches one call through torch's dispatch (a ``TorchDispatchMode``): where each
 tensor comes from (an argument or an allocation, through views), which torch operations ran,
@@ -19,10 +19,10 @@ import threading
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kvformats import deferred
+from kvformats.runtime import deferred
 
 DEBUG = os.environ.get("KVFORMATS_REPLAY_DEBUG", "0") not in ("", "0")  # say why a call is not recorded
-# Set by kvformats_kernels.launch (and its stand-in, kvformats_kernels.stub): whether a launch
+# Set by kvformats_kernels.launch (and its stand-in, kvformats.testing.launch_stub): whether a launch
 # hook is set (then every launch must go through Triton, which calls the hooks), the current
 # CUDA device and the current stream of a device.
 hooks_set = lambda: False  # noqa: E731
@@ -123,7 +123,7 @@ class Recording(TorchDispatchMode):
 
     def _refuse(self, why) -> None:
         if self.ok and DEBUG:
-            print(f"kvformats.replay: not recorded: {why}")
+            print(f"kvformats.runtime.replay: not recorded: {why}")
         self.ok = False
 
     def plan(self, result):
@@ -230,7 +230,7 @@ def _generate(launches: list, fresh: list, rebuilt):
         lines.append(f"    {call}, {', '.join(args)}, *T{j})" if args else f"    {call}, *T{j})")
     lines.append(f"    return {_expression(rebuilt, ns)}")
     source = "\n".join(lines)
-    exec(compile(source, "<kvformats.replay plan>", "exec"), ns)  # noqa: S102  (our own generated code)
+    exec(compile(source, "<kvformats.runtime.replay plan>", "exec"), ns)  # noqa: S102  (our own generated code)
     return source, ns["replay"]
 
 

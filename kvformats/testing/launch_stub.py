@@ -2,7 +2,7 @@
 
 Inside ``stubbed_launches()`` CPU tensors take the path CUDA tensors take: the Triton launchers,
 value checks on the device, the direct launch of ``launch.fast`` and the replay of
-``kvformats.replay``; each launch appends ``(kernel, grid, arguments)`` to the log instead of
+``kvformats.runtime.replay``; each launch appends ``(kernel, grid, arguments)`` to the log instead of
 running, with every tensor argument as its address (an ``Address``). What that is for: timing the Python
 around the launches (benchmarks/host_overhead_cpu.py) and checking in CI that a replayed call
 makes exactly the launches its full path makes (tests/test_replay.py). No byte is written.
@@ -14,7 +14,8 @@ import contextlib
 
 import torch
 
-from kvformats import deferred, registry, replay, replay_plan
+from kvformats.codec import registry
+from kvformats.runtime import deferred, replay, replay_plan
 from kvformats_kernels import launch
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvformats.diagram import layout_svg
+from kvformats.codec.registry import get_format, list_formats
 from kvformats.errors import OutputError
-from kvformats.registry import get_format, list_formats
-from kvformats.spec import format_spec
+from kvformats.spec.diagram import layout_svg
+from kvformats.spec.formats import format_spec
 
 
 def _table(header: list[str], rows: list[list]) -> str:
@@ -61,7 +61,7 @@ def cli_page(parser) -> str:
 
 def expected_docs(repo: Path, parser) -> dict[str, str]:
     """Relative path under docs/ -> generated text (``parser``: the CLI's, for its page)."""
-    from kvformats.conformance import conformance_page
+    from kvformats.spec.conformance import conformance_page
 
     out = {"reference/cli.md": cli_page(parser), "conformance.md": conformance_page(repo)}
     for name in list_formats():

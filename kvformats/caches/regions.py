@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.layout import Layout, Region
+from kvformats.layout import Layout, Region, storage_bytes
 
 
 def page_width(layout: Layout, cache: torch.Tensor) -> int:
@@ -49,11 +49,6 @@ def ue8m0_reading(layout: Layout) -> str:
     """How the layout's profile reads ue8m0 byte 0xFF ("nan" for layouts without a profile)."""
     profile = getattr(layout, "numerics", None)
     return profile.ue8m0_ff if profile is not None else "nan"
-
-
-def storage_bytes(cache: torch.Tensor) -> torch.Tensor:
-    """The whole storage under ``cache`` (arena padding included) as a uint8 alias ``[bytes]``."""
-    return torch.empty(0, dtype=torch.uint8, device=cache.device).set_(cache.untyped_storage())
 
 
 def scaled_values(layout: Layout, cache: torch.Tensor, region: Region, pages: slice = slice(None)) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """What the CLI's commands share: ``--param`` parsing into a layout, and writing an output file,
-each failing as one-line UsageError (kvformats.cli and kvformats.cli_inspect use them)."""
+each failing as one-line UsageError (kvformats.cli and kvformats.cli.caches use them)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def layout_arg(name: str, items: list[str] | None):
 
 def write_output(path: str, text: str, what: str) -> str:
     """Write ``text`` to the output file ``path``; UsageError (one line) if it cannot be written."""
-    from kvformats.io import write_text
+    from kvformats.caches.files import write_text
 
     try:
         return write_text(path, text, what)

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from kvformats.inspect import (element_values, elements_per_byte, label, page_width, region_bytes, scaled_values,
+from kvformats.caches.regions import (element_values, elements_per_byte, label, page_width, region_bytes, scaled_values,
                                 ue8m0_reading)
 from kvformats.layout import Layout
 

@@ -20,7 +20,7 @@ from typing import Callable
 import attrs
 import torch
 
-from kvformats import numerics as nx
+from kvformats.numerics import codes as nx
 
 
 @attrs.frozen

@@ -1,0 +1,170 @@
+"""Format registry and backend dispatch.
+
+Formats register their class; each (format, op) registers an implementation per backend.
+``backend="auto"`` picks the Triton kernel for CUDA tensors when that op has one, and the
+reference otherwise. A named backend that cannot run raises BackendUnavailableError; nothing
+falls back silently.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Callable
+
+import attrs
+
+from kvformats.errors import BackendUnavailableError, InputError, LayoutError
+from kvformats.runtime import replay
+
+BACKENDS = ("reference", "triton")
+_FORMATS: dict[str, type] = {}
+_OPS: dict[tuple[str, str], dict[str, Callable]] = {}
+_kernels_loaded = False
+# (format, op, backend, device) -> implementation: what resolve() chose, so that an eager
+# call does not redo the choice (its checks are a noticeable part of a small call's host time).
+# Emptied whenever an implementation or a kernel profile is registered.
+_RESOLVED: dict[tuple, Callable] = {}
+_KERNEL_FNS: set[Callable] = set()  # implementations registered as "triton"
+
+
+def is_kernel(fn: Callable) -> bool:
+    """Whether ``fn`` is a kernel backend's implementation (it records value errors itself,
+    ``kvformats.runtime.deferred``), rather than the reference."""
+    return fn in _KERNEL_FNS
+
+
+def register_format(cls):
+    """Class decorator: make a Layout subclass reachable by ``get_format(cls.name)``."""
+    _FORMATS[cls.name] = cls
+    return cls
+
+
+def unregister_format(name: str) -> None:
+    """Undo ``register_format`` and every op registered for ``name`` (a format registered for a
+    while, e.g. by a test); LayoutError for a name that is not registered."""
+    if name not in _FORMATS:
+        raise LayoutError(f"unknown format {name!r}; registered formats: {', '.join(list_formats())}")
+    del _FORMATS[name]
+    for key in [k for k in _OPS if k[0] == name]:
+        del _OPS[key]
+    _KERNEL_PROFILES.pop(name, None)
+    _RESOLVED.clear()
+    replay.clear()
+
+
+def list_formats() -> list[str]:
+    """Sorted names of the registered formats."""
+    return sorted(_FORMATS)
+
+
+def get_format(name: str, **params):
+    """The layout ``name`` with ``params`` (e.g. ``get_format("fp8_ds_mla", page_size=64)``)."""
+    cls = _FORMATS.get(name)
+    if cls is None:
+        raise LayoutError(f"unknown format {name!r}; registered formats: {', '.join(list_formats())}")
+    valid = [f.name for f in attrs.fields(cls)]
+    unknown = [k for k in params if k not in valid]
+    if unknown:
+        hints = [f"{k!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(k, valid, n=1))
+                 else repr(k) for k in unknown]
+        raise LayoutError(f"{name} has no parameter {', '.join(hints)}; its parameters are "
+                          f"{', '.join(valid)}")
+    return cls(**params)
+
+
+def register_op(fmt: str, op: str, backend: str):
+    """Decorator: register ``fn(layout, ...)`` as ``backend``'s implementation of ``fmt.op``."""
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}")
+
+    def deco(fn):
+        _OPS.setdefault((fmt, op), {})[backend] = fn
+        if backend == "triton":
+            _KERNEL_FNS.add(fn)
+        _RESOLVED.clear()
+        replay.clear()
+        return fn
+
+    return deco
+
+
+# The kernel package is a plugin: found by name on the first CUDA call, it hands over a table
+# of its launchers and imports nothing of this layer back, so kernels and dispatch form no cycle.
+KERNEL_PACKAGE = "kvformats_kernels"
+
+
+def _load_kernels() -> None:
+    """Import the kernel package once and register its table as the "triton" backend (an
+    empty table when Triton does not import)."""
+    global _kernels_loaded
+    if not _kernels_loaded:
+        _kernels_loaded = True
+        kernels = importlib.import_module(KERNEL_PACKAGE)
+        for (fmt, op), fn in kernels.kernel_table().items():
+            register_op(fmt, op, "triton")(fn)
+        for fmt, profiles in kernels.kernel_profiles().items():
+            register_kernel_profiles(fmt, profiles)
+
+
+# Ops whose bytes depend on the numerics profile. Reads (decode, gather, the paged ops) multiply
+# each element by its stored scale whatever rule chose it, and every backend reads scale byte
+# 0xFF as the profile's ue8m0_ff says, so any backend serves any profile.
+PROFILE_DEPENDENT_OPS = ("encode",)
+_KERNEL_PROFILES: dict[str, tuple[str, ...]] = {}  # format -> profiles its Triton encode honours
+
+
+def register_kernel_profiles(fmt: str, profiles) -> None:
+    """Declare the numerics profiles the Triton ``encode`` of ``fmt`` implements (the kernel
+    package calls this when it registers; formats it does not name get their default only)."""
+    _KERNEL_PROFILES[fmt] = tuple(profiles)
+    _RESOLVED.clear()
+    replay.clear()
+
+
+def resolve_for(layout, op: str, backend: str, device) -> Callable:
+    """``resolve`` for a layout object. A Triton ``encode`` serves only the profiles its kernel
+    package declared (``register_kernel_profiles``); for another profile ``encode`` resolves to
+    the reference under ``backend="auto"`` and raises BackendUnavailableError under "triton"."""
+    if op not in PROFILE_DEPENDENT_OPS or getattr(layout, "default_profile", True):
+        return resolve(layout.name, op, backend, device)
+    if device.type == "cuda":
+        _load_kernels()
+    if layout.profile in _KERNEL_PROFILES.get(layout.name, ()):
+        return resolve(layout.name, op, backend, device)
+    if backend == "triton":
+        raise BackendUnavailableError(
+            f"the Triton kernels do not implement the numerics profile {layout.profile!r} of {layout.name} "
+            f"in this version (they do: {', '.join(_KERNEL_PROFILES.get(layout.name, ())) or 'the default'}); "
+            f"pass backend='reference' (or 'auto', which uses the reference for it)")
+    return resolve(layout.name, op, "reference" if backend == "auto" else backend, device)
+
+
+def resolve(fmt: str, op: str, backend: str, device) -> Callable:
+    """The implementation of ``fmt.op`` that ``backend`` selects for tensors on ``device``."""
+    key = (fmt, op, backend, device)  # the device itself: hashing it is cheap, reading .type is not
+    fn = _RESOLVED.get(key)
+    if fn is None:  # errors are raised each time, never stored
+        fn = _RESOLVED[key] = _resolve(fmt, op, backend, device)
+    return fn
+
+
+def _resolve(fmt: str, op: str, backend: str, device) -> Callable:
+    if backend not in ("auto", *BACKENDS):
+        raise InputError(f"backend must be 'auto', 'reference' or 'triton', got {backend!r}")
+    impls = _OPS.get((fmt, op), {})
+    if backend == "reference":
+        return impls["reference"]
+    if device.type == "cuda":
+        _load_kernels()
+        impls = _OPS.get((fmt, op), {})
+    if backend == "auto":
+        return impls.get("triton", impls["reference"]) if device.type == "cuda" else impls["reference"]
+    if device.type != "cuda":
+        raise BackendUnavailableError(f"the triton backend runs on CUDA tensors, got tensors on {device}; "
+                                      f"move them to a GPU or pass backend='reference'")
+    if "triton" not in impls:
+        raise BackendUnavailableError(f"no Triton kernel for {fmt}.{op} in this version of kvformats "
+                                      f"(or Triton is not installed: pip install 'kvformats[triton]'); "
+                                      f"pass backend='reference'")
+    return impls["triton"]

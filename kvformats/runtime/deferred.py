@@ -1,0 +1,222 @@
+"""Value checks without host synchronization: the check modes and the per-device error record.
+
+A check that needs tensor values (a slot beyond the cache, a position beyond the cos/sin table,
+``cu_seq_lens`` that decrease, ...) would have to copy those values to the host, which stalls the
+CPU until the GPU has caught up. So on CUDA tensors the default mode never does that: the kernels
+skip the offending rows (they never write outside the cache) and record the first violation
+they meet in a small sticky record of the device. The caller turns it into the typed error when
+it chooses, once per engine step::
+
+    layout.encode(x, cache, slots)        # no synchronization
+    ...
+    kvformats.raise_pending(cache.device) # one synchronization: InputError if a call recorded one
+
+Check modes (the ``check`` argument of every op):
+
+* ``True`` (default): metadata checks on the host, always before any write. Value checks on the
+  host before any write for CPU tensors; on the device, through the record, for the others.
+* ``"strict"``: value checks on the host before any write on every device (synchronizes; for
+  debugging). ``strict_checks()`` turns it on for every call in a block, as does the environment
+  variable ``KVFORMATS_STRICT=1``.
+* ``False``: metadata checks only; invalid rows are skipped and recorded on every device.
+
+The record is int64 ``[8]``: ``[state, check, site, index, value, bound, 0, 0]``; ``state`` is 0
+while clear and 1 once set, and a set record keeps its first violation until it is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+
+import torch
+
+from kvformats.errors import InputError, InputTypeError
+
+WORDS = 8
+STATE, CHECK, SITE, INDEX, VALUE, BOUND = range(6)
+
+
+class Check(enum.IntEnum):
+    """What a recorded violation broke; each has its message in MESSAGES."""
+
+    SLOT_RANGE = 1
+    POSITION_RANGE = 2
+    GATHER_LEN = 3
+    WORKSPACE_WIDTH = 4
+    CU_ORDER = 5
+    WORKSPACE_ROWS = 6
+
+
+MESSAGES = {
+    Check.SLOT_RANGE: "{arg}[{index}] = {value} is beyond the cache's capacity of {bound} slots "
+                      "(valid slots are 0..{last}, or negative for 'no row'); the row was not written",
+    Check.POSITION_RANGE: "{arg}[{index}] = {value} is outside [0, {bound}) (the rows of cos_sin_cache); "
+                          "build a longer table with kvformats.deepseek_v4.rope.cos_sin_cache; the row was not written",
+    Check.GATHER_LEN: "{arg}[{index}] = {value} is not in [0, seq_lens[{index}]] = [0, {bound}]; "
+                      "the request's rows were not written",
+    Check.WORKSPACE_WIDTH: "request {index} needs offset + gather_len = {value} rows of {arg}, which has {bound}; "
+                           "rows beyond the workspace were not written: widen it",
+    Check.CU_ORDER: "{arg} must never decrease (and cu_seq_lens start at 0): {arg}[{index}] = {value} after "
+                    "{bound}; the output rows these offsets place are unspecified (gather_paged: workspace rows "
+                    "below the largest entry may hold any request's records or zeros), nothing outside the "
+                    "outputs was written",
+    Check.WORKSPACE_ROWS: "{arg}[-1] = {value} rows requested, but the workspaces hold {bound}; "
+                          "rows beyond them were not copied: pass larger workspaces",
+}
+
+# (op, argument) of every place that records; a kernel gets its index as a constexpr (SITE).
+SITES = (
+    ("encode", "slots"), ("decode", "slots"), ("gather", "slots"), ("decode_topk", "topk_slots"),
+    ("dequantize_gather", "gather_lens"), ("dequantize_gather", "out"), ("gather_paged", "cu_seq_lens"),
+    ("save_compressor_state", "slots"), ("compress_kv_insert", "kv_slots"),
+    ("compress_kv_insert", "rope positions"), ("indexer_compress_insert", "index_slots"),
+    ("indexer_compress_insert", "rope positions"), ("swa_insert", "slots"), ("swa_insert", "positions"),
+    ("inv_rope_fp8_quant", "positions"), ("prepare_indexer_q_mxfp4", "positions"),
+    ("prepare_indexer_q_fp8", "positions"), ("compressed_slot_mapping", "query_start_loc"),
+    ("combine_topk_swa_indices", "query_start_loc"), ("decode_swa_indices_and_lens", "query_start_loc"),
+    ("rope_tail", "positions"),
+)
+_SITE_INDEX = {site: i for i, site in enumerate(SITES)}
+
+
+def site(op: str, arg: str) -> int:
+    """The constexpr naming (op, argument) in the record."""
+    return _SITE_INDEX[(op, arg)]
+
+
+# ----- check modes ------------------------------------------------------------------------------
+_strict = [os.environ.get("KVFORMATS_STRICT", "0") not in ("", "0")]
+
+
+@contextlib.contextmanager
+def strict_checks(enabled: bool = True):
+    """Within the block, ``check=True`` means ``check="strict"``: value checks run on the host
+    before any write on every device (and synchronize)."""
+    before = _strict[0]
+    _strict[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _strict[0] = before
+
+
+# Device types whose values are checked on the host by default (their reads cost no stall).
+# Tests empty it to run the device path on CPU tensors.
+HOST_CHECKED = {"cpu"}
+
+
+def on_host(check, t: torch.Tensor) -> bool:
+    """Whether value checks read ``t``'s values on the host before the op writes (CPU tensors and
+    strict mode; never inside CUDA-graph capture, where no host read can happen)."""
+    if check is True:
+        if t.device.type in HOST_CHECKED:
+            return True
+        if not _strict[0]:
+            return False
+    elif check is False:
+        return False
+    elif not isinstance(check, str) or check != "strict":
+        raise InputTypeError(f"check must be True, False or 'strict', got {check!r}")
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+# ----- the record -------------------------------------------------------------------------------
+_RECORDS: dict[torch.device, torch.Tensor] = {}
+
+
+def _key(device) -> torch.device:
+    device = torch.device(device if device is not None else "cuda")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def error_record(device) -> torch.Tensor:
+    """The device's record (int64 ``[8]``, zero while clear), allocated on first use. Allocate it
+    before capturing a CUDA graph (any eager call of an op on the device does, or call this): an
+    allocation inside capture would belong to the graph."""
+    rec = _RECORDS.get(device)
+    if rec is not None:
+        return rec
+    key = _key(device)
+    rec = _RECORDS.get(key)
+    if rec is None:
+        if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise InputError(f"no error record exists on {key} yet, and none can be allocated inside CUDA-graph "
+                             f"capture; call kvformats.error_record({str(key)!r}) (or run the op once) "
+                             f"before capturing")
+        rec = torch.zeros(WORDS, dtype=torch.int64, device=key)
+        _RECORDS[key] = rec
+    if isinstance(device, torch.device):
+        _RECORDS[device] = rec  # the caller's spelling too: one dict lookup per call after this
+    return rec
+
+
+def describe_record(words) -> str | None:
+    """The message of a record read to the host (a list of 8 ints), or None when it is clear."""
+    if not words[STATE]:
+        return None
+    check, where = Check(words[CHECK]), SITES[words[SITE]]
+    op, arg = where
+    body = MESSAGES[check].format(arg=arg, index=words[INDEX], value=words[VALUE], bound=words[BOUND],
+                                  last=words[BOUND] - 1)
+    return f"{op}: {body} (recorded on the device by a call that did not synchronize)"
+
+
+def pending_error(device=None) -> InputError | None:
+    """Read and clear the device's record (one synchronization): the InputError it holds, or None."""
+    key = _key(device)
+    rec = _RECORDS.get(key)
+    if rec is None:
+        return None
+    words = rec.tolist()
+    if not words[STATE]:
+        return None
+    rec.zero_()
+    return InputError(describe_record(words))
+
+
+def raise_pending(device=None) -> None:
+    """Raise the first value error that an op recorded on ``device`` (default: the current CUDA
+    device) since the last read, and clear the record; return None when there is none. One
+    synchronization: call it at a step boundary, not per op."""
+    err = pending_error(device)
+    if err is not None:
+        raise err
+
+
+def record_where(bad: torch.Tensor, values: torch.Tensor, bound, check: Check, where: int) -> None:
+    """Record the first ``bad`` element (flat order) with torch operations on its device, without
+    a host read: the record path of the reference backend on a GPU. ``bound`` is an int or a
+    tensor of ``bad``'s shape."""
+    if bad.numel() == 0:
+        return
+    rec = error_record(bad.device)
+    flat = bad.reshape(-1)
+    first = flat.to(torch.uint8).argmax().reshape(1)  # the first True (argmax keeps the first maximum)
+    value = values.reshape(-1).to(torch.int64).gather(0, first)
+    if isinstance(bound, torch.Tensor):
+        bound_t = bound.reshape(-1).to(torch.int64).gather(0, first)
+    else:
+        bound_t = torch.full((1,), int(bound), dtype=torch.int64, device=bad.device)
+    # made by fill kernels, not copied from a host tensor: a copy from pageable host memory is
+    # refused inside CUDA-graph capture
+    head = torch.cat([torch.full((1,), v, dtype=torch.int64, device=bad.device) for v in (1, int(check), where)])
+    new = torch.cat([head, first, value, bound_t, rec[6:]])
+    take = flat.any() & (rec[STATE] == 0)
+    rec.copy_(torch.where(take, new, rec))
+
+
+def record_decrease(offsets: torch.Tensor, where: int, *, start_zero: bool) -> None:
+    """Record where cumulative ``offsets`` decrease (or, with ``start_zero``, do not start at 0)
+    as ``Check.CU_ORDER``, with torch operations and no host read (the reference's device path)."""
+    if offsets.numel() == 0:
+        return
+    first = offsets.new_zeros(1) if start_zero else offsets[:1]
+    prev = torch.cat([first, offsets[:-1]])
+    bad = offsets < prev
+    if start_zero:
+        bad[0] = offsets[0] != 0
+    record_where(bad, offsets, prev, Check.CU_ORDER, where)
