@@ -84,7 +84,7 @@ def _store_nibbles(at, codes, mask):
 
 
 @triton.jit
-def _store_nibble_words(at, words, mask, WORDS: tl.constexpr):
+def store_nibble_words(at, words, mask, WORDS: tl.constexpr):
     """Little-endian words [P, QB / 8] of nibbles (nj.e2m1_words_hw) at the P byte pointers
     ``at``: as int32 stores where WORDS (the launcher checked every address is a multiple of
     4), else byte by byte."""
@@ -164,7 +164,7 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
             top = tl.max(tl.where(live, nj.f32_bits(amax * scale) & 0x7FFFFFFF, 0))
             if top < 0x40E00000:  # 7.0
                 if HW:
-                    _store_nibble_words(at, nj.e2m1_words_hw(y), ok & live, WORDS)
+                    store_nibble_words(at, nj.e2m1_words_hw(y), ok & live, WORDS)
                 else:
                     _store_nibbles(at, nj.e2m1_code_short(y), ok & live)
             else:

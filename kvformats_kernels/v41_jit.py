@@ -12,7 +12,7 @@ import triton.language as tl
 
 from kvformats_kernels import numerics_jit as nj
 from kvformats_kernels.fp8_ds_mla_jit import ue8m0_block_bits
-from kvformats_kernels.indexer_jit import _store_nibble_words
+from kvformats_kernels.indexer_jit import store_nibble_words
 from kvformats_kernels.rows_jit import lane_pairs, locate_slot, record_slots
 
 
@@ -56,7 +56,7 @@ def _fp4_encode_lanes(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, sl
     # a NaN in a block makes its scale NaN (0x7F), hence every value of it: code 0
     words = tl.where((sbyte == 0x7F)[:, None], 0, nj.e2m1_rne_words(x * r[:, None], HW))
     base = cache_ptr + page * page_stride
-    _store_nibble_words(base + VAL_OFF + row * VAL_STRIDE + blk * (QB // 2), words, ok & live, WORDS)
+    store_nibble_words(base + VAL_OFF + row * VAL_STRIDE + blk * (QB // 2), words, ok & live, WORDS)
     tl.store(base + SCALE_OFF + row * SCALE_STRIDE + blk, sbyte, mask=ok & live)
     record_slots(err_ptr, rows, slot, capacity, SITE)
 

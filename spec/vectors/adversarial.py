@@ -25,6 +25,16 @@ def slot_rows(enc, slots, row_bytes: int, decoded_bytes: int, dtype: str = "floa
     return rows, decoded
 
 
+def bf16_cases(rows_in, encode, slots, row_bytes: int):
+    """(encoded rows, gathered rows, decoded entries, input bytes) of bf16 input rows written at
+    ``slots`` by the oracle's ``encode`` (row -> (row bytes, decoded bf16 bytes)); the inputs
+    must be bf16 values already, so the vector's input bytes are exactly the rows encoded."""
+    assert all(o.bf16(v) == v for r in rows_in for v in r), "bf16 inputs must be exact"
+    enc = [encode(r) for r in rows_in]
+    rows, decoded = slot_rows(enc, slots, row_bytes, 2 * len(rows_in[0]), "bfloat16")
+    return enc, rows, decoded, b"".join(o.bf16_bytes(r) for r in rows_in)
+
+
 def pattern(n: int, mult: int, mod: int, unit: float) -> list[float]:
     return [(((mult * j) % mod) - mod // 2) * unit for j in range(n)]
 
@@ -69,14 +79,10 @@ def check_ds_facts(row0: bytes, row2: bytes) -> None:
 
 
 def ds_mla_edges(vector) -> dict:
-    rows_in = [ds_row0(), pattern(512, 3, 7, 1.0), ds_row2()]
-    for r in rows_in:
-        assert all(o.bf16(v) == v for v in r), "bf16 inputs must be exact"
-    enc = [o.ds_mla_row(r, 512, 64) for r in rows_in]
-    check_ds_facts(enc[0][0], enc[2][0])
     slots = [5, -1, 130]
-    rows, decoded = slot_rows(enc, slots, 584, 1024, "bfloat16")
-    x = b"".join(o.bf16_bytes(r) for r in rows_in)
+    enc, rows, decoded, x = bf16_cases([ds_row0(), pattern(512, 3, 7, 1.0), ds_row2()],
+                                       lambda r: o.ds_mla_row(r, 512, 64), slots, 584)
+    check_ds_facts(enc[0][0], enc[2][0])
     return vector("adv_fp8_ds_mla_edges", "independent oracle (spec/vectors/oracle.py); spec/upstream.md §2.2, §7",
                   "bf16 rows: zero and -0.0 blocks (scale 0x69; 0x00 / 0x80), max exactly 448*2^-3 "
                   "(0x7E), RNE ties at 2^-11 (-400 -> -384 = 0xFC, 432 -> 448, subnormal ties), the "

@@ -73,17 +73,23 @@ def ds_mla_row(x, head_dim: int, rope_dim: int) -> tuple[bytes, bytes]:
     up to float32; rounded to bf16 first)."""
     nope = head_dim - rope_dim
     xb = [bf16(v) for v in x]
-    values, scales, decoded = bytearray(), bytearray(), []
-    for b in range(nope // 64):
-        block = xb[64 * b:64 * b + 64]
-        e = exponent(max(abs(v) for v in block), FP8_MAX, 1e-4, "absmax")
-        codes = [e4m3_byte(v * 2.0 ** -e) for v in block]
-        values += bytes(codes)
-        scales.append(min(max(e + 127, 0), 255))
-        decoded += [e4m3_value(c) * 2.0 ** e for c in codes]
+    values, scales, decoded = ue8m0_e4m3_blocks(xb[:nope], 64)
     rope = bf16_bytes(xb[nope:])
-    row = bytes(values) + rope + bytes(scales) + b"\x00"
-    return row, bf16_bytes(decoded) + rope
+    return values + rope + scales + b"\x00", bf16_bytes(decoded) + rope
+
+
+def ue8m0_e4m3_blocks(xb, block: int) -> tuple[bytes, bytes, list[float]]:
+    """(e4m3 codes, ue8m0 scale bytes, decoded values) of bf16 values ``xb`` in blocks of
+    ``block``: the fp8_ds_mla exponent rule (absmax floor 1e-4) per block."""
+    codes, scales, decoded = bytearray(), bytearray(), []
+    for b in range(len(xb) // block):
+        part = xb[block * b:block * (b + 1)]
+        e = exponent(max(abs(v) for v in part), FP8_MAX, 1e-4, "absmax")
+        part_codes = [e4m3_byte(v * 2.0 ** -e) for v in part]
+        codes += bytes(part_codes)
+        scales.append(min(max(e + 127, 0), 255))
+        decoded += [e4m3_value(c) * 2.0 ** e for c in part_codes]
+    return bytes(codes), bytes(scales), decoded
 
 
 def fp8_indexer_row(x) -> tuple[bytes, bytes]:
@@ -140,16 +146,8 @@ E4M3_MIN_NORMAL = 2.0 ** -6  # the smallest normal e4m3 value: the fp4 rows' sca
 def v41_fp8_row(x) -> tuple[bytes, bytes]:
     """fp8_ds_mla_v41 (row bytes, decoded bf16 bytes) of one row: every dim rounded to bf16, then
     per 32 values the fp8_ds_mla exponent rule, e4m3 codes, one ue8m0 byte."""
-    xb = [bf16(v) for v in x]
-    codes, scales, decoded = bytearray(), bytearray(), []
-    for b in range(len(xb) // 32):
-        block = xb[32 * b:32 * b + 32]
-        e = exponent(max(abs(v) for v in block), FP8_MAX, 1e-4, "absmax")
-        block_codes = [e4m3_byte(v * 2.0 ** -e) for v in block]
-        codes += bytes(block_codes)
-        scales.append(min(max(e + 127, 0), 255))
-        decoded += [e4m3_value(c) * 2.0 ** e for c in block_codes]
-    return bytes(codes) + bytes(scales), bf16_bytes(decoded)
+    codes, scales, decoded = ue8m0_e4m3_blocks([bf16(v) for v in x], 32)
+    return codes + scales, bf16_bytes(decoded)
 
 
 def e4m3_scale_byte(amax: float) -> int:

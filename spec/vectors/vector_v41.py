@@ -10,7 +10,7 @@ so these vectors pin our writer, not another engine's.
 from __future__ import annotations
 
 import oracle as o
-from adversarial import padded, pattern, slot_rows
+from adversarial import bf16_cases, padded, pattern
 
 V41 = {"head_dim": 512, "page_size": 64}
 E4M3_TIES = [17.0, 19.0, -17.0, 34.0, 38.0, 272.0, 304.0, 9.5, 4.75]  # RNE picks the even mantissa
@@ -28,17 +28,14 @@ def fp8_row0() -> list[float]:
 
 
 def fp8_vector(vector, tensor) -> dict:
-    rows_in = [fp8_row0(), pattern(512, 3, 7, 1.0), pattern(512, 17, 41, 2.0 ** -3)]
-    assert all(o.bf16(v) == v for r in rows_in for v in r), "bf16 inputs must be exact"
-    enc = [o.v41_fp8_row(r) for r in rows_in]
+    slots = [70, -1, 3]
+    enc, rows, decoded, x = bf16_cases([fp8_row0(), pattern(512, 3, 7, 1.0), pattern(512, 17, 41, 2.0 ** -3)],
+                                       o.v41_fp8_row, slots, 528)
     row0 = enc[0][0]
     assert row0[512:514] == b"\x69\x69" and set(row0[:32]) == {0} and set(row0[32:64]) == {0x80}
     assert row0[514] == 127 - 3 and row0[64:66] == b"\x7e\xfe"  # 56 = 448 * 2^-3
     assert row0[515] == 127 - 11 and row0[96] == 0x58  # 17 -> 16 (even mantissa)
     assert row0[516] == 0x69 and row0[128] == 0x48  # floored absmax 1e-4: 2^-20 * 2^22 = 4
-    slots = [70, -1, 3]
-    rows, decoded = slot_rows(enc, slots, 528, 1024, "bfloat16")
-    x = b"".join(o.bf16_bytes(r) for r in rows_in)
     return vector("v41_fp8_ds_mla", "independent oracle (spec/vectors/oracle.py); spec/formats/fp8_ds_mla_v41.md",
                   "fp8_ds_mla_v41 (528 B) rows: zero and -0.0 blocks (scale 0x69, bytes 00 / 80), a block max of "
                   "448 * 2^-3 (scale 0x7c, 7e fe), e4m3 ties to even, the 1e-4 floor, a huge block; slot 70 "
@@ -63,9 +60,9 @@ def fp4_row0() -> list[float]:
 
 
 def fp4_vector(vector, tensor) -> dict:
-    rows_in = [fp4_row0(), pattern(512, 3, 7, 1.0), pattern(512, 17, 41, 2.0 ** -3)]
-    assert all(o.bf16(v) == v for r in rows_in for v in r), "bf16 inputs must be exact"
-    enc = [o.v41_fp4_row(r) for r in rows_in]
+    slots = [70, -1, 3]
+    enc, rows, decoded, x = bf16_cases([fp4_row0(), pattern(512, 3, 7, 1.0), pattern(512, 17, 41, 2.0 ** -3)],
+                                       o.v41_fp4_row, slots, 288)
     row0, scales = enc[0][0], enc[0][0][256:]
     assert scales[0] == 0x08 and set(row0[:8]) == {0}  # zero block: s = 2^-6, nibbles 0
     assert scales[1] == 0x08 and set(row0[8:16]) == {0x88}  # -0.0 and tiny negatives keep their sign
@@ -76,9 +73,6 @@ def fp4_vector(vector, tensor) -> dict:
     assert scales[4] == 0x39  # 6.5 / 6 -> 1.125
     assert scales[5] == 0x7E  # 4096 / 6 > 448: clamped
     assert scales[6] == 0x08  # 6 * 2^-11 / 6 = 2^-11 -> floored at 2^-6
-    slots = [70, -1, 3]
-    rows, decoded = slot_rows(enc, slots, 288, 1024, "bfloat16")
-    x = b"".join(o.bf16_bytes(r) for r in rows_in)
     return vector("v41_fp4_ds_mla", "independent oracle (spec/vectors/oracle.py); spec/formats/fp4_ds_mla_v41.md",
                   "fp4_ds_mla_v41 (288 B) rows: a zero block (scale 08), -0.0 (nibbles 8), every e2m1 tie at "
                   "s = 1 (scale 38), a scale that rounds down (6.375: saturates) and one that rounds up (6.5 -> "
