@@ -36,14 +36,22 @@ def fp8_vector(vector, tensor) -> dict:
     assert row0[514] == 127 - 3 and row0[64:66] == b"\x7e\xfe"  # 56 = 448 * 2^-3
     assert row0[515] == 127 - 11 and row0[96] == 0x58  # 17 -> 16 (even mantissa)
     assert row0[516] == 0x69 and row0[128] == 0x48  # floored absmax 1e-4: 2^-20 * 2^22 = 4
-    return vector("v41_fp8_ds_mla", "independent oracle (spec/vectors/oracle.py); spec/formats/fp8_ds_mla_v41.md",
-                  "fp8_ds_mla_v41 (528 B) rows: zero and -0.0 blocks (scale 0x69, bytes 00 / 80), a block max of "
-                  "448 * 2^-3 (scale 0x7c, 7e fe), e4m3 ties to even, the 1e-4 floor, a huge block; slot 70 "
-                  "of 64-row pages of 33792 B -> values at 36864, scale at 66656; a -1 slot between",
-                  "fp8_ds_mla_v41", V41, {"x": tensor("bfloat16", [3, 512], x)}, slots, 2, 33792, [512, 16],
+    return _vector(vector, tensor, "fp8_ds_mla_v41",
+                   "fp8_ds_mla_v41 (528 B) rows: zero and -0.0 blocks (scale 0x69, bytes 00 / 80), a block max of "
+                   "448 * 2^-3 (scale 0x7c, 7e fe), e4m3 ties to even, the 1e-4 floor, a huge block; slot 70 "
+                   "of 64-row pages of 33792 B -> values at 36864, scale at 66656; a -1 slot between",
+                   x, slots, rows, decoded, 33792, [512, 16], (36864, 66656))
+
+
+def _vector(vector, tensor, fmt: str, description: str, x: bytes, slots, rows, decoded, page_stride: int,
+            record_bytes: list[int], offsets: tuple[int, int]) -> dict:
+    """A V4.1 vector: three bf16 rows of 512 at ``slots`` in 2 pages, and the values and scale
+    offsets of slot 70 (``offsets``)."""
+    name, source = f"v41_{fmt.removesuffix('_v41')}", f"independent oracle (spec/vectors/oracle.py); spec/formats/{fmt}.md"
+    return vector(name, source, description, fmt, V41, {"x": tensor("bfloat16", [3, 512], x)}, slots, 2, page_stride, record_bytes,
                   rows, decoded,
-                  slot_offsets=[{"slot": 70, "page_stride": 33792, "region": "values", "offset": 36864},
-                                {"slot": 70, "page_stride": 33792, "region": "scale", "offset": 66656}])
+                  slot_offsets=[{"slot": 70, "page_stride": page_stride, "region": region, "offset": offset}
+                                for region, offset in zip(("values", "scale"), offsets)])
 
 
 def fp4_row0() -> list[float]:
@@ -73,15 +81,12 @@ def fp4_vector(vector, tensor) -> dict:
     assert scales[4] == 0x39  # 6.5 / 6 -> 1.125
     assert scales[5] == 0x7E  # 4096 / 6 > 448: clamped
     assert scales[6] == 0x08  # 6 * 2^-11 / 6 = 2^-11 -> floored at 2^-6
-    return vector("v41_fp4_ds_mla", "independent oracle (spec/vectors/oracle.py); spec/formats/fp4_ds_mla_v41.md",
-                  "fp4_ds_mla_v41 (288 B) rows: a zero block (scale 08), -0.0 (nibbles 8), every e2m1 tie at "
-                  "s = 1 (scale 38), a scale that rounds down (6.375: saturates) and one that rounds up (6.5 -> "
-                  "1.125), a block above 2688 (scale 7e), a tiny block (scale floored at 2^-6); slot 70 of 64-row "
-                  "pages of 18432 B -> values at 19968, scale at 35008; a -1 slot between",
-                  "fp4_ds_mla_v41", V41, {"x": tensor("bfloat16", [3, 512], x)}, slots, 2, 18432, [256, 32],
-                  rows, decoded,
-                  slot_offsets=[{"slot": 70, "page_stride": 18432, "region": "values", "offset": 19968},
-                                {"slot": 70, "page_stride": 18432, "region": "scale", "offset": 35008}])
+    return _vector(vector, tensor, "fp4_ds_mla_v41",
+                   "fp4_ds_mla_v41 (288 B) rows: a zero block (scale 08), -0.0 (nibbles 8), every e2m1 tie at "
+                   "s = 1 (scale 38), a scale that rounds down (6.375: saturates) and one that rounds up (6.5 -> "
+                   "1.125), a block above 2688 (scale 7e), a tiny block (scale floored at 2^-6); slot 70 of 64-row "
+                   "pages of 18432 B -> values at 19968, scale at 35008; a -1 slot between",
+                   x, slots, rows, decoded, 18432, [256, 32], (19968, 35008))
 
 
 def build(vector, tensor) -> list[dict]:
