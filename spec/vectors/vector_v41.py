@@ -47,9 +47,10 @@ def _vector(vector, tensor, fmt: str, description: str, x: bytes, slots, rows, d
             record_bytes: list[int], offsets: tuple[int, int]) -> dict:
     """A V4.1 vector: three bf16 rows of 512 at ``slots`` in 2 pages, and the values and scale
     offsets of slot 70 (``offsets``)."""
-    name, source = f"v41_{fmt.removesuffix('_v41')}", f"independent oracle (spec/vectors/oracle.py); spec/formats/{fmt}.md"
-    return vector(name, source, description, fmt, V41, {"x": tensor("bfloat16", [3, 512], x)}, slots, 2, page_stride, record_bytes,
-                  rows, decoded,
+    name = f"v41_{fmt.removesuffix('_v41')}"
+    source = f"independent oracle (spec/vectors/oracle.py); spec/formats/{fmt}.md"
+    return vector(name, source, description, fmt, V41, {"x": tensor("bfloat16", [3, 512], x)}, slots, 2,
+                  page_stride, record_bytes, rows, decoded,
                   slot_offsets=[{"slot": 70, "page_stride": page_stride, "region": region, "offset": offset}
                                 for region, offset in zip(("values", "scale"), offsets)])
 
