@@ -12,6 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import kvformats as kvf
 from kvformats.codec import paged_ops as paged
 from kvformats.errors import InputError
+from kvformats.runtime import deferred
 from kvformats.testing import strategies as kst
 from kvformats.testing.reliability_harness import (COUNTS, DEVICE, SENTINELS, Arena, backend_has, row_alone,
                                                    run_op, same_values, strided, table_slot)
@@ -113,18 +114,30 @@ def make_codec_machine(fmt: str, backend: str):
 
         @rule(data=st.data())
         def encode_rejected(self, data):
-            """check=True: a slot beyond the capacity or a repeated slot raises before any write."""
+            """A slot beyond the capacity or a repeated slot. Checked on the host (CPU tensors, or
+            check="strict" on any device): raises before any write. check=True on the GPU checks
+            values on the device without synchronizing: the row beyond the capacity is skipped
+            and the error record holds it (repeats are only found on the host)."""
             n = data.draw(st.integers(1, 4), label="n")
             x, kwargs = self._inputs(data, n)
             slots = data.draw(kst.slot_mappings(self.cap, n, torch.int64), label="slots")
             i = data.draw(st.integers(0, n - 1), label="bad_index")
-            if n > 1 and data.draw(st.booleans(), label="repeat"):
+            repeat = n > 1 and data.draw(st.booleans(), label="repeat")
+            if repeat:
                 slots[(i + 1) % n] = slots[i] = max(int(slots[i]), 0)
             else:
                 slots[i] = self.cap + data.draw(st.integers(0, 10**6), label="beyond")
+            mode = "strict" if repeat else data.draw(st.sampled_from([True, "strict"]), label="check")
+            on_device = not deferred.on_host(mode, slots.to(DEVICE))
             self.count("encode_rejected")
+            deferred.pending_error(DEVICE)  # start from a clear record
+            if on_device:
+                self._encode(x, kwargs, slots.to(DEVICE), check=mode)
+                if deferred.pending_error(DEVICE) is None:
+                    raise AssertionError(f"slots {slots.tolist()} (capacity {self.cap}) left no error record")
+                return
             try:
-                run_op(backend, self.layout.encode, x, self.arena.cache, slots.to(DEVICE), **kwargs)
+                run_op(backend, self.layout.encode, x, self.arena.cache, slots.to(DEVICE), check=mode, **kwargs)
             except InputError:
                 pass
             else:
