@@ -26,19 +26,20 @@ LAYERS = (
     ("numerics", ("kvformats.numerics",)),
     ("declaration", ("kvformats.layout",)),
     ("formats", ("kvformats.formats",)),
+    ("model constants", ("kvformats.dsv4_constants",)),  # what the model ops share with their kernels
+    ("kernels", ("kvformats_kernels",)),
     ("codec", ("kvformats.codec",)),  # registry, dispatch, row I/O, paged ops, torch ops
     ("front", ("kvformats",)),
     ("model ops", ("kvformats.deepseek_v4",)),
-    ("kernels", ("kvformats_kernels",)),
     ("spec", ("kvformats.spec",)),  # spec JSON, golden vectors, generated docs
     ("caches", ("kvformats.caches",)),  # cache files, regions, hexdumps, diff, check
     ("cli", ("kvformats.cli", "kvformats.__main__")),
     ("testing", ("kvformats.testing",)),
 )
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
-# What the kernels may import of kvformats: never the codec layer nor the front, whose registry
-# reads the kernels' table (the model ops' modules give them constants and reference fallbacks).
-KERNELS_MAY_IMPORT = ("errors", "runtime", "numerics", "declaration", "formats", "model ops")
+# What the kernels may import of kvformats: the layers below dispatch only. The registry reads the
+# kernels' table, and the model ops dispatch through it, so the kernels import neither.
+KERNELS_MAY_IMPORT = ("errors", "runtime", "validation", "numerics", "declaration", "formats", "model constants")
 # Old import paths kept for one release; each is the new module under its old name.
 COMPAT = ("kvformats.convert", "kvformats.deferred", "kvformats.io", "kvformats.ops", "kvformats.paged",
           "kvformats.profiles", "kvformats.registry", "kvformats.rope", "kvformats.strategies",

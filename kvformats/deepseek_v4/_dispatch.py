@@ -9,8 +9,8 @@ arguments the reference receives, already validated.
 from __future__ import annotations
 
 from kvformats.codec import registry
+from kvformats.dsv4_constants import FAMILY
 
-FAMILY = "deepseek_v4"
 OPS: list[str] = []
 
 

@@ -20,19 +20,9 @@ from kvformats.codec import registry
 from kvformats.codec.blocktable import request_of_token, table_slots
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.deepseek_v4 import _validation as C
+from kvformats.dsv4_constants import ALIGN, INT32_MAX, INT64_MAX, max_page_entry, round_up
 from kvformats.errors import InputError
 from kvformats.runtime import deferred, replay
-
-ALIGN = 128  # index rows are padded to a multiple of 128 entries (sparse-prefill alignment)
-INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
-
-
-def max_page_entry(page_size: int, limit: int) -> int:
-    """The largest block-table entry whose slots ``entry * page_size + row`` (row < page_size)
-    all stay <= ``limit`` (INT64_MAX for the slot mappings, INT32_MAX for the index rows); larger
-    entries count as missing pages (−1). The Triton kernels take the same bound."""
-    return (limit + 1) // page_size - 1
-
 
 def _table_limit(page_size: int, limit: int) -> int | None:
     """``table_slots``' num_pages for ``max_page_entry`` (None where every int64 entry fits)."""
@@ -67,11 +57,6 @@ def _check_requests(block_table, base_offsets, query_start_loc, seq_lens, device
 def _int32_entries(x: torch.Tensor) -> torch.Tensor:
     """int64 index-row entries -> int32, −1 for those outside the int32 range (no wrapping)."""
     return torch.where((x >= -INT32_MAX - 1) & (x <= INT32_MAX), x, -1).to(torch.int32)
-
-
-def round_up(n: int, k: int) -> int:
-    """``n`` rounded up to a multiple of ``k`` (index rows are ALIGN-padded)."""
-    return -(-n // k) * k
 
 
 def _device(t):

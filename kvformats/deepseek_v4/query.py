@@ -14,6 +14,7 @@ import torch
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.transforms import hadamard_reference, resolve_for_shapes, rope_tail
+from kvformats.dsv4_constants import OUT_SCALE_RULE
 from kvformats.errors import InputError
 from kvformats.formats import Mxfp4Indexer
 from kvformats.numerics import codes as nx
@@ -21,7 +22,6 @@ from kvformats.runtime import deferred, replay
 
 INDEX_HEAD_DIM = 128
 _MXFP4 = Mxfp4Indexer(head_dim=INDEX_HEAD_DIM, page_size=1)
-OUT_SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-10, floor_on="absmax")
 
 
 SITES = {op: deferred.site(op, "positions")  # where each op records an invalid position

@@ -5,7 +5,7 @@ implementation takes exactly the arguments the reference implementation of that 
 takes (already validated by the public function) and never synchronises with the host.
 """
 
-from kvformats.deepseek_v4 import FAMILY
+from kvformats.dsv4_constants import FAMILY
 from kvformats_kernels.dsv4 import compress, indices, query, swa
 
 MODULES = (compress, indices, query, swa)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.deepseek_v4.indices import ALIGN, INT32_MAX, INT64_MAX, max_page_entry, round_up
+from kvformats.dsv4_constants import ALIGN, INT32_MAX, INT64_MAX, max_page_entry, round_up
 from kvformats.runtime import deferred
 from kvformats_kernels import _common as cm
 from kvformats_kernels.dsv4 import indices_jit as jit

@@ -7,7 +7,7 @@ BLOCK_J-wide chunks, writing every entry, padding included, so outputs can start
 0/1 products instead of ``tl.where``: Triton 3.6 fails to compile some int64 selects whose
 operands have different layouts (row vector vs tile). Integer division and remainder only see
 non-negative operands (Triton truncates, the reference floors). Results never wrap: a table entry
-above ``max_entry`` (``kvformats.deepseek_v4.indices.max_page_entry``: its slots would pass the
+above ``max_entry`` (``kvformats.dsv4_constants.max_page_entry``: its slots would pass the
 result's dtype) is a missing page, and index-row entries outside int32 are −1, as in the reference.
 """
 

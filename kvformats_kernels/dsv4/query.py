@@ -10,8 +10,9 @@ import os
 
 import torch
 
-from kvformats.deepseek_v4 import query as ref
-from kvformats.deepseek_v4.transforms import hadamard_reference
+from kvformats.dsv4_constants import OUT_SCALE_RULE
+from kvformats.errors import BackendUnavailableError
+from kvformats.formats.mxfp4_indexer import SCALE_RULE as MXFP4_RULE
 from kvformats.runtime import deferred
 from kvformats_kernels import _common as cm
 from kvformats_kernels.dsv4 import query_jit as jit
@@ -33,7 +34,7 @@ CONFIG = {
     "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0, "maxnreg": 0},
     "inv_rope": {"lanes": 8, "num_warps": 1, "lane_load": 1, "lane_store": 0},
 }
-HADAMARD_MAX_D = 1024  # wider rows run the reference (a row tile in registers stops paying off)
+HADAMARD_MAX_D = 1024  # wider rows are left to the reference (a row tile in registers stops paying off)
 ROW_IN_LANE_MAX_D = 128  # rows up to this width live in one lane's registers
 INV_ROPE_MAX_GROUP = 128  # a group per lane: wider groups would spill
 # e4m3 bytes by the hardware cast (cvt.rn.satfinite, sm_89+) instead of integer rounding in the
@@ -41,6 +42,9 @@ INV_ROPE_MAX_GROUP = 128  # a group per lane: wider groups would spill
 # far fewer instructions, and these kernels are bound by instructions, not memory. On by
 # default; the interpreter takes the integer path.
 HW_E4M3 = {"enabled": True}
+# where each launcher records an invalid position
+_SITES = {op: deferred.site(op, "positions")
+          for op in ("prepare_indexer_q_mxfp4", "prepare_indexer_q_fp8", "inv_rope_fp8_quant")}
 
 
 def _lanes(cfg: dict) -> dict:
@@ -82,8 +86,7 @@ def _input(x: torch.Tensor) -> tuple[torch.Tensor, bool, bool]:
 def _mxfp4_rule() -> dict:
     """The MXFP4 indexer's scale rule as kernel constexprs (the FP8 prep's scales take no rule;
     cached: short_exponent runs the rule once)."""
-    rule = ref._MXFP4.scale_rule
-    return {**cm.rule_constants(rule), **cm.short_exponent(rule)}
+    return {**cm.rule_constants(MXFP4_RULE), **cm.short_exponent(MXFP4_RULE)}
 
 
 def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, mxfp4: bool):
@@ -104,7 +107,7 @@ def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, 
             cm.f32(softmax_scale), cm.f32(head_scale), ROPE=cs.shape[1], MXFP4=mxfp4, **_mxfp4_rule(),
             IS_BF16=is_bf16, PAIRS=pairs, W_BF16=w_bf16,
             HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], EVEN_H=mxfp4 and h % cfg["block_h"] == 0,
-            **_lanes(cfg), SITE=ref.SITES["prepare_indexer_q_mxfp4" if mxfp4 else "prepare_indexer_q_fp8"],
+            **_lanes(cfg), SITE=_SITES["prepare_indexer_q_mxfp4" if mxfp4 else "prepare_indexer_q_fp8"],
             **cm.launch_opts(cfg), enable_fp_fusion=False)
     if mxfp4:
         return (out, scales), w_out
@@ -124,6 +127,13 @@ def prepare_indexer_q_fp8(index_q, positions, cos_sin, weights, softmax_scale, h
     return _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, False)
 
 
+def _refuse(op: str, reason: str | None) -> None:
+    """A launcher called directly with shapes its kernel does not run raises (no silent
+    fallback: the reference is the model-op layer's, which picks it under backend="auto")."""
+    if reason is not None:
+        raise BackendUnavailableError(f"the Triton kernel of deepseek_v4.{op} does not run {reason}")
+
+
 def _inv_rope_unsupported(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned) -> str | None:
     """Why the kernel cannot run these shapes (None: it can). It holds one quantization group per
     lane: a power of two up to INV_ROPE_MAX_GROUP that holds the whole RoPE tail (DeepSeek V4's
@@ -138,13 +148,12 @@ def _inv_rope_unsupported(o, positions, cos_sin, n_groups, heads_per_group, grou
 def inv_rope_fp8_quant(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned):
     """``(q float8_e4m3fn [T, G, Hg * D] (a transposed view of a contiguous [G, T, Hg * D]),
     scales)`` as ``kvformats.deepseek_v4.inv_rope_fp8_quant``; the kernel writes the scale
-    store's padding tokens as zeros. Shapes ``unsupported`` names run the reference when this
-    launcher is called directly; the public function never sends them here: backend="triton"
-    raises BackendUnavailableError for them and "auto" picks the reference."""
+    store's padding tokens as zeros. Shapes ``unsupported`` names raise BackendUnavailableError;
+    the public function never sends them here (backend="auto" picks the reference for them)."""
     t, heads, d = o.shape
     rope = cos_sin.shape[1]
-    if _inv_rope_unsupported(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned):
-        return ref.inv_rope_fp8_quant_reference(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned)
+    _refuse("inv_rope_fp8_quant", _inv_rope_unsupported(o, positions, cos_sin, n_groups, heads_per_group, group,
+                                                        tma_aligned))
     dev = o.device
     t_pad = -(-t // 4) * 4
     nq = d // group
@@ -161,9 +170,9 @@ def inv_rope_fp8_quant(o, positions, cos_sin, n_groups, heads_per_group, group, 
         block_t = max(1, cfg["lanes"] // nqp)  # a group per lane
         fast(jit.inv_rope_kernel)[(cm.grid_rows(t_pad, block_t), heads)](
             x, positions, cs, buf, store, deferred.error_record(dev), t, t_pad, heads_per_group, x.stride(0),
-            x.stride(1), positions.stride(0), cs.stride(0), cs.shape[0], buf.stride(0), D=d, ROPE=rope, GS=group, NQP2=nqp, **cm.rule_constants(ref.OUT_SCALE_RULE),
+            x.stride(1), positions.stride(0), cs.stride(0), cs.shape[0], buf.stride(0), D=d, ROPE=rope, GS=group, NQP2=nqp, **cm.rule_constants(OUT_SCALE_RULE),
             TMA=bool(tma_aligned), IS_BF16=is_bf16, PAIRS=pairs, HW_E4M3=_hw_e4m3(dev), BLOCK_T=block_t,
-            **_lanes(cfg), SITE=ref.SITES["inv_rope_fp8_quant"], **cm.launch_opts(cfg), enable_fp_fusion=False)
+            **_lanes(cfg), SITE=_SITES["inv_rope_fp8_quant"], **cm.launch_opts(cfg), enable_fp_fusion=False)
     return buf.view(torch.float8_e4m3fn).transpose(0, 1), store.permute(2, 0, 1)[:t]
 
 
@@ -177,12 +186,11 @@ def _hadamard_unsupported(x, scale) -> str | None:
 
 def hadamard_transform(x, scale):
     """bf16 ``bf16(scale * H(bf16(x)))`` over the last dim, same shape as ``x``, as
-    ``kvformats.deepseek_v4.hadamard_transform``. Rows wider than HADAMARD_MAX_D (1024) run the
-    reference when this launcher is called directly; the public function sends them to the
-    reference under backend="auto" and raises BackendUnavailableError under "triton"."""
+    ``kvformats.deepseek_v4.hadamard_transform``. Rows wider than HADAMARD_MAX_D (1024) raise
+    BackendUnavailableError; the public function sends them to the reference under
+    backend="auto"."""
     shape, d = x.shape, x.shape[-1]
-    if _hadamard_unsupported(x, scale):
-        return hadamard_reference(x, scale)
+    _refuse("hadamard_transform", _hadamard_unsupported(x, scale))
     rows = _unit_last(x.reshape(-1, d))
     n = rows.shape[0]
     out = torch.empty((n, d), dtype=torch.int16, device=x.device)

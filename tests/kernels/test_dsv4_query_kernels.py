@@ -18,6 +18,7 @@ from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4 import query as rq
 from kvformats.deepseek_v4 import swa as rs
 from kvformats.deepseek_v4.transforms import hadamard_reference
+from kvformats.errors import BackendUnavailableError
 from kvformats.numerics import codes as nx
 from kvformats.testing.strategies import storage_bytes
 
@@ -338,9 +339,9 @@ def test_inv_rope_fp8_quant_matches_reference(t, groups, hpg, d, group, rope, dt
         _check_inv_rope(kq.inv_rope_fp8_quant(*args), rq.inv_rope_fp8_quant_reference(*args))
 
 
-def test_inv_rope_fp8_quant_unaligned_and_reference_shapes():
+def test_inv_rope_fp8_quant_unaligned_and_refused_shapes():
     """A bf16 view at an odd offset (element loads), and group sizes the kernel leaves to the
-    reference (not a power of two; the tail wider than a group)."""
+    reference (not a power of two; the tail wider than a group): the launcher refuses them."""
     t, d = 5, 512
     o = values((t, 2, d), seed=5).to(DEV)
     arena = torch.zeros(o.numel() + 1, dtype=o.dtype, device=DEV)
@@ -351,7 +352,9 @@ def test_inv_rope_fp8_quant_unaligned_and_reference_shapes():
                     rq.inv_rope_fp8_quant_reference(o, pos, cs, 1, 2, 128, True))
     for group in (96, 32):
         args = (o[:, :, :384], pos, cs, 2, 1, group, False)
-        _check_inv_rope(kq.inv_rope_fp8_quant(*args), rq.inv_rope_fp8_quant_reference(*args))
+        assert kq.inv_rope_fp8_quant.unsupported(*args)
+        with pytest.raises(BackendUnavailableError, match=f"quant_group_size {group}"):
+            kq.inv_rope_fp8_quant(*args)
 
 
 # ----------------------------------------------------------------------------- hadamard_transform
@@ -367,9 +370,10 @@ def test_hadamard_transform_matches_reference(d, dtype):
         same_bf16(got, hadamard_reference(x, scale))
 
 
-def test_hadamard_transform_wide_rows_run_the_reference():
+def test_hadamard_transform_refuses_wide_rows():
     x = values((2, 2048), seed=1).to(DEV)
-    assert torch.equal(kq.hadamard_transform(x, 1.0), hadamard_reference(x, 1.0))
+    with pytest.raises(BackendUnavailableError, match="rows of 2048 elements"):
+        kq.hadamard_transform(x, 1.0)
 
 
 # ----------------------------------------------------------------------------- GPU, public API
