@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import attrs
 import torch
 
 from kvformats.errors import LayoutError
-from kvformats.layout import Field, Segment
+from kvformats.layout import Field, Layout, Segment, positive
+from kvformats.numerics.profiles import ProfiledLayout, profile_field
 
 
 class BlockScaledRows:
@@ -40,9 +42,51 @@ class BlockScaledRows:
         """float32 ``[N, num_blocks, QUANT_BLOCK]`` of rows ``x``, rounded to ``quant_input_dtype`` first."""
         return x.to(self.quant_input_dtype).float().reshape(x.shape[0], self.num_blocks, self.QUANT_BLOCK)
 
+    def _rows(self, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """uint8 ``[N, row_bytes]``: each row's data bytes (``values``, N leading) then its scale
+        bytes (``scales``)."""
+        n = values.shape[0]
+        out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=values.device)
+        for region, part in (("values", values), ("scale", scales)):
+            span = self.row_span(region)
+            out[:, span] = part.reshape(n, span.stop - span.start)
+        return out
+
+    def _scaled(self, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """float32 ``[N, head_dim]``: block values ``[N, num_blocks * QUANT_BLOCK]`` (any shape with
+        N leading) times their block's scale ``scales [N, num_blocks]``."""
+        n = values.shape[0]
+        blocks = values.reshape(n, self.num_blocks, self.QUANT_BLOCK)
+        return (blocks * scales.unsqueeze(-1)).reshape(n, self.head_dim)
+
     def _segments(self):
         return (
             Segment(self.DATA_SEGMENT, (Field("values", self.VALUES[0], self.head_dim, doc=self.VALUES[1],
                                               scale="scale", block=self.QUANT_BLOCK),)),
             Segment("scales", (Field("scale", self.SCALES[0], self.num_blocks, role="scale", doc=self.SCALES[1]),)),
         )
+
+
+@attrs.frozen(kw_only=True)
+class IndexerRows(BlockScaledRows, ProfiledLayout, Layout):
+    """The CSA indexer keys (fp8_indexer, mxfp4_indexer): 128 dims a key by default, float32
+    input; re-encoding decoded values gives the same values."""
+
+    DATA_SEGMENT = "values"
+    value_idempotent = True
+
+    head_dim: int = attrs.field(default=128, validator=positive)
+    page_size: int = attrs.field(default=64, validator=positive)
+    profile: str = profile_field()
+
+
+@attrs.frozen(kw_only=True)
+class V41Rows(BlockScaledRows, ProfiledLayout, Layout):
+    """The DeepSeek V4.1 rows (fp8_ds_mla_v41, fp4_ds_mla_v41): 512 dims a token, rounded to bf16
+    first, decoded to bf16."""
+
+    quant_input_dtype = torch.bfloat16  # the same bf16 KV rows for the 528 B and the 288 B caches
+
+    head_dim: int = attrs.field(default=512, validator=positive)
+    page_size: int = attrs.field(default=64, validator=positive)
+    profile: str = profile_field()

@@ -14,10 +14,9 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvformats.formats._blocks import BlockScaledRows
-from kvformats.layout import Layout, positive
+from kvformats.formats._blocks import V41Rows
 from kvformats.numerics import codes as nx
-from kvformats.numerics.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
+from kvformats.numerics.profiles import Profile, declare
 
 QUANT_BLOCK = 16
 # The scale's floor: e4m3's smallest normal (torch.finfo(torch.float8_e4m3fn).tiny).
@@ -58,7 +57,7 @@ PROFILES = declare(
 
 
 @attrs.frozen(kw_only=True)
-class Fp4DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
+class Fp4DsMlaV41(V41Rows):
     """``Fp4DsMlaV41(head_dim=512, page_size=64)``: 288 B rows, 18432 B pages; the fp4 extra
     cache that sits beside an fp8_ds_mla_v41 cache of the same page_size.
 
@@ -67,36 +66,20 @@ class Fp4DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
     sign of zero kept. ``decode`` returns bf16 ``[N, head_dim]`` (``e2m1 value * s``, exact).
     """
 
-    name = "fp4_ds_mla_v41"
     PROFILES = PROFILES
-    scale_rule = ProfiledRule(PROFILES)
-    quant_input_dtype = torch.bfloat16  # the same bf16 KV rows the 528 B cache takes
-
-    head_dim: int = attrs.field(default=512, validator=positive)
-    page_size: int = attrs.field(default=64, validator=positive)
-    profile: str = profile_field(PROFILES)
-
     QUANT_BLOCK = QUANT_BLOCK
     VALUES = ("float4_e2m1fn_x2", "e2m1 codes of x / s, element 2k in the low nibble")
     SCALES = ("float8_e4m3fn", "e4m3 scale s per 16-block")
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        blocks = self._blocks(x)
-        prof = self.numerics
+        blocks, prof = self._blocks(x), self.numerics
         sbytes = prof.scale_rule.scale_bytes(nx.absmax(blocks))
         y = blocks / nx.e4m3_decode(sbytes).unsqueeze(-1)
         codes = nx.e2m1_encode(y, prof.e2m1_rounding, prof.e2m1_signed_zero)
         codes = codes.masked_fill_(torch.isnan(y), 0)  # NaN has no e2m1 code: 0, whatever its sign bit
-        out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
-        out[:, self.row_span("values")] = nx.pack_nibbles(codes.reshape(n, self.head_dim))
-        out[:, self.row_span("scale")] = sbytes
-        return out
+        return self._rows(nx.pack_nibbles(codes.reshape(x.shape[0], self.head_dim)), sbytes)
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        n, d, nb = rows.shape[0], self.head_dim, self.num_blocks
-        codes = nx.unpack_nibbles(rows[:, self.row_span("values")])
-        values = nx.e2m1_decode(codes).reshape(n, nb, self.QUANT_BLOCK)
         # exact in float32 and in bf16 (at most 6 significant bits, magnitudes >= 2^-7 or 0)
-        scaled = values * nx.e4m3_decode(rows[:, self.row_span("scale")]).unsqueeze(-1)
-        return scaled.reshape(n, d).to(torch.bfloat16)
+        values = nx.e2m1_decode(nx.unpack_nibbles(rows[:, self.row_span("values")]))
+        return self._scaled(values, nx.e4m3_decode(rows[:, self.row_span("scale")])).to(torch.bfloat16)

@@ -13,7 +13,7 @@ import torch
 from kvformats.formats._nope_rope import NopeRopeRows
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.numerics import codes as nx
-from kvformats.numerics.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
+from kvformats.numerics.profiles import Profile, ProfiledLayout, declare, profile_field
 
 QUANT_BLOCK = 64
 SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax")
@@ -43,10 +43,8 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
     bytes) or flashmla-ref (floor 1e-4 on the scale amax/448 instead of on the absmax).
     """
 
-    name = "fp8_ds_mla"
     page_alignment = "token"
     PROFILES = PROFILES
-    scale_rule = ProfiledRule(PROFILES)
     quant_block = QUANT_BLOCK
     quant_input_dtype = torch.bfloat16  # NoPE values are rounded to bf16 before quantizing
     value_idempotent = True
@@ -56,7 +54,7 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
     head_dim: int = attrs.field(default=512, validator=positive)
     rope_dim: int = attrs.field(default=64, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)
-    profile: str = profile_field(PROFILES)
+    profile: str = profile_field()
 
     def _segments(self):
         return (

@@ -22,7 +22,7 @@ from kvformats.formats._bytes import float_bytes
 from kvformats.formats._nope_rope import NopeRopeRows
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.numerics import codes as nx
-from kvformats.numerics.profiles import FLT_MIN, Profile, ProfiledLayout, ProfiledRule, declare, profile_field
+from kvformats.numerics.profiles import FLT_MIN, Profile, ProfiledLayout, declare, profile_field
 
 QUANT_BLOCK = 128
 PROFILES = declare(
@@ -56,16 +56,14 @@ class Fp8DsMlaV32(NopeRopeRows, ProfiledLayout, Layout):
     (``bf16(e4m3 value * scale)``, the product in float32).
     """
 
-    name = "fp8_ds_mla_v32"
     PROFILES = PROFILES
-    scale_rule = ProfiledRule(PROFILES)
     quant_block = QUANT_BLOCK
     quant_input_dtype = torch.bfloat16
 
     head_dim: int = attrs.field(default=576, validator=positive)
     rope_dim: int = attrs.field(default=64, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)
-    profile: str = profile_field(PROFILES)
+    profile: str = profile_field()
 
     def _segments(self):
         return (Segment("token", (
@@ -79,13 +77,7 @@ class Fp8DsMlaV32(NopeRopeRows, ProfiledLayout, Layout):
         n, nope, nb = x.shape[0], self.nope_dim, self.num_blocks
         xq = x.to(torch.bfloat16)
         blocks = xq[:, :nope].float().reshape(n, nb, QUANT_BLOCK)
-        rule = self.scale_rule
-        if rule.power_of_two:
-            e = rule.exponents(blocks)
-            codes, scale = nx.e4m3_quantize_blocks(blocks, e), nx.pow2(e)
-        else:
-            scale = rule.scales_of_amax(nx.absmax(blocks))
-            codes = nx.e4m3_quantize_by_scale(blocks, scale)
+        codes, scale = nx.e4m3_quantize_by_rule(blocks, self.scale_rule)
         out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
         out[:, self.row_span("nope")] = codes.reshape(n, nope)
         out[:, self.row_span("scale")] = float_bytes(scale, n)

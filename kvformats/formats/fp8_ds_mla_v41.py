@@ -12,10 +12,9 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvformats.formats._blocks import BlockScaledRows
-from kvformats.layout import Layout, positive
+from kvformats.formats._blocks import V41Rows
 from kvformats.numerics import codes as nx
-from kvformats.numerics.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
+from kvformats.numerics.profiles import Profile, declare
 
 QUANT_BLOCK = 32
 # The V4 584 B row's rule (spec/upstream.md §2.2: amax floored at 1e-4, 2^ceil(log2(A / 448)),
@@ -31,7 +30,7 @@ PROFILES = declare(
 
 
 @attrs.frozen(kw_only=True)
-class Fp8DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
+class Fp8DsMlaV41(V41Rows):
     """``Fp8DsMlaV41(head_dim=512, page_size=64)``: 528 B rows, 33792 B pages.
 
     ``encode(x [N, head_dim])`` rounds x to bf16 and quantizes every dim (RoPE included) per
@@ -39,32 +38,18 @@ class Fp8DsMlaV41(BlockScaledRows, ProfiledLayout, Layout):
     returns bf16 ``[N, head_dim]`` (``bf16(e4m3 value * 2^(s - 127))``).
     """
 
-    name = "fp8_ds_mla_v41"
     PROFILES = PROFILES
-    scale_rule = ProfiledRule(PROFILES)
-    quant_input_dtype = torch.bfloat16  # rounded to bf16 before quantizing, as the V4 rows
-
-    head_dim: int = attrs.field(default=512, validator=positive)
-    page_size: int = attrs.field(default=64, validator=positive)
-    profile: str = profile_field(PROFILES)
-
     QUANT_BLOCK = QUANT_BLOCK
     VALUES = ("float8_e4m3fn", "every head dim (RoPE too), scaled by 2^-e per 32-block")
     SCALES = ("float8_e8m0fnu", "e + 127 per 32-block")
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
         blocks = self._blocks(x)
         e = self.scale_rule.exponents(blocks)
-        out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
-        out[:, self.row_span("values")] = nx.e4m3_quantize_blocks(blocks, e).reshape(n, self.head_dim)
-        out[:, self.row_span("scale")] = nx.ue8m0_encode(e)
-        return out
+        return self._rows(nx.e4m3_quantize_blocks(blocks, e), nx.ue8m0_encode(e))
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        n, d, nb = rows.shape[0], self.head_dim, self.num_blocks
-        values = nx.e4m3_decode(rows[:, self.row_span("values")]).reshape(n, nb, self.QUANT_BLOCK)
         # exact in float32 (4 significant bits times a power of two), then one RNE to bf16;
         # a NaN code or a NaN scale (0xFF) gives NaN
-        scales = nx.ue8m0_decode(rows[:, self.row_span("scale")])
-        return (values * scales.unsqueeze(-1)).reshape(n, d).to(torch.bfloat16)
+        values = nx.e4m3_decode(rows[:, self.row_span("values")])
+        return self._scaled(values, nx.ue8m0_decode(rows[:, self.row_span("scale")])).to(torch.bfloat16)

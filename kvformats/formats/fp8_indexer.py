@@ -9,11 +9,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvformats.formats._blocks import BlockScaledRows
+from kvformats.formats._blocks import IndexerRows
 from kvformats.formats._bytes import float_bytes
-from kvformats.layout import Layout, positive
 from kvformats.numerics import codes as nx
-from kvformats.numerics.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
+from kvformats.numerics.profiles import Profile, declare
 
 QUANT_BLOCK = 128
 SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-10, floor_on="scale")
@@ -36,7 +35,7 @@ PROFILES = declare(
 
 
 @attrs.frozen(kw_only=True)
-class Fp8Indexer(BlockScaledRows, ProfiledLayout, Layout):
+class Fp8Indexer(IndexerRows):
     """``Fp8Indexer(head_dim=128, page_size=64)``: 132 B rows, 8448 B pages.
 
     ``encode(x [N, head_dim])`` takes x as float32 (bf16/fp16 upcast exactly); per 128-block
@@ -46,39 +45,16 @@ class Fp8Indexer(BlockScaledRows, ProfiledLayout, Layout):
     (absmax floor 1e-4) or deepgemm-ref (arbitrary float32 scale max(amax, 1e-4) / 448, x / scale).
     """
 
-    name = "fp8_indexer"
     PROFILES = PROFILES
-    scale_rule = ProfiledRule(PROFILES)
     example_params = (dict(head_dim=128), dict(head_dim=256))
-    value_idempotent = True
-
-    head_dim: int = attrs.field(default=128, validator=positive)
-    page_size: int = attrs.field(default=64, validator=positive)
-    profile: str = profile_field(PROFILES)
-
     QUANT_BLOCK = QUANT_BLOCK
-    DATA_SEGMENT = "values"
     VALUES = ("float8_e4m3fn", "x / scale")
     SCALES = ("float32", "power-of-two multiplier per 128 dims")
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        blocks = self._blocks(x)
-        values, scales = self.row_span("values"), self.row_span("scale")
-        out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
-        rule = self.scale_rule
-        if rule.power_of_two:
-            e = rule.exponents(blocks)
-            out[:, values] = nx.e4m3_quantize_blocks(blocks, e).reshape(n, self.head_dim)
-            scale = nx.pow2(e)
-        else:
-            scale = rule.scales_of_amax(nx.absmax(blocks))
-            out[:, values] = nx.e4m3_quantize_by_scale(blocks, scale).reshape(n, self.head_dim)
-        out[:, scales] = float_bytes(scale, n)
-        return out
+        codes, scale = nx.e4m3_quantize_by_rule(self._blocks(x), self.scale_rule)
+        return self._rows(codes, float_bytes(scale, x.shape[0]))
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        n, d, nb = rows.shape[0], self.head_dim, self.num_blocks
         scales = rows[:, self.row_span("scale")].contiguous().view(torch.float32)
-        values = nx.e4m3_decode(rows[:, self.row_span("values")]).reshape(n, nb, self.QUANT_BLOCK)
-        return (values * scales.unsqueeze(-1)).reshape(n, d)
+        return self._scaled(nx.e4m3_decode(rows[:, self.row_span("values")]), scales)

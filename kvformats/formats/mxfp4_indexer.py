@@ -10,10 +10,9 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvformats.formats._blocks import BlockScaledRows
-from kvformats.layout import Layout, positive
+from kvformats.formats._blocks import IndexerRows
 from kvformats.numerics import codes as nx
-from kvformats.numerics.profiles import Profile, ProfiledLayout, ProfiledRule, declare, profile_field
+from kvformats.numerics.profiles import Profile, declare
 
 QUANT_BLOCK = 32
 SCALE_RULE = nx.ScaleRule(element_max=nx.E2M1_MAX, floor=1e-4, floor_on="absmax",
@@ -46,7 +45,7 @@ PROFILES = declare(
 
 
 @attrs.frozen(kw_only=True)
-class Mxfp4Indexer(BlockScaledRows, ProfiledLayout, Layout):
+class Mxfp4Indexer(IndexerRows):
     """``Mxfp4Indexer(head_dim=128, page_size=64)``: 68 B rows, 4352 B pages.
 
     ``encode(x [N, head_dim])`` takes x as float32; per 32-block
@@ -56,38 +55,21 @@ class Mxfp4Indexer(BlockScaledRows, ProfiledLayout, Layout):
     6·2^-126, sign of zero kept) or ocp (MX v1.0: e = floor(log2 amax) - 2, round-half-even).
     """
 
-    name = "mxfp4_indexer"
     # the scale region was "scales" until the names were unified (same bytes): files written
     # then still load (spec.accepted_fingerprints)
     former_region_names = {"scale": "scales"}
     PROFILES = PROFILES
-    scale_rule = ProfiledRule(PROFILES)
     example_params = (dict(head_dim=128), dict(head_dim=32), dict(head_dim=64), dict(head_dim=256))
-    value_idempotent = True
-
-    head_dim: int = attrs.field(default=128, validator=positive)
-    page_size: int = attrs.field(default=64, validator=positive)
-    profile: str = profile_field(PROFILES)
-
     QUANT_BLOCK = QUANT_BLOCK
-    DATA_SEGMENT = "values"
     VALUES = ("float4_e2m1fn_x2", "e2m1 codes, element 2k in the low nibble")
     SCALES = ("float8_e8m0fnu", "e + 127 per 32-block")
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        blocks = self._blocks(x)
-        prof = self.numerics
+        blocks, prof = self._blocks(x), self.numerics
         e = prof.scale_rule.exponents(blocks)
-        out = torch.empty((n, self.row_bytes), dtype=torch.uint8, device=x.device)
         codes = nx.e2m1_quantize_blocks(blocks, e, prof.e2m1_rounding, prof.e2m1_signed_zero)
-        out[:, self.row_span("values")] = nx.pack_nibbles(codes.reshape(n, self.head_dim))
-        out[:, self.row_span("scale")] = nx.ue8m0_encode(e)
-        return out
+        return self._rows(nx.pack_nibbles(codes.reshape(x.shape[0], self.head_dim)), nx.ue8m0_encode(e))
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        n, d, nb = rows.shape[0], self.head_dim, self.num_blocks
-        codes = nx.unpack_nibbles(rows[:, self.row_span("values")])
-        values = nx.e2m1_decode(codes).reshape(n, nb, self.QUANT_BLOCK)
-        scales = nx.ue8m0_decode(rows[:, self.row_span("scale")], self.numerics.ue8m0_ff)
-        return (values * scales.unsqueeze(-1)).reshape(n, d)
+        values = nx.e2m1_decode(nx.unpack_nibbles(rows[:, self.row_span("values")]))
+        return self._scaled(values, nx.ue8m0_decode(rows[:, self.row_span("scale")], self.numerics.ue8m0_ff))

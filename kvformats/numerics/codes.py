@@ -293,6 +293,16 @@ def e2m1_quantize_blocks(blocks: torch.Tensor, e: torch.Tensor, rounding: str = 
     return e2m1_encode(blocks * pow2(-e).unsqueeze(-1), rounding, signed_zero)
 
 
+def e4m3_quantize_by_rule(blocks: torch.Tensor, rule: ScaleRule) -> tuple[torch.Tensor, torch.Tensor]:
+    """``blocks [..., b]`` float32 -> (e4m3 bytes [..., b], float32 scales [...]) by ``rule``:
+    a power-of-two scale (``x * 2^-e``) or an arbitrary float32 one (``x / scale``)."""
+    if rule.power_of_two:
+        e = rule.exponents(blocks)
+        return e4m3_quantize_blocks(blocks, e), pow2(e)
+    scale = rule.scales_of_amax(absmax(blocks))
+    return e4m3_quantize_by_scale(blocks, scale), scale
+
+
 def e4m3_quantize_by_scale(blocks: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``blocks [..., b]`` float32 divided by arbitrary float32 ``scale [...]`` (one correctly
     rounded float32 division), clamped to ±448, RNE -> e4m3 bytes [..., b]."""

@@ -117,16 +117,17 @@ def profile_table(fmt: str) -> ProfileTable | None:
     return _TABLES.get(fmt)
 
 
-def profile_field(table: ProfileTable):
-    """The ``profile`` attrs field of a layout: defaults to the table's default; an unsupported
-    name raises LayoutError naming the alternatives."""
+def profile_field():
+    """The ``profile`` attrs field of a layout whose class has a ``PROFILES`` table: defaults to
+    the table's default; an unsupported name raises LayoutError naming the alternatives."""
 
     def check(instance, attribute, value):
+        table = instance.PROFILES
         if not isinstance(value, str):
             raise LayoutError(f"profile must be a string (one of {', '.join(table.names)}), got {value!r}")
         table.get(value)
 
-    return attrs.field(default=table.default, validator=check)
+    return attrs.field(default=attrs.Factory(lambda self: self.PROFILES.default, takes_self=True), validator=check)
 
 
 class ProfiledRule:
@@ -143,10 +144,18 @@ class ProfiledRule:
 
 
 class ProfiledLayout:
-    """Mixin for quantized layouts with a ``profile`` field and a class-level ``PROFILES`` table."""
+    """Mixin for quantized layouts with a ``profile`` field (``profile_field``) and a class-level
+    ``PROFILES`` table. A class that sets ``PROFILES`` takes its format name and its
+    ``scale_rule`` from it (the name is declared once, in ``declare``)."""
 
     __slots__ = ()
     PROFILES: ProfileTable
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "PROFILES" in cls.__dict__:
+            cls.name = cls.PROFILES.fmt
+            cls.scale_rule = ProfiledRule(cls.PROFILES)
 
     @property
     def numerics(self) -> Profile:
