@@ -47,7 +47,7 @@ def kernel_table() -> dict:
         return {}
     table = {(fmt, op): getattr(module, op) for fmt, module in IMPLEMENTATIONS.items()
              for op in CODEC_OPS if hasattr(module, op)}
-    table.update({(dsv4.FAMILY, op): fn for op, fn in dsv4.OPS.items()})
+    table.update({(dsv4.FAMILY, op): fn for op, fn in dsv4.LAUNCHERS.items()})
     return table
 
 

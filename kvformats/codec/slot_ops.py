@@ -10,10 +10,10 @@ from kvformats.codec.rows import read_rows, write_rows
 from kvformats.runtime import deferred, replay
 from kvformats.validation import check_cache, check_slots
 
-OPS = ("encode", "decode", "gather")
+SLOT_OPS = ("encode", "decode", "gather")
 
 
-_SITES = {op: deferred.site(op, "slots") for op in OPS}
+_SITES = {op: deferred.site(op, "slots") for op in SLOT_OPS}
 
 
 @replay.replayable
@@ -63,6 +63,6 @@ def register_reference_ops(fmt: str) -> None:
     """Register the generic reference encode/decode/gather and paged ops for format ``fmt``."""
     from kvformats.codec.paged_ops import register_reference_paged_ops
 
-    for op, fn in zip(OPS, (encode_reference, decode_reference, gather_reference)):
+    for op, fn in zip(SLOT_OPS, (encode_reference, decode_reference, gather_reference)):
         registry.register_op(fmt, op, "reference")(fn)
     register_reference_paged_ops(fmt)

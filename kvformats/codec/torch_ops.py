@@ -45,7 +45,7 @@ from kvformats.codec.registry import get_format
 from kvformats.codec.torch_library import NAMESPACE, define, shares_storage
 from kvformats.errors import InputError, InputTypeError
 
-OPS = ("encode", "decode", "gather", "decode_topk", "dequantize_gather", "gather_paged")
+CODEC_TORCH_OPS = ("encode", "decode", "gather", "decode_topk", "dequantize_gather", "gather_paged")  # kvformats::<op>
 
 
 @torch.compiler.assume_constant_result  # a layout is immutable: dynamo calls this once, eagerly

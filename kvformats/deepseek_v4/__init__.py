@@ -13,7 +13,9 @@ calls the implementation registered for its backend under ``("deepseek_v4", op)`
 from every tokenspeed function is in docs/porting-from-tokenspeed.md.
 """
 
-from kvformats.deepseek_v4._dispatch import FAMILY, OPS
+import warnings
+
+from kvformats.deepseek_v4._dispatch import FAMILY, MODEL_OPS
 from kvformats.deepseek_v4.compress import (
     compress_kv_insert,
     csa_compress_kv_insert,
@@ -36,10 +38,17 @@ from kvformats.deepseek_v4.swa import swa_insert
 from kvformats.deepseek_v4.transforms import cos_sin_cache, hadamard_transform, rms_norm, rope_tail
 
 __all__ = [
-    "FAMILY", "OPS", "combine_dense_swa_indices", "combine_topk_swa_indices", "compress_kv_insert",
+    "FAMILY", "MODEL_OPS", "combine_dense_swa_indices", "combine_topk_swa_indices", "compress_kv_insert",
     "compressed_slot_mapping", "cos_sin_cache", "csa_compress_kv_insert", "decode_swa_indices_and_lens",
     "dense_prefill_local_compressed_indices", "global_topk_indices_and_lens", "hadamard_transform",
     "hca_compress_kv_insert", "indexer_compress_insert", "inv_rope_fp8_quant", "pool_compressor_state",
     "prepare_indexer_q_fp8", "prepare_indexer_q_mxfp4", "rms_norm", "rope_tail", "save_compressor_state",
     "swa_insert", "table_slot_mapping",
 ]
+
+
+def __getattr__(name: str):
+    if name == "OPS":  # MODEL_OPS's former name, kept for one release
+        warnings.warn("kvformats.deepseek_v4.OPS is renamed MODEL_OPS", DeprecationWarning, stacklevel=2)
+        return MODEL_OPS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,14 +11,14 @@ from __future__ import annotations
 from kvformats.codec import registry
 from kvformats.dsv4_constants import FAMILY
 
-OPS: list[str] = []
+MODEL_OPS: list[str] = []  # every model op with a reference, in registration order
 
 
 def reference(op: str):
     """Decorator: register ``fn`` as the reference implementation of ``deepseek_v4.op``."""
 
     def deco(fn):
-        OPS.append(op)
+        MODEL_OPS.append(op)
         return registry.register_op(FAMILY, op, "reference")(fn)
 
     return deco

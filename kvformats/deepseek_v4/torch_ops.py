@@ -5,7 +5,7 @@
     torch.ops.kvformats.dsv4_table_slot_mapping(pos, req, table, 64, 1, None, None, "auto")
     args = dops.op_arguments("compressed_slot_mapping", num_tokens=8, ...)  # dict, schema order
 
-Op ``kvformats::dsv4_<op>`` for each ``op`` in ``kvformats.deepseek_v4.OPS``; its schema lists the
+Op ``kvformats::dsv4_<op>`` for each ``op`` in ``kvformats.deepseek_v4.MODEL_OPS``; its schema lists the
 Python function's parameters in definition order (positional, then keyword-only, same names), so
 every argument is positional at the op level. The real implementation calls the public function:
 same validation, same typed errors, same bytes. Conventions (as ``kvformats.codec.torch_ops``):
@@ -289,6 +289,6 @@ def _fixed_ratio(label: str, fixed: int):
 
 csa_compress_kv_insert = _fixed_ratio("CSA", 4)
 hca_compress_kv_insert = _fixed_ratio("HCA", 128)
-OPS = tuple(PREFIX + n for n in SCHEMAS)
-__all__ = ["NAMESPACE", "OPS", "SCHEMAS", "op_arguments", "results", *SCHEMAS, "csa_compress_kv_insert",
+TORCH_OP_NAMES = tuple(PREFIX + n for n in SCHEMAS)
+__all__ = ["NAMESPACE", "SCHEMAS", "TORCH_OP_NAMES", "op_arguments", "results", *SCHEMAS, "csa_compress_kv_insert",
            "hca_compress_kv_insert"]

@@ -171,7 +171,7 @@ def indexer_compress_insert(state_cache, index_cache, layout, positions, req_ind
             state_slots=state_slots, target_slots=index_slots, cos_sin=cos_sin, target=index_cache, layout=layout)
 
 
-OPS = {
+LAUNCHERS = {
     "save_compressor_state": save_compressor_state,
     "pool_compressor_state": pool_compressor_state,
     "compress_kv_insert": compress_kv_insert,

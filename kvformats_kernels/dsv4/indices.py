@@ -170,7 +170,7 @@ def dense_prefill_local_compressed_indices(positions, ratio, width, out):
     return idx
 
 
-OPS = {
+LAUNCHERS = {
     "table_slot_mapping": table_slot_mapping,
     "compressed_slot_mapping": compressed_slot_mapping,
     "global_topk_indices_and_lens": global_topk_indices_and_lens,

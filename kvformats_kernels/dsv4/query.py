@@ -212,7 +212,7 @@ def hadamard_transform(x, scale):
 inv_rope_fp8_quant.unsupported = _inv_rope_unsupported
 hadamard_transform.unsupported = _hadamard_unsupported
 
-OPS = {
+LAUNCHERS = {
     "prepare_indexer_q_mxfp4": prepare_indexer_q_mxfp4,
     "prepare_indexer_q_fp8": prepare_indexer_q_fp8,
     "inv_rope_fp8_quant": inv_rope_fp8_quant,

@@ -49,4 +49,4 @@ def swa_insert(q, kv, kv_cache, layout, slots, positions, cos_sin, eps) -> None:
 
 
 _SITE = deferred.site("swa_insert", "positions")
-OPS = {"swa_insert": swa_insert}
+LAUNCHERS = {"swa_insert": swa_insert}

@@ -170,8 +170,15 @@ def test_the_valid_calls_of_the_table_do_write():
 def test_ops_are_registered_for_kernels():
     from kvformats.codec import registry
 
-    for op in dsv4.OPS:
+    for op in dsv4.MODEL_OPS:
         impl = registry.resolve(dsv4.FAMILY, op, "auto", torch.device("cpu"))
         assert impl.__module__.startswith("kvformats.deepseek_v4.")
     with pytest.raises(kvf.BackendUnavailableError):
         dsv4.hadamard_transform(torch.ones(1, 128), backend="triton")
+
+
+def test_former_name_of_model_ops_warns():
+    with pytest.warns(DeprecationWarning, match="MODEL_OPS"):
+        assert dsv4.OPS is dsv4.MODEL_OPS
+    with pytest.raises(AttributeError):
+        dsv4.NO_SUCH_NAME  # noqa: B018

@@ -71,7 +71,7 @@ def compare(op: str, build, small: bool = True):
     """``build() -> (args, watched)``: run the kernel and the reference on separate builds."""
     args, watched = build()
     with blocks(small):
-        got = K.OPS[op](*args)
+        got = K.LAUNCHERS[op](*args)
     ref_args, ref_watched = build()
     want = registry.resolve("deepseek_v4", op, "reference", DEV)(*ref_args)
     assert_same(got, want)
@@ -100,9 +100,9 @@ def test_every_index_op_has_a_launcher():
     refs = {"table_slot_mapping", "compressed_slot_mapping", "global_topk_indices_and_lens",
             "combine_topk_swa_indices", "combine_dense_swa_indices", "decode_swa_indices_and_lens",
             "dense_prefill_local_compressed_indices"}
-    assert set(K.OPS) == refs and refs <= set(dsv4.OPS)
+    assert set(K.LAUNCHERS) == refs and refs <= set(dsv4.MODEL_OPS)
     for op in refs:  # what backend="triton" (and "auto" on CUDA tensors) runs
-        assert registry.resolve("deepseek_v4", op, "triton", torch.device("cuda")) is K.OPS[op]
+        assert registry.resolve("deepseek_v4", op, "triton", torch.device("cuda")) is K.LAUNCHERS[op]
 
 
 # ----------------------------------------------------------------------------- hypothesis: kernel == reference
