@@ -71,20 +71,20 @@ def triton_available() -> bool:
 
 
 def kernel_impl(fmt: str, op: str):
-    """The Triton launcher of ``fmt.op`` (codec and paged ops), or None."""
-    import kvformats_kernels as kk
-
-    module = getattr(kk, "IMPLEMENTATIONS", {}).get(fmt)
-    return getattr(module, op, None) if module is not None else None
+    """The Triton implementation of ``(fmt, op)`` (a format's codec or paged op, or a
+    deepseek_v4 operation under its family name), read from the kernel package's table as the
+    registry reads it; None where there is none or Triton does not import."""
+    try:
+        import kvformats_kernels as kk
+    except ImportError:
+        return None
+    return kk.kernel_table().get((fmt, op))
 
 
 def family_kernel(family: str, op: str):
-    """A Triton implementation registered under ``(family, op)`` (deepseek_v4 ops), or None."""
-    if not triton_available():
-        return None
-    import kvformats_kernels  # noqa: F401  (registers whatever kernels exist)
-
-    return registry._OPS.get((family, op), {}).get("triton")
+    """A Triton implementation of the deepseek_v4 op ``op`` (``family`` "deepseek_v4") where
+    kernels can run (CUDA, or the interpreter), else None."""
+    return kernel_impl(family, op) if triton_available() else None
 
 
 @contextlib.contextmanager
@@ -99,7 +99,7 @@ def kernel_routing():
     def resolve(fmt, op, backend, device):
         if backend != "triton":
             return real(fmt, op, backend, device)
-        impl = kernel_impl(fmt, op) or registry._OPS.get((fmt, op), {}).get("triton")
+        impl = kernel_impl(fmt, op)
         if impl is None:
             raise BackendUnavailableError(f"no Triton kernel for {fmt}.{op}")
         return impl

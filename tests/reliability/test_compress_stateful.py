@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvformats.testing.compress_machine import make_compress_machine
-from kvformats.testing.reliability_harness import family_kernel
+from kvformats.testing.reliability_harness import family_kernel, triton_available
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default")
 EXAMPLES, STEPS = (120, 30) if PROFILE == "thorough" else (25, 15)
@@ -26,3 +26,9 @@ BACKENDS = ["reference"] + (["triton"] if all(family_kernel("deepseek_v4", op) f
 def test_compress_pipeline_machine(backend):
     run_state_machine_as_test(make_compress_machine(backend), settings=settings(
         settings.default, max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None))
+
+
+def test_the_triton_machine_runs_where_triton_imports():
+    """The kernels' variant is not dropped silently: with Triton importable, the deepseek_v4
+    launchers are found (from the kernel package's table, as the registry reads it)."""
+    assert ("triton" in BACKENDS) == triton_available()
