@@ -9,8 +9,6 @@ the GPU's conversions (HW), and the ``gpu`` test goes through the public API.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,8 +23,7 @@ triton = pytest.importorskip("triton")
 
 import kvformats_kernels as kk  # noqa: E402  (after conftest chose interpreter or GPU)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_ue8m0_ff import CASES, ORACLES, READING, assert_reads, ff_rows  # noqa: E402
+from ue8m0_ff_oracle import CASES, ORACLES, READING, assert_reads, ff_rows  # noqa: E402  (tests/, as conftest's folder)
 
 CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
