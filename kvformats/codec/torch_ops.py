@@ -45,8 +45,6 @@ from kvformats.codec.registry import get_format
 from kvformats.codec.torch_library import NAMESPACE, define, shares_storage
 from kvformats.errors import InputError, InputTypeError
 
-CODEC_TORCH_OPS = ("encode", "decode", "gather", "decode_topk", "dequantize_gather", "gather_paged")  # kvformats::<op>
-
 
 @torch.compiler.assume_constant_result  # a layout is immutable: dynamo calls this once, eagerly
 def layout_key(layout) -> tuple[str, str]:
@@ -166,6 +164,7 @@ SCHEMAS = {  # op -> (schema, real implementation, fake)
 }
 for _name, (_schema, _real, _fake) in SCHEMAS.items():
     define(_name, _schema, _real, _fake)
+TORCH_OP_NAMES = tuple(SCHEMAS)  # torch.ops.kvformats.<name>
 
 
 # ----- layout-level wrappers ------------------------------------------------------------------------

@@ -78,11 +78,11 @@ class Exact:
         self.swa[run.req, run.pos] = dsv4.rope_tail(kv, run.pos, cs).to(torch.bfloat16).float()
         self.csa = self._pooled(s, c.csa_state, c.csa_state_table, w.csa_norm, CSA_RATIO, cfg.csa_rows)
         self.hca = self._pooled(s, c.hca_state, c.hca_state_table, w.hca_norm, HCA_RATIO, cfg.hca_rows)
-        idx = self._pooled(s, c.idx_state, c.idx_state_table, w.idx_norm, CSA_RATIO, cfg.csa_rows, rope_bf16=True)
+        idx = self._pooled(s, c.idx_state, c.idx_state_table, w.idx_norm, CSA_RATIO, cfg.csa_rows)
         self.index = dsv4.hadamard_transform(idx.to(torch.bfloat16)).float()
 
     @staticmethod
-    def _pooled(s, state, table, weight, ratio, rows, rope_bf16=False):
+    def _pooled(s, state, table, weight, ratio, rows):
         cfg = s.cfg
         i = torch.arange(rows)
         out = []

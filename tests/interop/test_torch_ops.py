@@ -137,6 +137,13 @@ def test_a_mutating_op_bumps_the_version_counter():
     assert cache._version > before
 
 
+def test_every_codec_op_is_a_torch_op():
+    assert set(kops.TORCH_OP_NAMES) == {"encode", "decode", "gather", "decode_topk", "dequantize_gather",
+                                        "gather_paged"}
+    for name in kops.TORCH_OP_NAMES:
+        assert isinstance(getattr(torch.ops.kvformats, name), torch._ops.OpOverloadPacket)
+
+
 def test_import_kvformats_stays_light():
     code = "import sys, kvformats; assert 'kvformats.codec.torch_ops' not in sys.modules and 'kvformats.codec.convert' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
