@@ -14,7 +14,7 @@ import torch
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.transforms import hadamard_reference, resolve_for_shapes, rope_tail
-from kvformats.dsv4_constants import OUT_SCALE_RULE
+from kvformats.dsv4_constants import OUT_SCALE_RULE, POSITION_SITES
 from kvformats.errors import InputError
 from kvformats.formats import Mxfp4Indexer
 from kvformats.numerics import codes as nx
@@ -22,10 +22,6 @@ from kvformats.runtime import deferred, replay
 
 INDEX_HEAD_DIM = 128
 _MXFP4 = Mxfp4Indexer(head_dim=INDEX_HEAD_DIM, page_size=1)
-
-
-SITES = {op: deferred.site(op, "positions")  # where each op records an invalid position
-          for op in ("prepare_indexer_q_mxfp4", "prepare_indexer_q_fp8", "inv_rope_fp8_quant")}
 
 
 def _check_positions(positions, cos_sin, check) -> None:
@@ -56,7 +52,7 @@ def _prepare(op: str, index_q, positions, cos_sin, weights, softmax_scale, head_
 def _rotated(index_q, positions, cos_sin, op: str) -> torch.Tensor:
     """bf16 ``[T, H, 128]``: Hadamard(bf16(rope_p(q))); a token at an invalid position unrotated
     and recorded (the public function checked on the host where its mode asks)."""
-    rotated = rope_tail(index_q, positions, cos_sin, check=False, site=SITES[op])
+    rotated = rope_tail(index_q, positions, cos_sin, check=False, site=POSITION_SITES[op])
     return hadamard_reference(rotated, INDEX_HEAD_DIM ** -0.5)
 
 
@@ -164,7 +160,7 @@ def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: 
 def inv_rope_fp8_quant_reference(o, positions, cos_sin, n_groups, heads_per_group, group, tma_aligned):
     t, heads, d = o.shape
     blocks = rope_tail(o, positions, cos_sin, inverse=True, check=False,
-                       site=SITES["inv_rope_fp8_quant"]).reshape(t, heads, d // group, group)
+                       site=POSITION_SITES["inv_rope_fp8_quant"]).reshape(t, heads, d // group, group)
     e = OUT_SCALE_RULE.exponents(blocks)  # [T, heads, D / group]
     values = nx.e4m3_quantize_blocks(blocks, e).view(torch.float8_e4m3fn)
     buf = values.reshape(t, n_groups, heads_per_group * d).transpose(0, 1).contiguous()

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from kvformats.dsv4_constants import OUT_SCALE_RULE
+from kvformats.dsv4_constants import OUT_SCALE_RULE, POSITION_SITES
 from kvformats.errors import BackendUnavailableError
 from kvformats.formats.mxfp4_indexer import SCALE_RULE as MXFP4_RULE
 from kvformats.runtime import deferred
@@ -42,9 +42,6 @@ INV_ROPE_MAX_GROUP = 128  # a group per lane: wider groups would spill
 # far fewer instructions, and these kernels are bound by instructions, not memory. On by
 # default; the interpreter takes the integer path.
 HW_E4M3 = {"enabled": True}
-# where each launcher records an invalid position
-_SITES = {op: deferred.site(op, "positions")
-          for op in ("prepare_indexer_q_mxfp4", "prepare_indexer_q_fp8", "inv_rope_fp8_quant")}
 
 
 def _lanes(cfg: dict) -> dict:
@@ -107,7 +104,7 @@ def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, 
             cm.f32(softmax_scale), cm.f32(head_scale), ROPE=cs.shape[1], MXFP4=mxfp4, **_mxfp4_rule(),
             IS_BF16=is_bf16, PAIRS=pairs, W_BF16=w_bf16,
             HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], EVEN_H=mxfp4 and h % cfg["block_h"] == 0,
-            **_lanes(cfg), SITE=_SITES["prepare_indexer_q_mxfp4" if mxfp4 else "prepare_indexer_q_fp8"],
+            **_lanes(cfg), SITE=POSITION_SITES["prepare_indexer_q_mxfp4" if mxfp4 else "prepare_indexer_q_fp8"],
             **cm.launch_opts(cfg), enable_fp_fusion=False)
     if mxfp4:
         return (out, scales), w_out
@@ -172,7 +169,7 @@ def inv_rope_fp8_quant(o, positions, cos_sin, n_groups, heads_per_group, group, 
             x, positions, cs, buf, store, deferred.error_record(dev), t, t_pad, heads_per_group, x.stride(0),
             x.stride(1), positions.stride(0), cs.stride(0), cs.shape[0], buf.stride(0), D=d, ROPE=rope, GS=group, NQP2=nqp, **cm.rule_constants(OUT_SCALE_RULE),
             TMA=bool(tma_aligned), IS_BF16=is_bf16, PAIRS=pairs, HW_E4M3=_hw_e4m3(dev), BLOCK_T=block_t,
-            **_lanes(cfg), SITE=_SITES["inv_rope_fp8_quant"], **cm.launch_opts(cfg), enable_fp_fusion=False)
+            **_lanes(cfg), SITE=POSITION_SITES["inv_rope_fp8_quant"], **cm.launch_opts(cfg), enable_fp_fusion=False)
     return buf.view(torch.float8_e4m3fn).transpose(0, 1), store.permute(2, 0, 1)[:t]
 
 
