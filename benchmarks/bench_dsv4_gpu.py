@@ -47,20 +47,28 @@ def apply_setting(item: str) -> None:
     """``MODULE.ENTRY.KEY=INT``: CONFIG[ENTRY][KEY] = INT in kvformats_kernels.dsv4.MODULE (an
     ENTRY of the form ``what:ratio`` names a tuple key such as ("kv", 4))."""
     path, _, value = item.partition("=")
-    config, entry, key = _config_slot(path)
-    config[entry][key] = int(value)
+    _set(_config_slot(path), int(value))
+
+
+def _set(slot, value: int) -> None:
+    """Through the settings' own function, which drops recorded replay plans."""
+    from kvformats_kernels import settings
+
+    module, entry, key = slot
+    settings.change(module, entry, {**settings.SETTINGS.tables[module][entry], key: value})
 
 
 def _config_slot(path: str):
-    """(CONFIG dict, entry key, constant name) of ``MODULE.ENTRY.KEY``."""
+    """(settings table, entry key, constant name) of ``MODULE.ENTRY.KEY`` (the table of
+    kvformats_kernels.dsv4.MODULE.CONFIG is named after its module)."""
     module, entry, key = path.split(".")
     config = importlib.import_module(f"kvformats_kernels.dsv4.{module}").CONFIG
     if ":" in entry:
         what, ratio = entry.split(":")
         entry = (what, int(ratio))
-    if entry not in config or key not in config[entry]:
+    if entry not in config or not hasattr(config[entry], "keys") or key not in config[entry]:
         raise SystemExit(f"{path}: no {key!r} in {module}.CONFIG[{entry!r}]")
-    return config, entry, key
+    return config.name, entry, key
 
 
 def sweep(cases, sweeps: list[str], bw: float, log) -> int:
@@ -71,11 +79,13 @@ def sweep(cases, sweeps: list[str], bw: float, log) -> int:
         axes.append((path, _config_slot(path), [int(v) for v in values.split(",")]))
     log("| settings | op | case | graph µs | GB/s | % copy BW |")
     log("| --- | --- | --- | ---: | ---: | ---: |")
-    saved = [(c, e, k, c[e][k]) for _, (c, e, k), _ in axes]
+    from kvformats_kernels import settings
+
+    saved = {slot[0]: settings.snapshot(slot[0]) for _, slot, _ in axes}
     failures = 0
     for combo in itertools.product(*(values for _, _, values in axes)):
-        for (path, (config, entry, key), _), value in zip(axes, combo):
-            config[entry][key] = value
+        for (path, slot, _), value in zip(axes, combo):
+            _set(slot, value)
         label = " ".join(f"{path.split('.', 1)[1]}={v}" for (path, _, _), v in zip(axes, combo))
         for case in cases:
             try:
@@ -85,8 +95,8 @@ def sweep(cases, sweeps: list[str], bw: float, log) -> int:
             except Exception as err:
                 failures += 1
                 log(f"| {label} | {case.op} | {case.label} | ERROR {type(err).__name__}: {str(err)[:100]} | | |")
-    for config, entry, key, value in saved:
-        config[entry][key] = value
+    for name, table in saved.items():
+        settings.restore(name, table)
     return failures
 
 

@@ -257,6 +257,7 @@ def sweep(setups, log, keys=None, rounds: int = 1):
     every candidate of every key before the next, so drift falls on all alike. Prints each
     candidate's figures per round."""
     from kvformats_kernels import _common as cm
+    from kvformats_kernels import settings
 
     keys = [k for k in SWEEP if keys is None or k in keys]
     base = {k: dict(cm.CONFIG[k]) for k in keys}  # a candidate overrides its keys only
@@ -264,12 +265,12 @@ def sweep(setups, log, keys=None, rounds: int = 1):
     for _ in range(rounds):
         for key in keys:
             for i, candidate in enumerate(SWEEP[key]):
-                cm.CONFIG[key] = {**base[key], **candidate}
+                settings.change("config", key, {**base[key], **candidate})
                 try:
                     times.setdefault((key, i), []).append(sweep_one(setups, key))
                 except Exception as err:  # a configuration that does not compile is skipped
                     log(f"sweep {key} {candidate}: failed: {type(err).__name__}: {str(err)[:200]}")
-            cm.CONFIG[key] = base[key]
+            settings.change("config", key, base[key])
     for key in keys:
         best = None
         for i, candidate in enumerate(SWEEP[key]):
@@ -281,7 +282,7 @@ def sweep(setups, log, keys=None, rounds: int = 1):
             if best is None or mid < best[0]:
                 best = (mid, {**base[key], **candidate})
         if best is not None:
-            cm.CONFIG[key] = best[1]
+            settings.change("config", key, best[1])
         log(f"sweep {key} -> {cm.CONFIG[key]}")
 
 
@@ -323,30 +324,28 @@ def main():
                          "prefix in the overrides of calls of few rows (cm.SMALL); repeatable")
     ap.add_argument("--small-rows", type=int, default=None,
                     help="calls of at most this many rows take the small-call overrides (default: the "
-                         "library's SMALL_ROWS; 0 turns them off)")
+                         "library's bounds.small_rows; 0 turns them off)")
     args = ap.parse_args()
     import kvformats_kernels as kk
     from kvformats_kernels import _common as cm
+    from kvformats_kernels import settings
 
     if args.small_rows is not None:
-        cm.SMALL_ROWS = args.small_rows
+        settings.change("bounds", "small_rows", args.small_rows)
 
     for item in args.set:
         name, value = item.split("=")
         *where, key = name.split(".")
-        table = cm.CONFIG
-        if where[:1] == ["small"]:  # the overrides of calls of at most cm.SMALL_ROWS rows
-            table, where = cm.SMALL, where[1:]
-        if where[:1] == ["v41"]:  # the V4.1 formats' own table, keyed by op (kvformats_kernels/v41.py)
-            from kvformats_kernels import v41
-
-            table, where = {(op,): cfg for op, cfg in v41.CONFIG.items()}, where[1:]
-        chosen = [table[tuple(where)]] if where else list(table.values())
-        if not any(key in cfg for cfg in chosen):
+        table = "config"
+        if where[:1] in (["small"], ["v41"]):  # the small-call overrides; the V4.1 formats' own table (by op)
+            table, where = where[0], where[1:]
+        entries = settings.SETTINGS.tables[table]
+        chosen = [(tuple(where) if table != "v41" else where[0])] if where else list(entries)
+        if not any(key in entries[k] for k in chosen):
             raise SystemExit(f"--set {item}: no config has {key!r}")
-        for cfg in chosen:
-            if key in cfg:
-                cfg[key] = int(value)
+        for k in chosen:
+            if key in entries[k]:
+                settings.change(table, k, {**entries[k], key: int(value)})
 
     lines = []
 
@@ -364,7 +363,7 @@ def main():
     log(f"date {datetime.date.today()}  device {dev}  torch {torch.__version__}  triton {triton.__version__}  "
         f"git {rev or '?'} (+ working tree)")
     if args.set or args.small_rows is not None:
-        log(f"config overrides: {', '.join(args.set)}; small-call overrides up to {cm.SMALL_ROWS} rows")
+        log(f"config overrides: {', '.join(args.set)}; small-call overrides up to {cm.BOUNDS['small_rows']} rows")
     bw = copy_bandwidth()
     log(f"device-to-device copy bandwidth (read + write): {bw:.0f} GB/s")
 

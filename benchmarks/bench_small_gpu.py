@@ -86,9 +86,10 @@ def main() -> None:
     ap.add_argument("--keys", default=None, help="only these configs, e.g. fp8_ds_mla.decode,state.copy")
     args = ap.parse_args()
     from kvformats_kernels import _common as cm
+    from kvformats_kernels import settings
 
-    if args.rows > cm.SMALL_ROWS:
-        raise SystemExit(f"--rows {args.rows}: calls of more than {cm.SMALL_ROWS} rows do not take SMALL")
+    if args.rows > cm.BOUNDS["small_rows"]:
+        raise SystemExit(f"--rows {args.rows}: calls of more than {cm.BOUNDS['small_rows']} rows do not take SMALL")
     keys = [k for k in CANDIDATES if args.keys is None or ".".join(k) in args.keys.split(",")]
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"date {datetime.date.today()}  device {torch.cuda.get_device_name()}  torch {torch.__version__}  "
@@ -98,18 +99,18 @@ def main() -> None:
     candidates = {key: candidates_of(key, cm.config(*key, args.rows)) for key in keys}
     for _ in range(args.rounds):
         for key in keys:
-            default, few = dict(cm.SMALL[key]), cm.FEW.pop(key, None)  # a candidate stands alone
+            default, few = dict(cm.SMALL[key]), cm.FEW.get(key)  # a candidate stands alone
+            settings.change("few", key, None)
             for cand in candidates[key]:
-                cm.SMALL[key] = {**default, **cand}
+                settings.change("small", key, {**default, **cand})
                 for fmt, op in uses(key):
                     layout, impl, cache, by_pattern = data[fmt]
                     for pattern, sets in by_pattern.items():
                         fns = [op_fns(layout, impl, cache, x, kw, s)[op] for x, kw, s in sets]
                         us = graph_per_call_us(fns, GRAPH_CALLS)
                         results.setdefault((key, tuple(cand.items()), fmt, op, pattern), []).append(us)
-            cm.SMALL[key] = default
-            if few is not None:
-                cm.FEW[key] = few
+            settings.change("small", key, default)
+            settings.change("few", key, few)
     print("\n| config | candidate | format | op | prefill µs | random µs |\n| --- | --- | --- | --- | ---: | ---: |")
     for key in keys:
         for i, cand in enumerate(candidates[key]):

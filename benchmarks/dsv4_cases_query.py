@@ -41,14 +41,13 @@ def _case(op, label, rows, min_bytes, how, args, hw=False, hw_label="hw e4m3"):
     tri, ref = implementation(op, "triton"), implementation(op, "reference")
 
     def run_triton():  # rows without "hw ..." time the integer roundings (query.HW_E4M3 off)
+        from kvformats_kernels import settings
         from kvformats_kernels.dsv4 import query as kq
 
-        prev = kq.HW_E4M3["enabled"]
-        kq.HW_E4M3["enabled"] = hw
-        try:
+        if kq.HW_E4M3["enabled"] == hw:
             return tri(*args)
-        finally:
-            kq.HW_E4M3["enabled"] = prev
+        with settings.changed("hw_e4m3", "enabled", hw):
+            return tri(*args)
 
     return Case(op=op, label=label + (f", {hw_label}" if hw else ""), rows=rows, min_bytes=int(min_bytes), how=how,
                 run_triton=run_triton, run_reference=lambda: ref(*args))

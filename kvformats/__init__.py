@@ -21,6 +21,7 @@ from kvformats.errors import (
     KVFormatError,
     LayoutError,
     OutputError,
+    SettingsError,
     UnsupportedError,
     UsageError,
 )
@@ -35,6 +36,6 @@ SPEC_VERSION = "1"
 __all__ = [
     "BackendUnavailableError", "CacheFileError", "CacheWriteError", "CompressorState", "ConversionError", "Field", "Fp4DsMlaV41", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41", "Fp8Indexer", "InputError",
     "InputTypeError", "KVFormatError", "Layout", "LayoutError", "Mxfp4Indexer", "OutputError", "PROFILE_NAMES", "Profile",
-    "Region", "Segment", "UnsupportedError", "UsageError", "error_record", "get_format", "list_formats", "pending_error", "raise_pending",
+    "Region", "Segment", "SettingsError", "UnsupportedError", "UsageError", "error_record", "get_format", "list_formats", "pending_error", "raise_pending",
     "strict_checks", "supported_profiles", "SPEC_VERSION", "__version__",
 ]

@@ -39,6 +39,11 @@ class UnsupportedError(KVFormatError, NotImplementedError):
     big-endian host reading the golden vectors. NotImplementedError is a RuntimeError."""
 
 
+class SettingsError(KVFormatError, TypeError):
+    """A launch-settings table was edited directly (kvformats_kernels.settings): settings change
+    through ``settings.change``, which also drops the recorded replay plans."""
+
+
 class UsageError(KVFormatError):
     """A bad command line: the CLI prints one line on stderr and exits with status 2."""
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 import struct
 import types
 
@@ -14,7 +13,7 @@ import torch
 import triton.language as tl
 
 from kvformats.runtime import deferred
-from kvformats_kernels import rows_jit
+from kvformats_kernels import rows_jit, settings
 from kvformats_kernels.launch import fast
 
 # Rows per program and warps per program of each kernel, by (family, op); maxnreg caps the
@@ -22,7 +21,7 @@ from kvformats_kernels.launch import fast
 # entries; tests run whatever is here.
 # The shapes are a sweep's fastest (bench_kernels_gpu.py --sweep, one- and two-warp shapes
 # included). They depend on the kernel bodies: re-sweep a family after changing its kernels.
-CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on an H200 (benchmarks/)
+CONFIG = settings.declare("config", {  # fastest at 131,072 rows on an H200 (benchmarks/)
     ("fp8_ds_mla", "encode"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
     ("fp8_ds_mla", "decode"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1},
     ("fp8_ds_mla", "paged"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
@@ -42,14 +41,15 @@ CONFIG: dict[tuple[str, str], dict[str, int]] = {  # fastest at 131,072 rows on 
     # from it, so they store plainly)
     ("indexer", "paged"): {"block_m": 8, "num_warps": 2, "hw_cvt": 1, "mxfp4_cs_stores": 1},
     ("state", "copy"): {"block_m": 1, "block_w": 2048, "num_warps": 4},
-}
+})
 
 
-# Calls of at most SMALL_ROWS rows (decode steps) take these overrides: at 64 rows the time is
+# The row counts up to which calls take SMALL's and FEW's overrides (below).
+BOUNDS = settings.declare("bounds", {"small_rows": 512, "few_rows": 128})
+# Calls of at most BOUNDS["small_rows"] rows (decode steps) take these overrides: at 64 rows the time is
 # one program's chain of dependent loads and instructions, which is shorter in programs of a
 # few rows and one warp.
-SMALL_ROWS = 512
-SMALL: dict[tuple[str, str], dict[str, int]] = {
+SMALL = settings.declare("small", {
     ("fp8_ds_mla", "encode"): {"block_m": 1, "num_warps": 1},
     ("fp8_ds_mla", "decode"): {"block_m": 2, "num_warps": 1},
     ("gather", "bytes"): {"tile_bytes": 1024, "num_warps": 1},
@@ -57,31 +57,30 @@ SMALL: dict[tuple[str, str], dict[str, int]] = {
     ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1},  # 8 x 4 blocks: one per lane (indexer.py)
     ("indexer", "decode"): {"block_m": 2, "num_warps": 1},
     ("state", "copy"): {"block_m": 1, "block_w": 1024, "num_warps": 4},
-}
-# Calls of at most FEW_ROWS rows (and within SMALL_ROWS) take FEW's overrides on top of SMALL's:
+})
+# Calls of at most BOUNDS["few_rows"] rows (and within "small_rows") take FEW's overrides on top of SMALL's:
 # one row per program, so that every row has a program of its own while the grid still fits
 # on the H200's 132 SMs. That shortens the fp8_ds_mla decode, the MXFP4 encode and the FP8
 # indexer decode at 64 rows and lengthens them at 512, hence the bound of 128 (the MXFP4 encode
 # then takes its layout without a block per lane, indexer.py).
-FEW_ROWS = 128
-FEW: dict[tuple[str, str], dict[str, int]] = {
+FEW = settings.declare("few", {
     ("fp8_ds_mla", "decode"): {"block_m": 1, "num_warps": 2},
     ("mxfp4", "encode"): {"block_m": 1, "num_warps": 1},
     ("indexer", "decode"): {"block_m": 1, "num_warps": 1},
-}
+})
 
 
 def config(family: str, op: str, rows: int | None = None) -> dict[str, int]:
-    """The launch configuration of (family, op); for a call of ``rows`` <= SMALL_ROWS rows, with
-    SMALL's overrides, and FEW's too for ``rows`` <= FEW_ROWS (``rows`` is a shape, known on the
+    """The launch configuration of (family, op); for a call of ``rows`` <= BOUNDS["small_rows"]
+    rows, with SMALL's overrides, and FEW's too for ``rows`` <= BOUNDS["few_rows"] (``rows`` is a shape, known on the
     host, so graphs capture either)."""
     key = (family, op)
     cfg = CONFIG[key]
-    if rows is None or rows > SMALL_ROWS:
+    if rows is None or rows > BOUNDS["small_rows"]:
         return cfg
     if key in SMALL:
         cfg = {**cfg, **SMALL[key]}
-    if rows <= FEW_ROWS and key in FEW:
+    if rows <= BOUNDS["few_rows"] and key in FEW:
         cfg = {**cfg, **FEW[key]}
     return cfg
 
@@ -99,7 +98,7 @@ def hw_cvt(cfg: dict) -> bool:
     """Whether a kernel uses the GPU's float8 / bf16 conversion instructions (``HW`` in
     numerics_jit) rather than integer rounding: where its config asks and not under the
     interpreter, whose float casts round differently (design.md)."""
-    return bool(cfg.get("hw_cvt", 0)) and os.environ.get("TRITON_INTERPRET", "0") != "1"
+    return bool(cfg.get("hw_cvt", 0)) and not settings.SETTINGS.interpret
 
 
 def f32(value: float) -> float:
@@ -338,3 +337,6 @@ def words_aligned(u8: torch.Tensor, stride: int, geometry: dict) -> bool:
     holds."""
     g = geometry
     return (u8.data_ptr() | stride | g["VAL_OFF"] | g["VAL_STRIDE"] | (g["QB"] // 2)) % 4 == 0
+
+
+settings.guard(__name__, 'CONFIG', 'SMALL', 'FEW', 'BOUNDS')  # launch settings change through settings.change

@@ -14,8 +14,9 @@ device. The key built here is at least as fine as Triton's own, so a launch neve
 compiled for other facts. The first launch of a specialization goes through Triton itself
 (compiling if needed) and keeps the compiled kernel it returns; the keywords must be the
 kernel's constexprs and launch options only (runtime arguments positional), as every launcher
-here calls them. Under the interpreter, with launch hooks set (profilers), or with
-``KVFORMATS_TRITON_LAUNCH=1``, every launch goes through Triton.
+here calls them. Under the interpreter, with launch hooks set (profilers), with
+``KVFORMATS_TRITON_LAUNCH=1``, or on a Triton release whose launcher ABI was not verified
+(``triton_abi.VERIFIED``), every launch goes through Triton.
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ import inspect
 import os
 
 import torch
+import triton
 
 from kvformats.errors import InputTypeError
-from kvformats.runtime import replay_plan
+from kvformats.runtime import replay, replay_plan
+from kvformats_kernels import triton_abi
+from kvformats_kernels.settings import SETTINGS
 
 _INT32 = 1 << 31
 # Tests set this: a call site that passes a runtime argument by keyword raises on every path
@@ -52,8 +56,8 @@ class FastKernel:
         self.defaults = _defaults(fn)
         self.runtime = _runtime_names(fn)
         self.compiled: dict[tuple, tuple] = {}
-        self.direct = (type(fn).__name__ == "JITFunction" and os.environ.get("TRITON_INTERPRET", "0") != "1"
-                       and os.environ.get("KVFORMATS_TRITON_LAUNCH", "0") in ("", "0") and torch.cuda.is_available())
+        self.direct = (type(fn).__name__ == "JITFunction" and not SETTINGS.interpret and not SETTINGS.triton_launch
+                       and LAUNCHER.verified and torch.cuda.is_available())
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
@@ -63,8 +67,8 @@ class FastKernel:
             raise InputTypeError(f"{self.fn.__name__}: runtime arguments {sorted(self.runtime & set(kwargs))} passed "
                             f"by keyword (the direct path would never be taken for this call site)")
         rec = replay_plan.recording()
-        if not self.direct or _hooks_set():
-            self.fn[grid](*args, **kwargs)
+        if not self.direct or replay_plan.hooks_set():
+            _through_triton(self.fn, grid, args, kwargs, rec)
             if rec is not None:
                 rec.refuse()
             return
@@ -76,7 +80,7 @@ class FastKernel:
                               for a in args]), tuple(kwargs), tuple(kwargs.values()))
         entry = self.compiled.get(key)
         if entry is None:
-            self._first(key, grid, args, kwargs)
+            self._first(key, grid, args, kwargs, rec)
             entry = self.compiled.get(key)
             if rec is not None:
                 if entry is None:
@@ -87,12 +91,13 @@ class FastKernel:
         run, function, metadata, tail = entry
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        run(grid[0], g1, g2, replay_plan.current_stream(device), function, metadata, None, None, None, *args, *tail)
+        run(grid[0], g1, g2, replay_plan.LAUNCHER.current_stream(device), function, metadata, None, None, None, *args,
+            *tail)
         if rec is not None:
             rec.launch(run, function, metadata, device, (grid[0], g1, g2), args, tail)
 
-    def _first(self, key, grid, args, kwargs) -> None:
-        compiled = self.fn[grid](*args, **kwargs)
+    def _first(self, key, grid, args, kwargs, rec) -> None:
+        compiled = _through_triton(self.fn, grid, args, kwargs, rec)
         if compiled is None or not hasattr(compiled, "packed_metadata"):
             return  # a Triton whose launch returns no compiled kernel: keep Triton's path
         rest = self.names[len(args):]
@@ -102,6 +107,18 @@ class FastKernel:
             return
         tail = tuple(kwargs[n] if n in kwargs else self.defaults[n] for n in rest)
         self.compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata, tail)
+
+
+def _through_triton(fn, grid, args, kwargs, rec):
+    """``fn[grid](...)``, Triton's own launch path, marked as ours for a recording under way
+    (whose watch refuses any other Triton launch: triton_abi.TritonLauncher.watch)."""
+    if rec is None:
+        return fn[grid](*args, **kwargs)
+    rec.own += 1
+    try:
+        return fn[grid](*args, **kwargs)
+    finally:
+        rec.own -= 1
 
 
 def _grid3(grid) -> tuple:
@@ -134,28 +151,6 @@ def _runtime_names(fn) -> set[str]:
     return {n for n, p in sig.parameters.items() if "constexpr" not in str(p.annotation)}
 
 
-def _hook_set(hook) -> bool:
-    # Triton 3.6 keeps each launch hook as a chain object (empty: .calls == []); earlier
-    # releases as None or a callable.
-    if hook is None:
-        return False
-    calls = getattr(hook, "calls", None)
-    return bool(calls) if calls is not None else True
-
-
-def _hooks_set() -> bool:
-    """Whether a profiler (or anything) asked Triton to see every launch."""
-    global _RUNTIME
-    if _RUNTIME is None:
-        from triton import knobs
-
-        _RUNTIME = knobs.runtime
-    return _hook_set(_RUNTIME.launch_enter_hook) or _hook_set(_RUNTIME.launch_exit_hook)
-
-
-_RUNTIME = None
-
-
 def fast(fn) -> FastKernel:
     """The FastKernel of ``fn`` (one per jit function)."""
     wrapped = _WRAPPED.get(fn)
@@ -165,4 +160,5 @@ def fast(fn) -> FastKernel:
 
 
 _WRAPPED: dict = {}
-replay_plan.hooks_set = _hooks_set
+LAUNCHER = triton_abi.TritonLauncher(triton.__version__)
+replay.register_launcher(LAUNCHER)

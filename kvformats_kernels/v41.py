@@ -12,6 +12,7 @@ import functools
 import torch
 
 from kvformats_kernels import _common as cm
+from kvformats_kernels import settings
 from kvformats_kernels import v41_jit as jit
 from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
@@ -21,12 +22,12 @@ from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-expor
 # block) pair per lane: 16 rows of 4 warps (four pairs a lane) ran in 54 against 60 µs but
 # wrote wrong bytes on the H200 for rows of wide magnitudes (see _lanes). hw_cvt: the GPU's
 # float8 / bf16 conversions (cm.hw_cvt).
-CONFIG = {
+CONFIG = settings.declare("v41", {
     "encode": {"block_m": 4, "num_warps": 4, "hw_cvt": 1},
     "encode_lanes": {"block_m": 4, "num_warps": 4, "hw_cvt": 1},
     "decode": {"block_m": 4, "num_warps": 2, "hw_cvt": 1},
     "paged": {"block_m": 4, "num_warps": 4, "hw_cvt": 1},
-}
+})
 
 
 def _data_region(layout):
@@ -162,3 +163,6 @@ def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, ba
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:
     """bf16 ``[T, K, head_dim]`` rows at ``topk_slots [T, K]``; zero rows for −1 holes."""
     return cm.topk(decode, layout, cache, topk_slots)
+
+
+settings.guard(__name__, 'CONFIG')  # launch settings change through settings.change

@@ -62,3 +62,21 @@ def routed(monkeypatch):
             return real(fmt, op, backend, device)
 
         monkeypatch.setattr(registry, "resolve", resolve)
+
+
+@pytest.fixture
+def launch_settings():
+    """``change(table, key, value)``: a launch setting of kvformats_kernels for one test, through
+    the settings' own function (which drops recorded replay plans); every table is restored after
+    the test."""
+    from kvformats_kernels import settings
+
+    saved: dict = {}
+
+    def change(name, key, value):
+        saved.setdefault(name, settings.snapshot(name))
+        settings.change(name, key, value)
+
+    yield change
+    for name, table in saved.items():
+        settings.restore(name, table)

@@ -79,14 +79,18 @@ def register_op(fmt: str, op: str, backend: str):
         raise InputError(f"unknown backend {backend!r}")
 
     def deco(fn):
-        _OPS.setdefault((fmt, op), {})[backend] = fn
-        if backend == "triton":
-            _KERNEL_FNS.add(fn)
-        _RESOLVED.clear()
-        replay.clear()
+        _register(fmt, op, backend, fn)
+        replay.clear()  # a plan may hold the launches of the implementation this one replaces
         return fn
 
     return deco
+
+
+def _register(fmt: str, op: str, backend: str, fn: Callable) -> None:
+    _OPS.setdefault((fmt, op), {})[backend] = fn
+    if backend == "triton":
+        _KERNEL_FNS.add(fn)
+    _RESOLVED.clear()
 
 
 # The kernel package is a plugin: found by name on the first CUDA call, it hands over a table
@@ -101,10 +105,12 @@ def _load_kernels() -> None:
     if not _kernels_loaded:
         _kernels_loaded = True
         kernels = importlib.import_module(KERNEL_PACKAGE)
+        # No plan can exist before the kernels are loaded (only their launches are recorded), so
+        # loading them keeps the replay counts: the call that loads them counts as a first call.
         for (fmt, op), fn in kernels.kernel_table().items():
-            register_op(fmt, op, "triton")(fn)
+            _register(fmt, op, "triton", fn)
         for fmt, profiles in kernels.kernel_profiles().items():
-            register_kernel_profiles(fmt, profiles)
+            _KERNEL_PROFILES[fmt] = tuple(profiles)
 
 
 # Ops whose bytes depend on the numerics profile. Reads (decode, gather, the paged ops) multiply

@@ -27,6 +27,7 @@ while clear and 1 once set, and a set record keeps its first violation until it 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import enum
 import os
 
@@ -87,19 +88,22 @@ def site(op: str, arg: str) -> int:
 
 
 # ----- check modes ------------------------------------------------------------------------------
-_strict = [os.environ.get("KVFORMATS_STRICT", "0") not in ("", "0")]
+# Per context (each thread starts with the process default, KVFORMATS_STRICT): one thread's
+# strict block never changes another's calls, and blocks nest.
+_STRICT = contextvars.ContextVar("kvformats_strict", default=os.environ.get("KVFORMATS_STRICT", "0") not in ("", "0"))
+strict_on = _STRICT.get  # whether check=True means "strict" here (the replay key holds it)
 
 
 @contextlib.contextmanager
 def strict_checks(enabled: bool = True):
-    """Within the block, ``check=True`` means ``check="strict"``: value checks run on the host
-    before any write on every device (and synchronize)."""
-    before = _strict[0]
-    _strict[0] = bool(enabled)
+    """Within the block (in this thread or task only; blocks nest), ``check=True`` means
+    ``check="strict"``: value checks run on the host before any write on every device (and
+    synchronize)."""
+    token = _STRICT.set(bool(enabled))
     try:
         yield
     finally:
-        _strict[0] = before
+        _STRICT.reset(token)
 
 
 # Device types whose values are checked on the host by default (their reads cost no stall).
@@ -113,7 +117,7 @@ def on_host(check, t: torch.Tensor) -> bool:
     if check is True:
         if t.device.type in HOST_CHECKED:
             return True
-        if not _strict[0]:
+        if not _STRICT.get():
             return False
     elif check is False:
         return False

@@ -15,14 +15,26 @@ A call is recorded only when everything it did on the device was a kernel launch
 (``torch.empty`` and kin). Anything else (a fill, a copy, a host read in strict mode) keeps the
 call on its full path, as does an error: errors are raised on every call, never replayed.
 Bypassed: strict checks, tensors off CUDA, tensor subclasses, launch hooks (profilers),
-``KVFORMATS_REPLAY=0``, calls nested in a recording. A signature is recorded on its second
-call, so that a shape seen once (a prefill's token count) never pays for a recording.
+``KVFORMATS_REPLAY=0``, calls nested in a recording, a Triton release whose launcher ABI was not
+verified (``kvformats_kernels.triton_abi``). The first call of a signature is only counted, the
+second is recorded, the third and later are replayed: a shape seen once (a prefill's token
+count) never pays for a recording.
+
+The key (``_signature``) holds everything the full path's host decisions read, so that equal
+keys mean equal launches (spec/checks.md §4): per tensor its dtype, shape, strides, device and
+16-byte alignment, and which earlier argument it shares memory with (same storage: the earlier
+argument's index, the byte distance between them, and whether it is the very same object); per
+Python scalar its type and value, floats by their bits (so 0.0 and -0.0, or two NaNs, are told
+apart); the argument names; the current device; whether strict checks are on in this context.
+Everything else the launchers read is a launch setting (``kvformats_kernels.settings``), whose
+every change drops the plans.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import struct
 
 import torch
 
@@ -40,6 +52,7 @@ _TABLES: list[dict] = []  # every replayable function's plans and counts (cleare
 MAX_PLANS = 4096  # per function; a table that fills up starts again (engines need a few dozen)
 ATTEMPTS = 2  # recordings of one signature that may fail before it stays on the full path
 _SLOW = object()
+_DOUBLE = struct.Struct("<d")
 
 
 def by_id(cls: type) -> type:
@@ -50,14 +63,25 @@ def by_id(cls: type) -> type:
 
 
 def clear() -> None:
-    """Forget every plan (the registry calls this when an implementation changes)."""
+    """Forget every plan (the registry calls this when an implementation changes, the launch
+    settings when they change)."""
     for table in _TABLES:
         table.clear()
 
 
-def _signature(args, tensors: list, ptrs: list, keep: list) -> tuple:
-    """A hashable key of everything the full path may read (metadata and scalars), collecting
-    the tensors and their addresses in order; None for arguments it cannot key."""
+def register_launcher(launcher) -> object:
+    """Make ``launcher`` (``replay_plan.Launcher``) the one plans launch through and forget every
+    plan; returns the launcher it replaces."""
+    before = rp.register_launcher(launcher)
+    clear()
+    return before
+
+
+def _signature(args, tensors: list, ptrs: list, keep: list, shared: dict) -> tuple:
+    """A hashable key of everything the full path may read (metadata, scalars and which
+    arguments share memory: module doc), collecting the tensors and their addresses in order;
+    None for arguments it cannot key. ``shared``: storage address -> (index, address, tensor)
+    of the first argument in that storage."""
     parts = []
     for a in args:
         t = type(a)
@@ -66,17 +90,23 @@ def _signature(args, tensors: list, ptrs: list, keep: list) -> tuple:
             if d < 0 and not ANY_DEVICE[0]:
                 return None
             p = a.data_ptr()
+            s = a.untyped_storage().data_ptr()
+            first = shared.get(s)
+            if first is None:
+                shared[s] = (len(tensors), p, a)
+                parts.append((a.dtype, a.shape, a.stride(), d, p & 15))
+            else:  # memory shared with an earlier argument: where, and whether it is that tensor
+                parts.append((a.dtype, a.shape, a.stride(), d, p & 15, first[0], p - first[1], a is first[2]))
             tensors.append(a)
             ptrs.append(p)
-            parts.append((a.dtype, a.shape, a.stride(), d, p & 15))
         elif t is int:
             parts.append(a)
+        elif t is float:
+            parts.append((t, _DOUBLE.pack(a)))  # by its bits: -0.0 is not 0.0, a NaN keys as itself
         elif t in _SCALARS:
-            if t is float and a != a:  # NaN never equals itself: no key would ever match
-                return None
             parts.append((t, a))
         elif t is tuple or t is list:
-            inner = _signature(a, tensors, ptrs, keep)
+            inner = _signature(a, tensors, ptrs, keep, shared)
             if inner is None:
                 return None
             parts.append((t, inner))
@@ -102,12 +132,13 @@ def replayable(fn):
         tensors: list = []
         ptrs: list = []
         keep: list = []
-        positional = _signature(args, tensors, ptrs, keep)
-        named = _signature(kwargs.values(), tensors, ptrs, keep) if positional is not None else None
+        shared: dict = {}
+        positional = _signature(args, tensors, ptrs, keep, shared)
+        named = _signature(kwargs.values(), tensors, ptrs, keep, shared) if positional is not None else None
         if named is None:
             return fn(*args, **kwargs)
         key = (positional, named, tuple(kwargs), rp.current_device() if tensors and tensors[0].is_cuda else -1,
-               deferred._strict[0])
+               deferred.strict_on())
         plan = plans.get(key)
         if plan is not None:
             if plan is _SLOW or rp.hooks_set():

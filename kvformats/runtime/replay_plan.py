@@ -7,14 +7,19 @@ and arguments. A ``Plan`` is the result: per launch, each tensor argument as (ar
 allocation, byte offset), everything else a constant. Its ``replay`` is a small function
 generated for the plan (as Triton generates its own launchers), so that replaying costs the
 allocations, one ``data_ptr`` per argument and the launches, and nothing per argument kind.
+
+What this module knows of the kernel launcher comes through one registered object
+(``register_launcher``; kvformats_kernels registers ``triton_abi.TritonLauncher``, the CPU stand-in
+of ``kvformats.testing.launch_stub`` its own): the current device and stream, whether a launch
+hook is set, the direct launch function behind a compiled kernel, and the watch that refuses a
+recording when a kernel is launched any other way than through ``kvformats_kernels.launch``.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
-import sys
 import threading
+from typing import NamedTuple, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -22,12 +27,88 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kvformats.runtime import deferred
 
 DEBUG = os.environ.get("KVFORMATS_REPLAY_DEBUG", "0") not in ("", "0")  # say why a call is not recorded
-# Set by kvformats_kernels.launch (and its stand-in, kvformats.testing.launch_stub): whether a launch
-# hook is set (then every launch must go through Triton, which calls the hooks), the current
-# CUDA device and the current stream of a device.
-hooks_set = lambda: False  # noqa: E731
-current_device = torch.cuda.current_device
-current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+class Launcher(Protocol):
+    """What the replay engine asks of the kernel launcher."""
+
+    def current_device(self) -> int: ...  # the current CUDA device (part of the replay key)
+
+    def current_stream(self, device: int) -> int: ...  # its current raw stream (read per replay)
+
+    def hooks_set(self) -> bool: ...  # a profiler wants every launch through Triton: no replay
+
+    def direct(self, run): ...  # the C launch behind a compiled kernel's run, or None
+
+    def watch(self, on: bool) -> None: ...  # refuse recordings that launch outside the launcher
+
+
+class _NoLauncher:
+    """Before the kernel package is loaded no call launches anything, so nothing is recorded."""
+
+    current_device = staticmethod(torch.cuda.current_device)
+    current_stream = staticmethod(getattr(torch._C, "_cuda_getCurrentRawStream", None))
+
+    def hooks_set(self) -> bool:
+        return False
+
+    def direct(self, run):
+        return None
+
+    def watch(self, on: bool) -> None:
+        pass
+
+
+LAUNCHER: Launcher = _NoLauncher()
+
+
+def register_launcher(launcher: Launcher) -> Launcher:
+    """Make ``launcher`` the one the replay engine asks; returns the one it replaces."""
+    global LAUNCHER
+    before, LAUNCHER = LAUNCHER, launcher
+    return before
+
+
+def current_device() -> int:
+    return LAUNCHER.current_device()
+
+
+def hooks_set() -> bool:
+    return LAUNCHER.hooks_set()
+
+
+class Arg(NamedTuple):
+    """A recorded launch argument: ``kind`` "in" (an argument of the call, index ``where``),
+    "fresh" (an allocation of the call) at byte ``offset`` from its address, or "const"
+    (``where`` passed as it was)."""
+
+    kind: str
+    where: object
+    offset: int = 0
+
+
+class Allocation(NamedTuple):
+    """A tensor the call allocates: made anew (and zeroed where the call zeroed it) per replay."""
+
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: torch.device
+    zeroed: bool
+
+
+class Launch(NamedTuple):
+    """One recorded kernel launch."""
+
+    run: object  # the compiled kernel's launcher (CompiledKernel.run)
+    function: object  # the driver's function handle
+    metadata: object  # Triton's packed metadata
+    device: int
+    grid: tuple  # (x, y, z)
+    args: tuple  # Arg per runtime argument
+    tail: tuple  # the defaulted trailing arguments, as Triton would pass them
+
+
 _KEEP: dict[int, torch.Tensor] = {}  # tensors that live for the process (besides the error records)
 _local = threading.local()
 
@@ -63,17 +144,22 @@ class Recording(TorchDispatchMode):
         self.inputs = inputs
         self.fresh: list[torch.Tensor] = []
         self.zeroed: list[bool] = []  # allocations made by torch.zeros (a fill on the device)
-        self.origin: dict[int, tuple] = {id(t): ("in", i) for i, t in enumerate(inputs)}
+        self.origin: dict[int, tuple] = {}
+        for i, t in enumerate(inputs):  # a tensor passed twice is named by its first place
+            self.origin.setdefault(id(t), ("in", i))
+        self.own = 0  # > 0 while kvformats_kernels.launch launches through Triton's own path
         self.alive: list = list(inputs)  # no id is reused while the call runs
         self.launches: list = []
         self.retyped: dict[int, tuple] = {}  # allocation -> the (shape, strides, dtype) it is returned as
 
     def __enter__(self):
         _local.rec = self
+        LAUNCHER.watch(True)
         return super().__enter__()
 
     def __exit__(self, *exc):
         _local.rec = None
+        LAUNCHER.watch(False)
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -104,22 +190,22 @@ class Recording(TorchDispatchMode):
             if type(a) is torch.Tensor:
                 src = self.origin.get(id(a))
                 if src is not None:
-                    built.append((src[0], src[1], a.data_ptr() - self._base(*src).data_ptr()))
+                    built.append(Arg(src[0], src[1], a.data_ptr() - self._base(*src).data_ptr()))
                 elif _lasting(a):
-                    built.append(("const", a.data_ptr()))
+                    built.append(Arg("const", a.data_ptr()))
                 else:
                     self._refuse("a tensor argument that is neither an argument's view nor an allocation")
                     return
             elif a is None or type(a) in (int, float, bool):
-                built.append(("const", a))
+                built.append(Arg("const", a))
             else:
                 self._refuse(f"a kernel argument of type {type(a).__name__}")
                 return
-        self.launches.append((run, function, metadata, device, grid, built, tail))
+        self.launches.append(Launch(run, function, metadata, device, grid, tuple(built), tuple(tail)))
 
-    def refuse(self) -> None:
-        """A launch this recording cannot replay (it went through Triton's own path)."""
-        self._refuse("a launch through Triton's own path")
+    def refuse(self, why: str = "a launch through Triton's own path") -> None:
+        """A launch this recording cannot replay."""
+        self._refuse(why)
 
     def _refuse(self, why) -> None:
         if self.ok and DEBUG:
@@ -134,9 +220,10 @@ class Recording(TorchDispatchMode):
         if rebuilt is None:
             self._refuse("a result that is not an argument, an allocation or its view")
             return None
-        fresh = [(tuple(f.shape), tuple(f.stride()), f.dtype, f.device, z) for f, z in zip(self.fresh, self.zeroed)]
+        fresh = [Allocation(tuple(f.shape), tuple(f.stride()), f.dtype, f.device, z)
+                 for f, z in zip(self.fresh, self.zeroed)]
         for k, (shape, stride, dtype) in self.retyped.items():
-            fresh[k] = (shape, stride, dtype, *fresh[k][3:])
+            fresh[k] = fresh[k]._replace(shape=shape, stride=stride, dtype=dtype)
         return Plan(self.launches, fresh, rebuilt)
 
     def _result(self, r):
@@ -173,18 +260,6 @@ class Recording(TorchDispatchMode):
         return None
 
 
-def _direct(run):
-    """The C launcher behind Triton's ``CompiledKernel.run`` when calling it directly is what
-    ``run`` would do (Triton 3.6's CudaLauncher with no scratch memory), else None."""
-    if type(run).__name__ != "CudaLauncher" or getattr(run, "global_scratch_size", 1) or \
-            getattr(run, "profile_scratch_size", 1):
-        return None
-    params = list(inspect.signature(type(run).__call__).parameters)
-    if params != ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]:
-        return None
-    return getattr(run, "launch", None), run.launch_cooperative_grid, run.launch_pdl
-
-
 class Plan:
     """The recorded launches of one metadata signature; ``replay(ptrs, tensors)`` repeats them
     for arguments at the addresses ``ptrs`` and returns the call's result."""
@@ -196,33 +271,34 @@ class Plan:
 
 
 def _generate(launches: list, fresh: list, rebuilt):
-    ns: dict = {"_empty": torch.empty_strided, "_module": sys.modules[__name__], "_view": _view}
+    ns: dict = {"_empty": torch.empty_strided, "_launcher": LAUNCHER, "_view": _view}
     lines = ["def replay(ptr, tensors):"]
-    for k, (shape, stride, dtype, device, zero) in enumerate(fresh):
-        ns[f"A{k}"] = (shape, stride, dtype, device)
-        lines.append(f"    m{k} = _empty(A{k}[0], A{k}[1], dtype=A{k}[2], device=A{k}[3])")
-        if zero:
+    for k, a in enumerate(fresh):
+        ns[f"A{k}"] = a
+        lines.append(f"    m{k} = _empty(A{k}.shape, A{k}.stride, dtype=A{k}.dtype, device=A{k}.device)")
+        if a.zeroed:
             lines.append(f"    m{k}.zero_()")
         lines.append(f"    q{k} = m{k}.data_ptr()")
-    for device in sorted({launch[3] for launch in launches}):
-        lines.append(f"    s{device} = _module.current_stream({device})")
-    for j, (run, function, metadata, device, grid, built, tail) in enumerate(launches):
-        ns[f"F{j}"], ns[f"M{j}"], ns[f"T{j}"] = function, metadata, tail
+    for device in sorted({launch.device for launch in launches}):
+        lines.append(f"    s{device} = _launcher.current_stream({device})")
+    for j, launch in enumerate(launches):
+        ns[f"F{j}"], ns[f"M{j}"], ns[f"T{j}"] = launch.function, launch.metadata, launch.tail
         args = []
-        for p, (kind, i, *off) in enumerate(built):
-            if kind == "in":
-                args.append(f"ptr[{i}] + {off[0]}" if off[0] else f"ptr[{i}]")
-            elif kind == "fresh":
-                args.append(f"q{i} + {off[0]}" if off[0] else f"q{i}")
-            elif type(i) is int or i is None:
-                args.append(repr(i))
-            else:
-                ns[f"C{j}_{p}"] = i
+        for p, arg in enumerate(launch.args):
+            if arg.kind == "in":
+                args.append(f"ptr[{arg.where}] + {arg.offset}" if arg.offset else f"ptr[{arg.where}]")
+            elif arg.kind == "fresh":
+                args.append(f"q{arg.where} + {arg.offset}" if arg.offset else f"q{arg.where}")
+            elif type(arg.where) is int or arg.where is None:
+                args.append(repr(arg.where))
+            else:  # floats (repr would lose a NaN's payload) and bools
+                ns[f"C{j}_{p}"] = arg.where
                 args.append(f"C{j}_{p}")
-        head = f"{grid[0]}, {grid[1]}, {grid[2]}, s{device}, F{j}"
-        direct = _direct(run)
+        gx, gy, gz = launch.grid
+        head = f"{gx}, {gy}, {gz}, s{launch.device}, F{j}"
+        direct = LAUNCHER.direct(launch.run)
         if direct is None:
-            ns[f"R{j}"] = run
+            ns[f"R{j}"] = launch.run
             call = f"R{j}({head}, M{j}, None, None, None"
         else:
             ns[f"R{j}"], coop, pdl = direct

@@ -15,8 +15,8 @@ import contextlib
 import torch
 
 from kvformats.codec import registry
-from kvformats.runtime import deferred, replay, replay_plan
-from kvformats_kernels import launch
+from kvformats.runtime import deferred, replay
+from kvformats_kernels import launch, triton_abi
 
 
 class Address(int):
@@ -40,10 +40,21 @@ class _Compiled:
             self.log.append((function, (g0, g1, g2), tuple(_address(a) for a in args)))
 
 
+class StubLauncher(triton_abi.TritonLauncher):
+    """The launcher protocol on a machine without a GPU: device 0, stream 0, and Triton's hooks
+    as the Triton release ``version`` keeps them."""
+
+    current_device = staticmethod(lambda: 0)
+    current_stream = staticmethod(lambda device: 0)
+
+
 @contextlib.contextmanager
-def stubbed_launches(log: list | None = None, *, keep_log: bool = True):
+def stubbed_launches(log: list | None = None, *, keep_log: bool = True, triton_version: str = "3.6.0"):
     """Within the block, launches go to ``log`` (a list; a new one when None), which is yielded;
-    with ``keep_log=False`` nothing is logged (for timing the Python around the launches)."""
+    with ``keep_log=False`` nothing is logged (for timing the Python around the launches).
+    ``triton_version``: the Triton release the launcher takes itself to run on (the direct paths
+    and replay only on a verified one, ``triton_abi.VERIFIED``)."""
+    from triton import knobs
     from triton.runtime import interpreter
     from triton.runtime import jit as triton_jit
 
@@ -51,10 +62,11 @@ def stubbed_launches(log: list | None = None, *, keep_log: bool = True):
     compiled: dict = {}
     real_run, real_interpreted = triton_jit.JITFunction.run, interpreter.InterpretedFunction.run
     real_resolve, real_init = registry._resolve, launch.FastKernel.__init__
-    real_device, real_stream = replay_plan.current_device, replay_plan.current_stream
+    stub_launcher = StubLauncher(triton_version)
     host_checked = set(deferred.HOST_CHECKED)
 
     def run(self, *args, grid, warmup, **kwargs):
+        knobs.runtime.launch_enter_hook(None)  # as Triton's own launch path calls its hooks
         c = compiled.get(self)
         if c is None:
             c = compiled[self] = _Compiled(self.__name__, log if keep_log else None)
@@ -66,7 +78,7 @@ def stubbed_launches(log: list | None = None, *, keep_log: bool = True):
 
     def init(self, fn):
         real_init(self, fn)
-        self.direct = True
+        self.direct = stub_launcher.verified
 
     def resolve(fmt, op, backend, device):
         # a CPU device resolves as a CUDA one would: the Triton implementation
@@ -74,7 +86,7 @@ def stubbed_launches(log: list | None = None, *, keep_log: bool = True):
 
     triton_jit.JITFunction.run = interpreter.InterpretedFunction.run = run
     registry._resolve, launch.FastKernel.__init__ = resolve, init
-    replay_plan.current_device, replay_plan.current_stream = (lambda: 0), (lambda device: 0)
+    real_launcher = replay.register_launcher(stub_launcher)
     saved = dict(launch._WRAPPED)
     launch._WRAPPED.clear()
     replay.ANY_DEVICE[0] = True
@@ -86,7 +98,7 @@ def stubbed_launches(log: list | None = None, *, keep_log: bool = True):
     finally:
         triton_jit.JITFunction.run, interpreter.InterpretedFunction.run = real_run, real_interpreted
         registry._resolve, launch.FastKernel.__init__ = real_resolve, real_init
-        replay_plan.current_device, replay_plan.current_stream = real_device, real_stream
+        replay.register_launcher(real_launcher)
         launch._WRAPPED.clear()
         launch._WRAPPED.update(saved)
         replay.ANY_DEVICE[0] = False

@@ -12,6 +12,7 @@ import torch
 
 from kvformats.runtime import deferred
 from kvformats_kernels import _common as cm
+from kvformats_kernels import settings
 from kvformats_kernels import state
 from kvformats_kernels.dsv4 import compress_jit as jit
 from kvformats_kernels.launch import fast
@@ -35,7 +36,7 @@ from kvformats_kernels.launch import fast
 # the unsplit HCA programs (prefill) are capped at 128 registers, which does not spill and fits
 # four programs per SM instead of three. Benchmarks may override entries (--sweep); tests run
 # whatever is here.
-CONFIG: dict[tuple[str, int], dict[str, int]] = {
+CONFIG = settings.declare("compress", {
     ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 2, "maxnreg": 96,
                  "fast_div": 0, "split_fast_div": 1, "hw_cvt": 1, "early_inputs": 1, "few_rows": 128,
                  "few_warps": 8},
@@ -43,9 +44,10 @@ CONFIG: dict[tuple[str, int], dict[str, int]] = {
                    "split_maxnreg": 0, "fast_div": 1, "hw_cvt": 1, "early_inputs": 0},
     ("index", 4): {"bd": 64, "block_t": 8, "num_warps": 1, "split_bd": 128, "split_warps": 2, "maxnreg": 80,
                     "fast_div": 1, "early_inputs": 0},
-}
-ONE_TOKEN_MAX_T = 2048  # calls with at most this many tokens run one token per program (decode)
-SPLIT_MAX_T = 2048  # ... and spread a token's feature chunks over programs (workspace T x HP float32)
+})
+# one_token_max_t: calls with at most this many tokens run one token per program (decode);
+# split_max_t: ... and spread a token's feature chunks over programs (workspace T x HP float32)
+BOUNDS = settings.declare("compress_bounds", {"one_token_max_t": 2048, "split_max_t": 2048})
 MODES = {"pool": 0, "fp8_ds_mla": 1, "fp8_indexer": 2, "mxfp4_indexer": 3}
 _SITES = {"save": deferred.site("save_compressor_state", "slots"),
           "fp8_ds_mla": (deferred.site("compress_kv_insert", "kv_slots"),
@@ -64,14 +66,14 @@ def _plan(what: str, ratio: int, h: int, n: int) -> dict:
     cfg = CONFIG[(what, ratio)]
     hp = cm.next_pow2(h)
     bd, warps = min(cfg["bd"], hp), cfg["num_warps"]
-    if n <= SPLIT_MAX_T and hp > bd:
+    if n <= BOUNDS["split_max_t"] and hp > bd:
         bd, warps = min(cfg.get("split_bd", bd), hp), cfg.get("split_warps", warps)
         if n <= cfg.get("few_rows", 0):
             warps = cfg["few_warps"]
         return {"BD": bd, "NCHUNK": hp // bd, "NSPLIT": hp // bd, "BLOCK_T": 1, "num_warps": warps,
                 "maxnreg": cfg.get("split_maxnreg", 0), "FAST_DIV": bool(cfg.get("split_fast_div", cfg["fast_div"])),
                 "EARLY_INPUTS": bool(cfg.get("early_inputs", 0))}
-    block_t = 1 if n <= ONE_TOKEN_MAX_T else cfg["block_t"]
+    block_t = 1 if n <= BOUNDS["one_token_max_t"] else cfg["block_t"]
     return {"BD": bd, "NCHUNK": hp // bd, "NSPLIT": 1, "BLOCK_T": block_t, "num_warps": warps,
             "maxnreg": cfg.get("maxnreg", 0), "FAST_DIV": bool(cfg["fast_div"]), "EARLY_INPUTS": False}
 
@@ -177,3 +179,6 @@ LAUNCHERS = {
     "compress_kv_insert": compress_kv_insert,
     "indexer_compress_insert": indexer_compress_insert,
 }
+
+
+settings.guard(__name__, 'CONFIG', 'BOUNDS')  # launch settings change through settings.change

@@ -11,6 +11,7 @@ import torch
 from kvformats.dsv4_constants import ALIGN, INT32_MAX, INT64_MAX, max_page_entry, round_up
 from kvformats.runtime import deferred
 from kvformats_kernels import _common as cm
+from kvformats_kernels import settings
 from kvformats_kernels.dsv4 import indices_jit as jit
 from kvformats_kernels.launch import fast
 
@@ -24,7 +25,7 @@ _SITES = {"compressed": deferred.site("compressed_slot_mapping", "query_start_lo
 # step instead, so a short call spreads over more programs and takes fewer dependent steps.
 # Benchmarks may override entries.
 _ROW_TILES = {"block_m": 16, "block_j": 128, "few_rows": 1024, "few_block_j": 2048, "num_warps": 4}
-CONFIG: dict[str, dict[str, int]] = {
+CONFIG = settings.declare("indices", {
     "table_slot_mapping": {"block": 512, "num_warps": 4},
     "compressed_slot_mapping": {"block": 256, "num_warps": 4},
     "global_topk_indices_and_lens": dict(_ROW_TILES),
@@ -32,7 +33,7 @@ CONFIG: dict[str, dict[str, int]] = {
     "combine_dense_swa_indices": dict(_ROW_TILES),
     "decode_swa_indices_and_lens": dict(_ROW_TILES),
     "dense_prefill_local_compressed_indices": dict(_ROW_TILES),
-}
+})
 
 
 def _steps(requests: int) -> int:
@@ -179,3 +180,6 @@ LAUNCHERS = {
     "decode_swa_indices_and_lens": decode_swa_indices_and_lens,
     "dense_prefill_local_compressed_indices": dense_prefill_local_compressed_indices,
 }
+
+
+settings.guard(__name__, 'CONFIG')  # launch settings change through settings.change

@@ -6,7 +6,6 @@ and the Hadamard transform. Each takes exactly the arguments of its reference im
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -15,6 +14,7 @@ from kvformats.errors import BackendUnavailableError
 from kvformats.formats.mxfp4_indexer import SCALE_RULE as MXFP4_RULE
 from kvformats.runtime import deferred
 from kvformats_kernels import _common as cm
+from kvformats_kernels import settings
 from kvformats_kernels.dsv4 import query_jit as jit
 from kvformats_kernels.launch import fast
 
@@ -29,11 +29,11 @@ from kvformats_kernels.launch import fast
 # spills none) spills a little but fits 12 instead of 8 one-warp programs per SM, which speeds
 # up both preps; the fastest cap of a sweep over 128-224 (128 is slower than no cap, 176 and
 # up lose the gain). Re-sweep it when the prep's body changes.
-CONFIG = {
+CONFIG = settings.declare("query", {
     "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "maxnreg": 160},
     "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0, "maxnreg": 0},
     "inv_rope": {"lanes": 8, "num_warps": 1, "lane_load": 1, "lane_store": 0},
-}
+})
 HADAMARD_MAX_D = 1024  # wider rows are left to the reference (a row tile in registers stops paying off)
 ROW_IN_LANE_MAX_D = 128  # rows up to this width live in one lane's registers
 INV_ROPE_MAX_GROUP = 128  # a group per lane: wider groups would spill
@@ -41,7 +41,7 @@ INV_ROPE_MAX_GROUP = 128  # a group per lane: wider groups would spill
 # inverse-RoPE quant and the FP8 query prep: the same bytes (the GPU tests check both paths) in
 # far fewer instructions, and these kernels are bound by instructions, not memory. On by
 # default; the interpreter takes the integer path.
-HW_E4M3 = {"enabled": True}
+HW_E4M3 = settings.declare("hw_e4m3", {"enabled": True})
 
 
 def _lanes(cfg: dict) -> dict:
@@ -49,7 +49,7 @@ def _lanes(cfg: dict) -> dict:
 
 
 def _hw_e4m3(device) -> bool:
-    return HW_E4M3["enabled"] and device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+    return HW_E4M3["enabled"] and device.type == "cuda" and not settings.SETTINGS.interpret
 
 
 def _unit_last(x: torch.Tensor) -> torch.Tensor:
@@ -215,3 +215,6 @@ LAUNCHERS = {
     "inv_rope_fp8_quant": inv_rope_fp8_quant,
     "hadamard_transform": hadamard_transform,
 }
+
+
+settings.guard(__name__, 'CONFIG', 'HW_E4M3', 'HADAMARD_MAX_D', 'ROW_IN_LANE_MAX_D', 'INV_ROPE_MAX_GROUP')  # launch settings change through settings.change

@@ -8,13 +8,14 @@ import torch
 
 from kvformats.runtime import deferred
 from kvformats_kernels import _common as cm
+from kvformats_kernels import settings
 from kvformats_kernels.dsv4 import swa_jit as jit
 from kvformats_kernels.dsv4.query import bf16_words
 from kvformats_kernels.fp8_ds_mla import row_geometry
 from kvformats_kernels.launch import fast
 
 # q: heads per program (a [BLOCK_H, D] tile); kv: rows per program. Benchmarks may override.
-CONFIG = {"block_h": 8, "block_kv": 8, "num_warps": 4}
+CONFIG = settings.declare("swa", {"block_h": 8, "block_kv": 8, "num_warps": 4})
 
 
 def swa_insert(q, kv, kv_cache, layout, slots, positions, cos_sin, eps) -> None:
@@ -50,3 +51,6 @@ def swa_insert(q, kv, kv_cache, layout, slots, positions, cos_sin, eps) -> None:
 
 _SITE = deferred.site("swa_insert", "positions")
 LAUNCHERS = {"swa_insert": swa_insert}
+
+
+settings.guard(__name__, 'CONFIG')  # launch settings change through settings.change

@@ -39,17 +39,18 @@ CASES = {  # id: (ratio, head_dim, target page size, make_batch overrides)
 
 # ----------------------------------------------------------------------------- helpers
 @pytest.fixture(params=["default"] if CUDA else ["default", "blocked", "split"])
-def plan(request, monkeypatch):
+def plan(request, launch_settings):
     """Launch plans: the default for the call size; several tokens per program with one
     program per token's chunks; every token's chunks split over programs (atomic join). On the
     GPU the production-size tests reach the other two (prefill, decode HCA), which saves compiles."""
     if request.param == "blocked":
-        monkeypatch.setattr(K, "ONE_TOKEN_MAX_T", 0)
-        monkeypatch.setattr(K, "SPLIT_MAX_T", 0)
-        monkeypatch.setattr(K, "CONFIG", {k: dict(v, bd=min(v["bd"], 64)) for k, v in K.CONFIG.items()})
+        launch_settings("compress_bounds", "one_token_max_t", 0)
+        launch_settings("compress_bounds", "split_max_t", 0)
     elif request.param == "split":
-        monkeypatch.setattr(K, "SPLIT_MAX_T", 1 << 30)
-        monkeypatch.setattr(K, "CONFIG", {k: dict(v, bd=min(v["bd"], 64)) for k, v in K.CONFIG.items()})
+        launch_settings("compress_bounds", "split_max_t", 1 << 30)
+    if request.param != "default":
+        for k, v in list(K.CONFIG.items()):
+            launch_settings("compress", k, dict(v, bd=min(v["bd"], 64)))
     return request.param
 
 

@@ -11,7 +11,6 @@ untouched are checked too.
 from __future__ import annotations
 
 import contextlib
-import copy
 
 import pytest
 import torch
@@ -25,6 +24,7 @@ from kvformats.testing.index_batches import batches
 
 triton = pytest.importorskip("triton")
 
+from kvformats_kernels import settings  # noqa: E402
 from kvformats_kernels.dsv4 import indices as K  # noqa: E402  (after conftest chose interpreter or GPU)
 
 CUDA = torch.cuda.is_available()
@@ -37,15 +37,14 @@ SMALL = {"block": 8, "block_m": 2, "block_j": 32, "few_rows": 4, "few_block_j": 
 
 @contextlib.contextmanager
 def blocks(small: bool):
-    saved = copy.deepcopy(K.CONFIG)
+    saved = settings.snapshot("indices")
     if small:
-        for cfg in K.CONFIG.values():
-            cfg.update({k: v for k, v in SMALL.items() if k in cfg})
+        for op, cfg in saved.items():
+            settings.change("indices", op, {**cfg, **{k: v for k, v in SMALL.items() if k in cfg}})
     try:
         yield
     finally:
-        K.CONFIG.clear()
-        K.CONFIG.update(saved)
+        settings.restore("indices", saved)
 
 
 def T(x, dtype=torch.int64):

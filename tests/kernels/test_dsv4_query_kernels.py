@@ -379,11 +379,9 @@ def test_hadamard_transform_refuses_wide_rows():
 # ----------------------------------------------------------------------------- GPU, public API
 
 @pytest.fixture
-def hw_e4m3(request):
-    prev = kq.HW_E4M3["enabled"]
-    kq.HW_E4M3["enabled"] = request.param
-    yield request.param
-    kq.HW_E4M3["enabled"] = prev
+def hw_e4m3(request, launch_settings):
+    launch_settings("hw_e4m3", "enabled", request.param)
+    return request.param
 
 
 @gpu

@@ -66,9 +66,11 @@ def _floats() -> torch.Tensor:
 
 
 def test_hw_cvt_is_off_under_the_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from kvformats_kernels.settings import SETTINGS
+
+    monkeypatch.setattr(SETTINGS, "interpret", True)  # read once at import (settings' module doc)
     assert not cm.hw_cvt({"hw_cvt": 1})
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(SETTINGS, "interpret", False)
     assert cm.hw_cvt({"hw_cvt": 1}) and not cm.hw_cvt({})
 
 

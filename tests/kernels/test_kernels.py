@@ -379,14 +379,14 @@ def _encode_both(name, dtype, pad, n, seed):
 
 
 @pytest.fixture(params=["few", "small", "large"])
-def launch_config(request, monkeypatch):
+def launch_config(request, launch_settings):
     """Each test of this fixture runs with every launch configuration of its kernels: the
     overrides of calls of very few rows (``FEW`` on top of ``SMALL``, what n = 24 picks), those
     of calls of few rows (``SMALL`` alone) and the configuration of large calls."""
     if request.param != "few":
-        monkeypatch.setattr(cm, "FEW_ROWS", 0)
+        launch_settings("bounds", "few_rows", 0)
     if request.param == "large":
-        monkeypatch.setattr(cm, "SMALL_ROWS", 0)
+        launch_settings("bounds", "small_rows", 0)
     return request.param
 
 
@@ -402,13 +402,13 @@ def test_encode_matches_reference(name, dtype, pad, launch_config):
 @pytest.mark.parametrize("lane", [0, 1])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("profile", ["tokenspeed", "vllm", "ocp"])
-def test_mxfp4_encode_layouts_and_e2m1_paths(lane, dtype, profile, monkeypatch):
+def test_mxfp4_encode_layouts_and_e2m1_paths(lane, dtype, profile, launch_settings):
     """Both layouts of the MXFP4 encoder, and in the lane layout both e2m1 paths: programs of
     finite bf16 rows take the short rounding, a program holding a NaN or an Inf the full one
     (as do float32 input and the RNE / signed-zero profiles); the bytes are the reference's."""
-    monkeypatch.setitem(cm.CONFIG, ("mxfp4", "encode"), dict(cm.CONFIG[("mxfp4", "encode")], block_m=8, num_warps=1,
-                                                                lane=lane))
-    monkeypatch.setattr(cm, "SMALL_ROWS", 0)  # CONFIG's programs of eight rows, whatever the call's size
+    launch_settings("config", ("mxfp4", "encode"), dict(cm.CONFIG[("mxfp4", "encode")], block_m=8, num_warps=1,
+                                                         lane=lane))
+    launch_settings("bounds", "small_rows", 0)  # CONFIG's programs of eight rows, whatever the call's size
     layout = kvf.get_format("mxfp4_indexer", page_size=4, profile=profile)
     n = 24  # three programs of eight rows (32 blocks: one per lane)
     x = rows(n, layout.head_dim, 32, 6.0, torch.float32, seed=5)

@@ -10,7 +10,7 @@ triton = pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402
 
-from kvformats_kernels import launch  # noqa: E402
+from kvformats_kernels import launch, triton_abi  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -37,9 +37,11 @@ def test_launch_hooks_count_as_set_only_when_something_is_in_them():
         def __init__(self, calls):
             self.calls = calls
 
-    assert not launch._hook_set(None) and not launch._hook_set(Chain([]))
-    assert launch._hook_set(Chain([print])) and launch._hook_set(print)
-    assert launch._hooks_set() is False  # nothing in this process set a hook
+    ours = triton_abi._refuse_outside  # the recording's watch is not a request to see launches
+    assert not triton_abi._chain_calls(None, ours) and not triton_abi._chain_calls(Chain([]), ours)
+    assert not triton_abi._chain_calls(Chain([ours]), ours) and not triton_abi._chain_calls(ours, ours)
+    assert triton_abi._chain_calls(Chain([print]), ours) and triton_abi._chain_calls(print, ours)
+    assert launch.LAUNCHER.hooks_set() is False  # nothing in this process set a hook
 
 
 def test_fast_is_one_wrapper_per_kernel_and_launches_like_triton():
@@ -53,7 +55,7 @@ def test_fast_is_one_wrapper_per_kernel_and_launches_like_triton():
         for _ in range(2):  # the second launch of a specialization takes the direct path
             fk[(3,)](x[off:], y[off:], got[off:], n, 2, BLOCK=128, K=3)
         assert torch.equal(want, got)
-    assert fk.direct == (CUDA and launch.os.environ.get("TRITON_INTERPRET", "0") != "1")
+    assert fk.direct == (CUDA and not launch.SETTINGS.interpret and launch.LAUNCHER.verified)
     if fk.direct:
         assert len(fk.compiled) == 3
 

@@ -80,13 +80,11 @@ def test_div_by_equals_div_rn_on_hard_operands():
 
 
 def _pool(state, ratio, positions, req, table, weight, fast_div: int) -> torch.Tensor:
+    from kvformats_kernels import settings
+
     what = "kv" if ratio == 128 or weight.shape[0] > 128 else "index"
-    saved = K.CONFIG[(what, ratio)]["fast_div"]
-    K.CONFIG[(what, ratio)]["fast_div"] = fast_div
-    try:
+    with settings.changed("compress", (what, ratio), {**K.CONFIG[(what, ratio)], "fast_div": fast_div}):
         return K.pool_compressor_state(state, ratio, positions, req, table, None, weight, 1e-6)
-    finally:
-        K.CONFIG[(what, ratio)]["fast_div"] = saved
 
 
 @gpu
