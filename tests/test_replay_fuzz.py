@@ -1,0 +1,316 @@
+"""The replay invariant under a differential fuzzer (spec/checks.md §4): hypothesis draws sequences
+of public calls (API and custom ops) with other tensors of the same metadata, storage offsets,
+dtypes, one tensor passed for two arguments, signed zeros, check modes and launch-setting changes,
+and every call's launches with replay on must equal its launches with replay off (kernels,
+grids, scalars by their bits, each input address), as must its result and its error.
+
+Runs on a CPU through the stand-in launcher (kvformats.testing.launch_stub). Each of the fixes it
+holds in place was checked to make it fail when reverted (the closing note of issue 34 lists
+them): argument aliasing in the key, floats keyed by their bits, launch settings dropping the
+plans, and the refusal of kernels launched outside kvformats_kernels.launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from replay_fuzz import (FLOAT_NAMES, addresses, base_calls, normalized, outcome, shape_of,  # noqa: E402
+                         tensors_of, variant)
+
+import kvformats as kvf  # noqa: E402
+from kvformats.codec import slot_ops  # noqa: E402
+from kvformats.errors import SettingsError  # noqa: E402
+from kvformats.runtime import deferred, replay, replay_plan  # noqa: E402
+from kvformats.testing.launch_stub import stubbed_launches  # noqa: E402
+from kvformats_kernels import _common as cm  # noqa: E402
+from kvformats_kernels import settings as ks  # noqa: E402
+from kvformats_kernels import triton_abi  # noqa: E402
+from kvformats_kernels.launch import fast  # noqa: E402
+
+NAMES = sorted(base_calls(8, False, True, 0))
+# (table, key, values): changes a step may make; each changes some launches of the calls drawn
+CHANGES = [("bounds", "few_rows", (0, 128)), ("bounds", "small_rows", (0, 512)),
+           ("small", ("fp8_ds_mla", "encode"), ({"block_m": 1, "num_warps": 1}, {"block_m": 4, "num_warps": 2})),
+           ("compress_bounds", "one_token_max_t", (0, 2048)), ("swa", "block_kv", (8, 2)),
+           ("indices", "table_slot_mapping", ({"block": 512, "num_warps": 4}, {"block": 64, "num_warps": 1})),
+           ("query", "indexer_q", ({"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "maxnreg": 160},
+                                   {"block_h": 8, "num_warps": 1, "lane_load": 0, "lane_store": 0, "maxnreg": 0}))]
+
+
+@contextlib.contextmanager
+def fresh_stub():
+    """The stand-in launcher with no plan recorded, replay on, and the launch settings the
+    steps may change put back afterwards."""
+    before = replay.ENABLED[0]
+    saved = {name: ks.snapshot(name) for name, _, _ in CHANGES}
+    replay.ENABLED[0] = True
+    try:
+        with stubbed_launches() as log:
+            yield log
+    finally:
+        replay.ENABLED[0] = before
+        for name, table in saved.items():
+            ks.restore(name, table)
+
+
+@pytest.fixture
+def stub():
+    with fresh_stub() as log:
+        yield log
+
+
+@triton.jit
+def _fill(out, n, VALUE: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out + i, VALUE, mask=i < n)
+
+
+@replay.replayable
+def canary(x: torch.Tensor, y: torch.Tensor):
+    """A replayable op that launches one kernel through the launcher and one around it: it must
+    never be recorded (a replay would lose the second launch)."""
+    fast(_fill)[(1,)](x, x.shape[0], VALUE=1, BLOCK=16)
+    _fill[(1,)](y, y.shape[0], VALUE=2, BLOCK=16)
+    return None
+
+
+def _canary_call(seed: int):
+    x, y = torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+    return lambda: canary(x, y)
+
+
+def _call(name: str, cfg: dict):
+    if name == "canary":
+        return _canary_call(cfg["seed"])
+    base = base_calls(cfg["rows"], cfg["custom"], cfg["check"], cfg["seed"])[name]
+    return variant(base, offset=cfg["offset"], alias=cfg["alias"], slots32=cfg["slots32"], x_dtype=cfg["x_dtype"],
+                   zero=cfg["zero"])
+
+
+def _fields(name: str) -> list[str]:
+    """The variant fields that change something in a call of ``name`` (so that flipping one
+    gives another key, or the same key with other tensors)."""
+    if name == "canary":
+        return ["seed"]
+    held = tensors_of(base_calls(8, False, True, 0)[name])
+    metas = [(t.dtype, tuple(t.shape), t.stride()) for t in held]
+    fields = ["seed", "offset"]
+    if len(set(metas)) < len(metas):
+        fields.append("alias")
+    closure = repr(base_calls(8, False, True, 0)[name].__code__.co_freevars)
+    if any(n in closure for n in FLOAT_NAMES) or "compress_" in name:
+        fields.append("zero")
+    if "slots" in closure:
+        fields.append("slots32")
+    if "x" in base_calls(8, False, True, 0)[name].__code__.co_freevars:
+        fields.append("x_dtype")
+    return fields
+
+
+FIELDS = {name: _fields(name) for name in NAMES + ["canary"]}
+FLIPS = {"seed": lambda v: 1 - v, "alias": lambda v: not v, "offset": lambda v: {0: 4, 4: 1, 1: 0}[v],
+         "zero": lambda v: -v, "slots32": lambda v: not v,
+         "x_dtype": lambda v: torch.float32 if v is None else None}
+
+
+@st.composite
+def programs(draw):
+    """Steps over variants of one or two ops: ("call", variant), ("clear",) (forget every plan)
+    or ("set", table, key, values) (a launch setting to the other of two values). Each op has a
+    base variant and, per field that matters to it, one with that field flipped (other tensors,
+    storage offset, one tensor for two arguments, signed zero, index or row dtype); each flipped
+    variant is called after a plan of the base exists and the base after a plan of the flipped
+    one, so a key that misses the field replays the wrong plan. Random steps follow."""
+    names = draw(st.lists(st.sampled_from(NAMES + ["canary"] * 4), min_size=1, max_size=2, unique=True))
+    variants, steps = [], []
+    for name in names:
+        base = {"rows": draw(st.sampled_from([8, 160])), "custom": draw(st.booleans()),
+                "check": draw(st.sampled_from([True, True, True, False, "strict"])), "seed": draw(st.integers(0, 1)),
+                "alias": draw(st.booleans()), "offset": draw(st.sampled_from([0, 1, 4])),
+                "zero": draw(st.sampled_from([0.0, -0.0])), "slots32": draw(st.booleans()),
+                "x_dtype": draw(st.sampled_from([None, torch.float16]))}
+        first = len(variants)
+        variants.append((name, base))
+        for field in FIELDS[name]:
+            variants.append((name, dict(base, **{field: FLIPS[field](base[field])})))
+            flipped = len(variants) - 1
+            steps += [("clear",), ("call", first), ("call", first), ("call", flipped),
+                      ("clear",), ("call", flipped), ("call", flipped), ("call", first)]
+    for _ in range(draw(st.integers(2, 10))):
+        if draw(st.integers(0, 3)) == 0:
+            steps.append(("set", *draw(st.sampled_from(CHANGES))))
+        else:
+            steps.append(("call", draw(st.integers(0, len(variants) - 1))))
+    return variants, steps
+
+
+def _check(fn, log):
+    inputs = tensors_of(fn)
+    got, got_result, got_error = outcome(fn, log, enabled=True)
+    want, want_result, want_error = outcome(fn, log, enabled=False)
+    assert got_error == want_error
+    at = addresses(got, want)
+    assert normalized(got, inputs, at) == normalized(want, inputs, at)
+    assert shape_of(got_result, inputs) == shape_of(want_result, inputs)
+
+
+@settings(max_examples=40)
+@given(program=programs())
+def test_a_replayed_call_launches_exactly_what_its_full_path_launches(program):
+    variants, steps = program
+    calls = [_call(name, cfg) for name, cfg in variants]
+    with fresh_stub() as log:
+        for step in steps:
+            if step[0] == "clear":
+                replay.clear()
+            elif step[0] == "set":  # to the other value of the two
+                table, key, values = step[1:]
+                now = ks.SETTINGS.tables[table].get(key)
+                ks.change(table, key, values[1] if now == values[0] else values[0])
+            else:
+                _check(calls[step[1]], log)
+
+
+def test_the_fuzzer_replays(stub):
+    """The fuzzer's calls do get replayed (a fuzzer of the full path alone would prove nothing)."""
+    fn = _call("fp8_indexer.encode", {"rows": 8, "custom": False, "check": True, "seed": 0, "offset": 0,
+                                      "alias": False, "slots32": False, "x_dtype": None, "zero": None})
+    for _ in range(3):
+        _check(fn, stub)
+    assert any(isinstance(p, replay_plan.Plan) for t in replay._TABLES for p in t.values())
+
+
+def test_a_tensor_passed_twice_is_keyed_apart(stub):
+    lay = kvf.get_format("compressor_state", head_dim=64, ratio=4, page_size=4)
+    cache = lay.allocate(4)
+    kv, score, ape = torch.randn(4, lay.width), torch.randn(4, lay.width), torch.randn(4, lay.width)
+    ar = torch.arange(4)
+    for _ in range(3):  # a warm-up that passes one arange for slots and positions
+        lay.encode((kv, score), cache, ar, positions=ar, ape=ape)
+    slots, positions = torch.tensor([9, 3, 14, 6]), torch.arange(4)
+    _check(lambda: lay.encode((kv, score), cache, slots, positions=positions, ape=ape), stub)
+
+
+def test_floats_are_keyed_by_their_bits():
+    key = []
+    for v in (0.0, -0.0, float("nan")):
+        key.append(replay._signature((v,), [], [], [], {}))
+    assert key[0] != key[1] and key[2] == replay._signature((float("nan"),), [], [], [], {})
+
+
+def test_a_launch_around_the_launcher_refuses_the_recording(stub):
+    fn = _canary_call(0)
+    for _ in range(4):
+        _check(fn, stub)
+    assert not any(isinstance(p, replay_plan.Plan) for p in canary.__wrapped_plans__.values())
+
+
+def test_settings_change_only_through_their_function(stub):
+    with pytest.raises(SettingsError, match="settings.change"):
+        cm.CONFIG[("gather", "bytes")] = {"tile_bytes": 1}
+    with pytest.raises(TypeError):
+        cm.CONFIG[("gather", "bytes")]["tile_bytes"] = 1  # entries are read-only too
+    with pytest.raises(SettingsError, match="rebinding"):
+        cm.BOUNDS = {"small_rows": 0, "few_rows": 0}
+    with pytest.raises(SettingsError, match="known"):
+        ks.change("nosuch", "x", 1)
+    lay, x = kvf.get_format("fp8_indexer"), torch.randn(8, 128, dtype=torch.bfloat16)
+    cache, slots = lay.allocate(2), torch.arange(8)
+    for _ in range(3):
+        lay.encode(x, cache, slots)
+    plans = [p for t in replay._TABLES for p in t.values() if isinstance(p, replay_plan.Plan)]
+    assert plans
+    generation = ks.SETTINGS.generation
+    ks.change("bounds", "few_rows", 0)
+    assert ks.SETTINGS.generation == generation + 1
+    assert not any(isinstance(p, replay_plan.Plan) for t in replay._TABLES for p in t.values())
+    _check(lambda: lay.encode(x, cache, slots), stub)
+
+
+def test_replay_starts_on_the_third_call(stub):
+    lay, x = kvf.get_format("fp8_indexer"), torch.randn(8, 128, dtype=torch.bfloat16)
+    cache, slots = lay.allocate(2), torch.arange(8)
+    table = slot_ops.encode.__wrapped_plans__
+    for n in range(1, 4):
+        lay.encode(x, cache, slots)
+        assert any(isinstance(p, replay_plan.Plan) for p in table.values()) == (n >= 2)
+    plan = next(p for p in table.values() if isinstance(p, replay_plan.Plan))
+    used = []
+    real = plan.replay
+    plan.replay = lambda *a: used.append(1) or real(*a)
+    lay.encode(x, cache, slots)
+    assert used == [1]
+
+
+@pytest.mark.parametrize("version,direct", [("3.6.0", True), ("3.6.1+git5", True), ("3.5.1", False),
+                                            ("3.7.0", False), ("3.9.0", False), ("4.0.0", False)])
+def test_direct_launches_only_on_a_verified_triton(version, direct, monkeypatch):
+    assert triton_abi.verified(version) is direct
+    before = replay.ENABLED[0]
+    replay.ENABLED[0] = True
+    try:
+        with stubbed_launches(triton_version=version) as log:
+            fn = _call("fp8_ds_mla.decode", {"rows": 8, "custom": False, "check": True, "seed": 0, "offset": 0,
+                                             "alias": False, "slots32": False, "x_dtype": None, "zero": None})
+            for _ in range(3):
+                _check(fn, log)
+            planned = any(isinstance(p, replay_plan.Plan) for t in replay._TABLES for p in t.values())
+            assert planned is direct  # another release: every launch through Triton, nothing replayed
+    finally:
+        replay.ENABLED[0] = before
+
+
+def test_strict_checks_are_per_thread_and_nest():
+    assert not deferred.strict_on()
+    with kvf.strict_checks():
+        assert deferred.strict_on()
+        with kvf.strict_checks(False):
+            assert not deferred.strict_on()
+        assert deferred.strict_on()
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(deferred.strict_on()))
+        t.start()
+        t.join()
+        assert seen == [False]  # another thread's calls are not strict
+    assert not deferred.strict_on()
+
+
+def test_two_threads_record_their_own_plans(stub):
+    """Two threads replaying at once, one inside strict_checks(): each plan recorded meanwhile
+    launches what the full path launches, and the strict thread records none."""
+    cfg = {"rows": 8, "custom": False, "check": True, "offset": 0, "alias": False, "slots32": False,
+           "x_dtype": None, "zero": None}
+    a = [_call(n, dict(cfg, seed=0)) for n in ("fp8_indexer.encode", "mxfp4_indexer.decode", "dsv4.swa_insert")]
+    b = [_call(n, dict(cfg, seed=1)) for n in ("fp8_ds_mla.encode", "dsv4.table_slot_mapping")]
+    barrier, errors = threading.Barrier(2), []
+
+    def run(fns, strict):
+        try:
+            barrier.wait(timeout=30)
+            with kvf.strict_checks(strict):
+                for _ in range(4):
+                    for f in fns:
+                        f()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(a, False)), threading.Thread(target=run, args=(b, True))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    plans = [p for t in replay._TABLES for p in t.values() if isinstance(p, replay_plan.Plan)]
+    assert len(plans) == len(a)  # the strict thread's calls took the full path every time
+    for f in a:  # each plan recorded under concurrency is right
+        _check(f, stub)
