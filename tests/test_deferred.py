@@ -22,6 +22,24 @@ def _words():
 
 
 # ----- the record ------------------------------------------------------------------------------
+def test_the_record_of_a_device_that_is_not_here_is_nothing_or_a_typed_error(monkeypatch):
+    # issue 35 item 6: engines call raise_pending() every step; on a CPU-only CI it is a no-op
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU-only torch
+    for device in (None, "cuda", "cuda:0", torch.device("cuda")):
+        assert kvf.pending_error(device) is None
+        assert kvf.raise_pending(device) is None
+    with pytest.raises(kvf.BackendUnavailableError, match="'cuda' is not available: no CUDA device"):
+        kvf.error_record("cuda")
+    with pytest.raises(kvf.BackendUnavailableError, match="'cuda:0' is not available"):
+        kvf.Fp8Indexer(page_size=2).allocate(1, device="cuda:0")
+    for bad in (3.5, True, [0]):
+        for call in (kvf.pending_error, kvf.raise_pending, kvf.error_record,
+                     lambda d: kvf.Fp8Indexer(page_size=2).allocate(1, device=d)):
+            with pytest.raises(kvf.InputTypeError, match="device"):
+                call(bad)
+    assert kvf.Fp8Indexer(page_size=2).allocate(1, device="cpu").device.type == "cpu"
+
+
 def test_record_where_keeps_the_first_violation_until_read():
     site = deferred.site("decode", "slots")
     deferred.record_where(torch.tensor([False, True, True]), torch.tensor([3, 70, 90]), 64,

@@ -15,7 +15,8 @@ import torch
 import kvformats as kvf
 from kvformats.caches.files import load_cache, load_caches, read_metadata, save_cache, save_caches
 from kvformats.cli import main
-from kvformats.errors import CacheFileError, CacheWriteError, InputError, InputTypeError, KVFormatError, OutputError
+from kvformats.errors import (BackendUnavailableError, CacheFileError, CacheWriteError, InputError, InputTypeError,
+                              KVFormatError, OutputError)
 
 
 def rewrite_metadata(src, dst, edit):
@@ -248,6 +249,25 @@ def test_new_cache_files_honour_the_umask_and_old_ones_keep_their_mode(tmp_path)
     modes = [os.stat(tmp_path / f"{n}.safetensors").st_mode & 0o777 for n in "abc"]
     assert modes == [0o644, 0o600, 0o640]
     assert torch.equal(load_cache(tmp_path / "c.safetensors").cache, cache)
+
+
+# ----- issue 35 item 2: device= is a device, and one that is here ------------------------------
+@pytest.mark.parametrize("device", [True, 3.5, 0.0, torch.float64, [0]])
+def test_a_device_that_is_not_a_device_is_refused(good, device):
+    # Tensor.to reads True / 3.5 / 0.0 as a dtype: the cache came back as bool or float64
+    for load in (load_caches, load_cache):
+        with pytest.raises(InputTypeError, match="device must be a torch.device"):
+            load(good, device=device)
+
+
+def test_an_unavailable_device_is_named_as_such(good, monkeypatch):
+    with pytest.raises(InputError, match="'gpu' is not a device"):
+        load_caches(good, device="gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU-only torch
+    with pytest.raises(BackendUnavailableError, match="'cuda' is not available: no CUDA device"):
+        load_cache(good, device="cuda")
+    entry = load_cache(good, device=torch.device("cpu"))
+    assert entry.cache.dtype == torch.uint8 and entry.cache.device.type == "cpu"
 
 
 # ----- item 16: what a path is, missing fields, expect= ----------------------------------------

@@ -376,13 +376,18 @@ def load_caches(path: str | os.PathLike, *, device=None, expect: Layout | str | 
                 max_arena_bytes: int | None = None) -> dict[str, CacheEntry]:
     """Read every cache in ``path`` -> ``{name: CacheEntry}``.
 
-    ``expect``: a layout (refuse any tensor whose layout differs) or a format name (refuse any
-    tensor of another format). ``max_arena_bytes``: the largest arena a cache with a padded page
-    stride may be restored into (default ``MAX_ARENA_FACTOR`` times its stored bytes). Raises
-    CacheFileError on any problem with the file."""
+    ``device``: where to put the caches (None: the CPU); InputTypeError if it is not a device,
+    BackendUnavailableError if it is not available here. ``expect``: a layout (refuse any
+    tensor whose layout differs) or a format name (refuse any tensor of another format).
+    ``max_arena_bytes``: the largest arena a cache with a padded page stride may be restored
+    into (default ``MAX_ARENA_FACTOR`` times its stored bytes). Raises CacheFileError on any
+    problem with the file."""
+    from kvformats.runtime.deferred import available_device
     from kvformats.validation import check_cache
 
     accept, wanted = _expected(expect)
+    if device is not None:  # Tensor.to would read True or 3.5 as a dtype and convert the cache
+        device = available_device(device)
     if max_arena_bytes is not None and not (_exact_int(max_arena_bytes) and max_arena_bytes >= 0):
         raise InputError(f"max_arena_bytes must be a non-negative int or None, got {max_arena_bytes!r}")
     path = os.fspath(path)
