@@ -266,6 +266,37 @@ def test_rope_tail_off_the_host_leaves_invalid_rows_unrotated_and_records(device
         rope_tail(x, torch.tensor([2, 40, -1]), cs, check="strict")
 
 
+@pytest.mark.parametrize("site, error", [(len(deferred.SITES), kvf.InputError), (-1, kvf.InputError),
+                                         (deferred.site("encode", "slots"), kvf.InputError),
+                                         (float(deferred.site("swa_insert", "positions")), kvf.InputTypeError),
+                                         (True, kvf.InputTypeError), ("rope_tail", kvf.InputTypeError)])
+def test_rope_tail_refuses_a_site_that_is_not_a_positions_site(site, error, device_mode):
+    # issue 35 item 5: the site is recorded as given; a bad one broke raise_pending's message
+    from kvformats.deepseek_v4.rope import cos_sin_cache, rope_tail
+
+    cs = cos_sin_cache(64, 16)
+    with pytest.raises(error, match="site"):
+        rope_tail(torch.randn(2, 128), torch.tensor([2, 40]), cs, site=site)
+    assert kvf.pending_error(CPU) is None
+    out = rope_tail(torch.randn(2, 128), torch.tensor([2, 40]), cs, site=deferred.site("swa_insert", "positions"))
+    assert out.shape == (2, 128)
+    with pytest.raises(kvf.InputError, match=r"^swa_insert: positions\[1\] = 40"):
+        kvf.raise_pending(CPU)
+
+
+@pytest.mark.parametrize("check, where", [(99, 3), (int(deferred.Check.SLOT_RANGE), len(deferred.SITES)),
+                                          (int(deferred.Check.SLOT_RANGE), -1)])
+def test_a_record_that_names_no_known_violation_is_still_reported_once(check, where):
+    rec = deferred.error_record(CPU)
+    rec.copy_(torch.tensor([1, check, where, 4, 5, 6, 0, 0]))
+    err = kvf.pending_error(CPU)
+    assert type(err) is kvf.InputError and "unknown kind" in str(err) and "value 5, bound 6" in str(err)
+    assert rec.tolist() == [0] * 8 and kvf.pending_error(CPU) is None  # read once, then clear
+    rec.copy_(torch.tensor([1, check, where, 4, 5, 6, 0, 0]))
+    with pytest.raises(kvf.InputError, match="unknown kind"):
+        kvf.raise_pending(CPU)
+
+
 @pytest.mark.parametrize("op", ["compressed_slot_mapping", "combine_topk_swa_indices", "decode_swa_indices_and_lens"])
 def test_decreasing_query_start_loc_is_recorded_off_the_host(op, device_mode):
     from kvformats import deepseek_v4 as dsv4

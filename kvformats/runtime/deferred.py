@@ -86,6 +86,22 @@ def site(op: str, arg: str) -> int:
     return _SITE_INDEX[(op, arg)]
 
 
+def check_site(value, what: str = "site", *, arg_suffix: str = "") -> int:
+    """``value`` if it is a site (an exact int indexing SITES) whose argument ends with
+    ``arg_suffix``; InputTypeError for a non-int (a float would be truncated and blame another
+    op), InputError for an index out of range or a site of another kind of argument."""
+    if type(value) is not int:  # noqa: E721 - bools and floats are refused on purpose
+        raise InputTypeError(f"{what} must be an int from kvformats.runtime.deferred.site(op, arg), "
+                             f"got {type(value).__name__} {value!r}")
+    if not 0 <= value < len(SITES):
+        raise InputError(f"{what} must be in [0, {len(SITES)}) (kvformats.runtime.deferred.site(op, arg)), "
+                         f"got {value}")
+    if not SITES[value][1].endswith(arg_suffix):
+        raise InputError(f"{what} {value} names {SITES[value][0]}'s {SITES[value][1]!r}; it must name an "
+                         f"argument ending in {arg_suffix!r}")
+    return value
+
+
 # ----- check modes ------------------------------------------------------------------------------
 _strict = [os.environ.get("KVFORMATS_STRICT", "0") not in ("", "0")]
 
@@ -214,10 +230,14 @@ def describe_record(words) -> str | None:
     """The message of a record read to the host (a list of 8 ints), or None when it is clear."""
     if not words[STATE]:
         return None
-    check, where = Check(words[CHECK]), SITES[words[SITE]]
-    op, arg = where
-    body = MESSAGES[check].format(arg=arg, index=words[INDEX], value=words[VALUE], bound=words[BOUND],
-                                  last=words[BOUND] - 1)
+    known = words[CHECK] in Check._value2member_map_ and 0 <= words[SITE] < len(SITES)
+    if not known:  # never raise here: the message is all that is left of the violation
+        return (f"a violation of unknown kind (check {words[CHECK]}, site {words[SITE]}) was recorded: "
+                f"index {words[INDEX]}, value {words[VALUE]}, bound {words[BOUND]} "
+                f"(recorded on the device by a call that did not synchronize)")
+    op, arg = SITES[words[SITE]]
+    body = MESSAGES[Check(words[CHECK])].format(arg=arg, index=words[INDEX], value=words[VALUE],
+                                                bound=words[BOUND], last=words[BOUND] - 1)
     return f"{op}: {body} (recorded on the device by a call that did not synchronize)"
 
 
@@ -232,8 +252,9 @@ def pending_error(device=None) -> InputError | None:
     words = rec.tolist()
     if not words[STATE]:
         return None
+    message = describe_record(words)  # before clearing: the record is the only copy
     rec.zero_()
-    return InputError(describe_record(words))
+    return InputError(message)
 
 
 def raise_pending(device=None) -> None:
