@@ -1,8 +1,9 @@
 """Cache files: save and load caches (one or many layers, any format) as safetensors.
 
 The file's metadata records, per tensor, the format name, its parameters, the page stride and
-a fingerprint of the format's spec JSON; loading rebuilds the layout and refuses a file whose
-fingerprint differs from this library's definition of that format. A file written here is
+a fingerprint of the format's byte definition (its spec JSON without the prose); loading
+rebuilds the layout and refuses a file whose fingerprint is not one this library accepts for
+that format (``kvformats.spec.formats.accepted_fingerprints``). A file written here is
 plain safetensors: other tools read the raw pages.
 
 Nothing in a file is trusted: every metadata field is checked for its type (exact ints, never
@@ -163,7 +164,7 @@ def _write_through(path: str, data: bytes) -> None:
 
 def save_caches(path: str | os.PathLike, caches: Mapping[str, tuple[Layout, torch.Tensor]]) -> None:
     """Write ``{name: (layout, cache)}`` to ``path`` (safetensors). Pages are stored contiguously;
-    the page stride, format, parameters and spec fingerprint go into the metadata.
+    the page stride, format, parameters and fingerprint go into the metadata.
 
     Raises InputError / InputTypeError / LayoutError for bad arguments (a reserved or non-text
     name, a cache that does not fit its layout) and CacheWriteError (a CacheFileError and an
