@@ -28,8 +28,9 @@ from kvformats.errors import (CacheFileError, CacheWriteError, InputError, Input
 from kvformats.codec.registry import get_format, list_formats
 from kvformats.layout import Layout
 
-__all__ = ["CacheEntry", "CacheFileError", "CacheWriteError", "MAX_ARENA_FACTOR", "RESERVED_NAMES", "cache_file_destination", "io_available",
-           "load_cache", "load_caches", "read_metadata", "save_cache", "save_caches", "writable_file", "write_text"]
+__all__ = ["CacheEntry", "CacheFileError", "CacheWriteError", "MAX_ARENA_FACTOR", "RESERVED_NAMES",
+           "cache_file_destination", "io_available", "load_cache", "load_caches", "read_metadata", "save_cache",
+           "save_caches", "writable_file", "write_text"]
 
 META_KEY = "kvformats"
 IO_HINT = "pip install 'kvformats[io]'"
@@ -144,7 +145,9 @@ def _write_through(path: str, data: bytes) -> None:
     mode and links; a new file gets 0666 less the umask). Non-blocking open and a check of what
     was opened: a FIFO or device put there since ``cache_file_destination`` is refused, not
     written."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_WRONLY | os.O_CREAT
+    for name in ("O_NONBLOCK", "O_NOCTTY", "O_CLOEXEC"):  # POSIX flags (absent on Windows)
+        flags |= getattr(os, name, 0)
     try:
         fd = os.open(path, flags, 0o666)
     except OSError as err:
