@@ -17,7 +17,7 @@ import torch
 
 from kvformats.errors import InputError, LayoutError
 from kvformats.numerics.elements import ELEMENTS, ElementType
-from kvformats.runtime import replay
+from kvformats.runtime import deferred, replay
 from kvformats.validation import check_cache, check_float_rows
 
 # Element types by their ml_dtypes/torch names (kvformats.numerics.elements): (bytes per stored unit,
@@ -307,6 +307,8 @@ class Layout:
         if page_stride is not None and (not _is_int(page_stride) or page_stride < page_elems):
             raise LayoutError(f"page_stride must be an int >= {page_elems} (one page of {self.name}), "
                               f"got {_got(page_stride)}")
+        if device is not None:  # a typed error, not torch's AssertionError for a CUDA-less torch
+            device = deferred.available_device(device)
         stride = page_elems if page_stride is None else page_stride
         elems = max(num_pages - 1, 0) * stride + page_elems if num_pages else 0
         if elems * self.container_dtype.itemsize > INT64_MAX:

@@ -66,6 +66,29 @@ def check_tensor(name: str, t, *, dtypes, shape: tuple, device: torch.device | N
                      f"move it with .to({str(device)!r})")
 
 
+def overlapping(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory, from its sizes and strides alone: a dim of
+    stride 0 (an expanded tensor), or a stride that does not step past everything the smaller
+    strides reach (a row stride shorter than a row). Conservative: dims interleaved in some other
+    non-overlapping way count as overlapping."""
+    if t.numel() == 0:
+        return False
+    reach = 0  # the largest element offset the dims seen so far span
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz > 1):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def check_no_overlap(name: str, t: torch.Tensor, what: str = "rows") -> None:
+    """InputError if elements of the output ``t`` share memory: its {what} would overwrite each other."""
+    if overlapping(t):
+        raise InputError(f"{name} has {what} that share memory (shape {tuple(t.shape)}, strides {t.stride()}): "
+                         f"they would overwrite each other; pass a workspace whose {what} do not overlap "
+                         f"(torch.empty, or .contiguous() of an expanded tensor)")
+
+
 def _allocate_fix(layout) -> str:
     return f"allocate it with {layout.name} layout.allocate(num_pages)"
 

@@ -22,6 +22,24 @@ def _words():
 
 
 # ----- the record ------------------------------------------------------------------------------
+def test_the_record_of_a_device_that_is_not_here_is_nothing_or_a_typed_error(monkeypatch):
+    # issue 35 item 6: engines call raise_pending() every step; on a CPU-only CI it is a no-op
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU-only torch
+    for device in (None, "cuda", "cuda:0", torch.device("cuda")):
+        assert kvf.pending_error(device) is None
+        assert kvf.raise_pending(device) is None
+    with pytest.raises(kvf.BackendUnavailableError, match="'cuda' is not available: no CUDA device"):
+        kvf.error_record("cuda")
+    with pytest.raises(kvf.BackendUnavailableError, match="'cuda:0' is not available"):
+        kvf.Fp8Indexer(page_size=2).allocate(1, device="cuda:0")
+    for bad in (3.5, True, [0]):
+        for call in (kvf.pending_error, kvf.raise_pending, kvf.error_record,
+                     lambda d: kvf.Fp8Indexer(page_size=2).allocate(1, device=d)):
+            with pytest.raises(kvf.InputTypeError, match="device"):
+                call(bad)
+    assert kvf.Fp8Indexer(page_size=2).allocate(1, device="cpu").device.type == "cpu"
+
+
 def test_record_where_keeps_the_first_violation_until_read():
     site = deferred.site("decode", "slots")
     deferred.record_where(torch.tensor([False, True, True]), torch.tensor([3, 70, 90]), 64,
@@ -246,6 +264,37 @@ def test_rope_tail_off_the_host_leaves_invalid_rows_unrotated_and_records(device
         kvf.raise_pending(CPU)
     with pytest.raises(kvf.InputError, match=r"positions must lie in \[0, 16\)"):
         rope_tail(x, torch.tensor([2, 40, -1]), cs, check="strict")
+
+
+@pytest.mark.parametrize("site, error", [(len(deferred.SITES), kvf.InputError), (-1, kvf.InputError),
+                                         (deferred.site("encode", "slots"), kvf.InputError),
+                                         (float(deferred.site("swa_insert", "positions")), kvf.InputTypeError),
+                                         (True, kvf.InputTypeError), ("rope_tail", kvf.InputTypeError)])
+def test_rope_tail_refuses_a_site_that_is_not_a_positions_site(site, error, device_mode):
+    # issue 35 item 5: the site is recorded as given; a bad one broke raise_pending's message
+    from kvformats.deepseek_v4.rope import cos_sin_cache, rope_tail
+
+    cs = cos_sin_cache(64, 16)
+    with pytest.raises(error, match="site"):
+        rope_tail(torch.randn(2, 128), torch.tensor([2, 40]), cs, site=site)
+    assert kvf.pending_error(CPU) is None
+    out = rope_tail(torch.randn(2, 128), torch.tensor([2, 40]), cs, site=deferred.site("swa_insert", "positions"))
+    assert out.shape == (2, 128)
+    with pytest.raises(kvf.InputError, match=r"^swa_insert: positions\[1\] = 40"):
+        kvf.raise_pending(CPU)
+
+
+@pytest.mark.parametrize("check, where", [(99, 3), (int(deferred.Check.SLOT_RANGE), len(deferred.SITES)),
+                                          (int(deferred.Check.SLOT_RANGE), -1)])
+def test_a_record_that_names_no_known_violation_is_still_reported_once(check, where):
+    rec = deferred.error_record(CPU)
+    rec.copy_(torch.tensor([1, check, where, 4, 5, 6, 0, 0]))
+    err = kvf.pending_error(CPU)
+    assert type(err) is kvf.InputError and "unknown kind" in str(err) and "value 5, bound 6" in str(err)
+    assert rec.tolist() == [0] * 8 and kvf.pending_error(CPU) is None  # read once, then clear
+    rec.copy_(torch.tensor([1, check, where, 4, 5, 6, 0, 0]))
+    with pytest.raises(kvf.InputError, match="unknown kind"):
+        kvf.raise_pending(CPU)
 
 
 @pytest.mark.parametrize("op", ["compressed_slot_mapping", "combine_topk_swa_indices", "decode_swa_indices_and_lens"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import sys
 
@@ -14,7 +15,8 @@ import torch
 import kvformats as kvf
 from kvformats.caches.files import load_cache, load_caches, read_metadata, save_cache, save_caches
 from kvformats.cli import main
-from kvformats.errors import CacheFileError, CacheWriteError, InputError, InputTypeError, KVFormatError, OutputError
+from kvformats.errors import (BackendUnavailableError, CacheFileError, CacheWriteError, InputError, InputTypeError,
+                              KVFormatError, OutputError)
 
 
 def rewrite_metadata(src, dst, edit):
@@ -194,9 +196,78 @@ def test_unwritable_cache_files_raise_a_typed_error(tmp_path, monkeypatch):
     def failing(*args, **kwargs):
         raise safetensors.SafetensorError("Error while serializing: I/O error: disk full")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", failing)
+    monkeypatch.setattr(safetensors.torch, "save", failing)
     with pytest.raises(CacheWriteError, match="disk full"):
         save_cache(tmp_path / "full.safetensors", layout, cache)
+
+
+# ----- issue 35 item 1: cache files are written to their path, never put in its place -----------
+def test_a_symlinked_destination_is_written_through(tmp_path):
+    layout = kvf.Fp8Indexer(page_size=4)
+    cache = layout.allocate(1)
+    target, link = tmp_path / "target.safetensors", tmp_path / "link.safetensors"
+    target.write_text("old")
+    os.symlink(target.name, link)
+    save_cache(link, layout, cache)
+    assert os.path.islink(link) and os.readlink(link) == target.name
+    assert torch.equal(load_cache(target).cache, cache)
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "broken link"])
+def test_destinations_that_are_not_regular_files_are_refused(tmp_path, capsys, kind):
+    layout = kvf.Fp8Indexer(page_size=4)
+    cache = layout.allocate(1)
+    path = tmp_path / "dest"
+    if kind == "FIFO":
+        os.mkfifo(path)
+        said = "is a FIFO"
+    else:
+        os.symlink(tmp_path / "gone", path)
+        said = "symbolic link to a missing file"
+    for call in (lambda: save_cache(path, layout, cache), lambda: save_caches(path, {"c": (layout, cache)})):
+        with pytest.raises(CacheWriteError, match=said):
+            call()
+    code, out, err = run(capsys, "demo", "--rows", "1", "--save", path)
+    assert one_line_usage_error(code, out, err) and said in err
+    assert (stat.S_ISFIFO(os.lstat(path).st_mode) if kind == "FIFO" else os.path.islink(path))
+    assert not (tmp_path / "gone").exists()
+
+
+def test_new_cache_files_honour_the_umask_and_old_ones_keep_their_mode(tmp_path):
+    layout = kvf.Fp8Indexer(page_size=4)
+    cache = layout.allocate(1)
+    before = os.umask(0o022)
+    try:
+        save_cache(tmp_path / "a.safetensors", layout, cache)
+        os.umask(0o077)
+        save_cache(tmp_path / "b.safetensors", layout, cache)
+        (tmp_path / "c.safetensors").write_text("old")
+        os.chmod(tmp_path / "c.safetensors", 0o640)
+        save_cache(tmp_path / "c.safetensors", layout, cache)
+    finally:
+        os.umask(before)
+    modes = [os.stat(tmp_path / f"{n}.safetensors").st_mode & 0o777 for n in "abc"]
+    assert modes == [0o644, 0o600, 0o640]
+    assert torch.equal(load_cache(tmp_path / "c.safetensors").cache, cache)
+
+
+# ----- issue 35 item 2: device= is a device, and one that is here ------------------------------
+@pytest.mark.parametrize("device", [True, 3.5, 0.0, torch.float64, [0]])
+def test_a_device_that_is_not_a_device_is_refused(good, device):
+    # Tensor.to reads True / 3.5 / 0.0 as a dtype: the cache came back as bool or float64
+    for load in (load_caches, load_cache):
+        with pytest.raises(InputTypeError, match="device must be a torch.device"):
+            load(good, device=device)
+
+
+def test_an_unavailable_device_is_named_as_such(good, monkeypatch):
+    with pytest.raises(InputError, match="'gpu' is not a device"):
+        load_caches(good, device="gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU-only torch
+    with pytest.raises(BackendUnavailableError, match="'cuda' is not available: no CUDA device"):
+        load_cache(good, device="cuda")
+    entry = load_cache(good, device=torch.device("cpu"))
+    assert entry.cache.dtype == torch.uint8 and entry.cache.device.type == "cpu"
 
 
 # ----- item 16: what a path is, missing fields, expect= ----------------------------------------

@@ -90,6 +90,59 @@ def test_a_file_written_before_a_region_rename_still_loads(tmp_path):
         load_caches(tmp_path / "bad.safetensors")
 
 
+def test_rewording_the_spec_keeps_files_loadable(tmp_path, monkeypatch):
+    """Issue 35 item 3: the fingerprint covers what defines the bytes, not the spec's prose."""
+    from kvformats.spec import formats
+
+    layout = kvf.Fp8DsMla(page_size=4)
+    cache = filled(layout)
+    save_cache(tmp_path / "c.safetensors", layout, cache)
+    before = formats.spec_text(layout)
+    monkeypatch.setattr(formats, "ADDRESSING", formats.ADDRESSING + " (reworded)")
+    assert formats.spec_text(layout) != before
+    assert torch.equal(load_cache(tmp_path / "c.safetensors").cache, cache)
+    spec = formats.format_spec(layout)
+    spec["regions"][0]["doc"] = "another doc"
+    spec["numerics"]["profile"]["source"] = "another citation"
+    assert formats.byte_definition(spec) == formats.byte_definition(formats.format_spec(layout))
+    spec["regions"][0]["row_stride"] += 1  # a byte moves: another definition
+    assert formats.byte_definition(spec) != formats.byte_definition(formats.format_spec(layout))
+
+
+def test_files_written_before_fingerprints_left_the_prose_out_still_load(tmp_path):
+    """Files written until now carry the sha256 of the spec text: today's text for any
+    parameters, and the committed texts from before the citation changes (same bytes)."""
+    import hashlib
+
+    from kvformats.spec.formats import spec_text
+
+    layout = kvf.Fp8Indexer(page_size=4)  # not the default: its text was never committed
+    cache = filled(layout)
+    path = tmp_path / "c.safetensors"
+    save_cache(path, layout, cache)
+    _with_fingerprint(path, tmp_path / "text.safetensors", hashlib.sha256(spec_text(layout).encode()).hexdigest())
+    assert torch.equal(load_caches(tmp_path / "text.safetensors")["cache"].cache, cache)
+    # sha256 of spec/formats/<name>.json at aa57739 (before the citation change 36abca0) and cb170ec
+    former = {"fp8_indexer": ["e46a57e88493f6c13806d5c0027cb3785d34452b5a834ce16d86d40c3e239eac",
+                              "9be31a4186072ff31155750da959a70a0d10fa6fb33b82e6f6b26eef272a8030"],
+              "fp8_ds_mla_v32": ["c2e6ab7d10b1a12763897030bd8ad7b14555cda34ff919064de0f1689a66dac4"]}
+    for name, digests in former.items():
+        layout = kvf.get_format(name)
+        cache = filled(layout, pages=1)
+        save_cache(path, layout, cache)
+        for digest in digests:
+            _with_fingerprint(path, tmp_path / "old.safetensors", digest)
+            entry = load_caches(tmp_path / "old.safetensors")["cache"]
+            assert entry.layout == layout and torch.equal(entry.cache, cache)
+    # fp8_ds_mla at aa57739: its tokenspeed profile read a 0xFF scale as NaN then, +Inf now
+    layout = kvf.Fp8DsMla()
+    save_cache(path, layout, filled(layout, pages=1))
+    _with_fingerprint(path, tmp_path / "old.safetensors",
+                      "a292785536b6a51266c8302b77c8a5b92679092e9b022c780f8a6b17cbf5865e")
+    with pytest.raises(CacheFileError, match="different definition"):
+        load_caches(tmp_path / "old.safetensors")
+
+
 def test_missing_truncated_foreign_and_tampered_files(tmp_path):
     layout = kvf.Fp8Indexer(page_size=4)
     path = tmp_path / "c.safetensors"

@@ -142,3 +142,61 @@ def test_paged_ops_refuse_a_state_dequantize_and_bad_workspaces():
                             out=(torch.zeros(2, 64, dtype=torch.uint8), torch.zeros(2, 4, dtype=torch.uint8)))
     with pytest.raises(kvf.InputError, match="start at 0"):
         layout.gather_paged(cache, block_table=torch.tensor([[0]]), cu_seq_lens=torch.tensor([1, 2]))
+
+
+# ----- issue 35 items 4 and 8: workspaces whose rows overlap; workspaces that require grad --------
+def _overlapping(shape, strides, dtype):
+    """A sentinel-filled buffer and a view of it with ``strides`` whose elements overlap."""
+    size = 1 + sum((n - 1) * st for n, st in zip(shape, strides))
+    buf = torch.full((size,), SENTINEL if dtype.is_floating_point else 0xA5, dtype=dtype)
+    return buf, buf.as_strided(shape, strides)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_dequantize_gather_refuses_overlapping_rows_before_any_write(backend, routed):
+    layout = kvf.Fp8DsMla(page_size=4)
+    cache, _ = filled(layout, pages=2)
+    table, seq = torch.tensor([[0, 1], [1, 0]]), torch.tensor([5, 6])
+    shape = (2, 8, 512)
+    cases = [(8 * 512, 0, 1), (8 * 512, 256, 1), (0, 512, 1)]  # row stride 0, shorter than a row, one per request
+    for strides in cases:
+        buf, out = _overlapping(shape, strides, torch.bfloat16)
+        before = buf.clone()
+        with pytest.raises(kvf.InputError, match="share memory"):
+            layout.dequantize_gather(cache, out, block_table=table, seq_lens=seq, backend=backend)
+        assert torch.equal(buf, before)
+    one = torch.full((1, 8, 512), SENTINEL, dtype=torch.bfloat16)
+    with pytest.raises(kvf.InputError, match="share memory"):  # a workspace expanded over the requests
+        layout.dequantize_gather(cache, one.expand(*shape), block_table=table, seq_lens=seq, backend=backend)
+    assert torch.all(one == SENTINEL)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_gather_paged_refuses_overlapping_rows_before_any_write(backend, routed):
+    layout = kvf.Fp8Indexer(page_size=4)
+    cache, _ = filled(layout, pages=2)
+    table, cu = torch.tensor([[0, 1]]), torch.tensor([0, 6])
+    for stride in (0, 64):  # every row at one address; a row stride shorter than a 128-byte row
+        vbuf, values = _overlapping((6, 128), (stride, 1), torch.uint8)
+        scales = torch.full((6, 4), 0xA5, dtype=torch.uint8)
+        before = vbuf.clone()
+        with pytest.raises(kvf.InputError, match="values workspace has rows that share memory"):
+            layout.gather_paged(cache, block_table=table, cu_seq_lens=cu, out=(values, scales), backend=backend)
+        assert torch.equal(vbuf, before) and torch.all(scales == 0xA5)
+    values = torch.zeros(6, 128, dtype=torch.uint8)
+    with pytest.raises(kvf.InputError, match="scales workspace has rows that share memory"):
+        layout.gather_paged(cache, block_table=table, cu_seq_lens=cu,
+                            out=(values, torch.zeros(1, dtype=torch.float32).expand(6)), backend=backend)
+    assert torch.all(values == 0)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_a_workspace_that_requires_grad_is_filled_on_every_backend(backend, routed):
+    layout = kvf.Fp8DsMla(page_size=4)
+    cache, _ = filled(layout, pages=2)
+    args = {"block_table": torch.tensor([[0, 1], [1, 0]]), "seq_lens": torch.tensor([5, 6]), "offset": 1}
+    want = torch.full((2, 8, 512), SENTINEL, dtype=torch.bfloat16)
+    layout.dequantize_gather(cache, want, backend="reference", **args)
+    out = torch.full((2, 8, 512), SENTINEL, dtype=torch.bfloat16, requires_grad=True)
+    assert layout.dequantize_gather(cache, out, backend=backend, **args) is out
+    assert torch.equal(out.detach(), want) and out.requires_grad

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import kvformats as kvf
-from kvformats.spec.formats import check_specs, fingerprint, format_spec, spec_text, write_specs
+from kvformats.spec.formats import check_specs, fingerprint, format_spec, spec_digest, spec_text, write_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_DIR = ROOT / "spec" / "formats"
@@ -77,9 +77,10 @@ def test_fingerprint_is_stable_and_follows_params(name):
     layout = kvf.get_format(name)
     assert fingerprint(layout) == fingerprint(kvf.get_format(name))
     committed = (SPEC_DIR / f"{name}.json").read_bytes()
-    assert fingerprint(layout) == hashlib.sha256(committed).hexdigest()
+    assert spec_digest(layout) == hashlib.sha256(committed).hexdigest()
     other = OTHER_PARAMS.get(name, {"page_size": layout.page_size + 1})
     assert fingerprint(kvf.get_format(name, **other)) != fingerprint(layout)
+    assert spec_digest(kvf.get_format(name, **other)) != spec_digest(layout)
 
 
 def test_write_then_check_and_drift_reports(tmp_path):

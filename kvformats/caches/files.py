@@ -1,8 +1,9 @@
 """Cache files: save and load caches (one or many layers, any format) as safetensors.
 
 The file's metadata records, per tensor, the format name, its parameters, the page stride and
-a fingerprint of the format's spec JSON; loading rebuilds the layout and refuses a file whose
-fingerprint differs from this library's definition of that format. A file written here is
+a fingerprint of the format's byte definition (its spec JSON without the prose); loading
+rebuilds the layout and refuses a file whose fingerprint is not one this library accepts for
+that format (``kvformats.spec.formats.accepted_fingerprints``). A file written here is
 plain safetensors: other tools read the raw pages.
 
 Nothing in a file is trusted: every metadata field is checked for its type (exact ints, never
@@ -27,8 +28,9 @@ from kvformats.errors import (CacheFileError, CacheWriteError, InputError, Input
 from kvformats.codec.registry import get_format, list_formats
 from kvformats.layout import Layout
 
-__all__ = ["CacheEntry", "CacheFileError", "CacheWriteError", "MAX_ARENA_FACTOR", "RESERVED_NAMES", "io_available",
-           "load_cache", "load_caches", "read_metadata", "save_cache", "save_caches", "writable_file", "write_text"]
+__all__ = ["CacheEntry", "CacheFileError", "CacheWriteError", "MAX_ARENA_FACTOR", "RESERVED_NAMES",
+           "cache_file_destination", "io_available", "load_cache", "load_caches", "read_metadata", "save_cache",
+           "save_caches", "writable_file", "write_text"]
 
 META_KEY = "kvformats"
 IO_HINT = "pip install 'kvformats[io]'"
@@ -109,9 +111,63 @@ def _page_elems(cache: torch.Tensor) -> int:
     return n
 
 
+# what a path that is not a regular file is, for the messages of the writer and the loader
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+
+
+def cache_file_destination(path: str | os.PathLike) -> str:
+    """``path`` as a str if a cache file can be written to it: a regular file (or a symbolic
+    link to one, written through) or a new file in an existing directory. CacheWriteError
+    otherwise (a FIFO, a device node, a socket, a link to nothing, ...), as the loader refuses
+    them; nothing is created."""
+    try:
+        path = writable_file(path, "cache file")
+    except OutputError as err:
+        raise CacheWriteError(str(err)) from None
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise CacheWriteError(f"cannot write the cache file {path}: it is a symbolic link to a missing "
+                                  f"file") from None
+        return path
+    except OSError as err:
+        raise CacheWriteError(f"cannot write the cache file {path}: {err.strerror or err}") from None
+    if not stat.S_ISREG(mode):
+        kind = next((text for test, text in _KINDS if test(mode)), "not a regular file")
+        raise CacheWriteError(f"cannot write the cache file {path}: it is {kind}, not a regular file")
+    return path
+
+
+def _write_through(path: str, data: bytes) -> None:
+    """Write ``data`` into the file at ``path`` (following a symbolic link, keeping the file's
+    mode and links; a new file gets 0666 less the umask). Non-blocking open and a check of what
+    was opened: a FIFO or device put there since ``cache_file_destination`` is refused, not
+    written."""
+    flags = os.O_WRONLY | os.O_CREAT
+    for name in ("O_NONBLOCK", "O_NOCTTY", "O_CLOEXEC"):  # POSIX flags (absent on Windows)
+        flags |= getattr(os, name, 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        raise CacheWriteError(f"cannot write the cache file {path}: {err.strerror or err}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CacheWriteError(f"cannot write the cache file {path}: it is not a regular file")
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as err:
+        raise CacheWriteError(f"cannot write the cache file {path}: {err.strerror or err}") from None
+    finally:
+        os.close(fd)
+
+
 def save_caches(path: str | os.PathLike, caches: Mapping[str, tuple[Layout, torch.Tensor]]) -> None:
     """Write ``{name: (layout, cache)}`` to ``path`` (safetensors). Pages are stored contiguously;
-    the page stride, format, parameters and spec fingerprint go into the metadata.
+    the page stride, format, parameters and fingerprint go into the metadata.
 
     Raises InputError / InputTypeError / LayoutError for bad arguments (a reserved or non-text
     name, a cache that does not fit its layout) and CacheWriteError (a CacheFileError and an
@@ -145,15 +201,15 @@ def save_caches(path: str | os.PathLike, caches: Mapping[str, tuple[Layout, torc
                          "page_stride": stride, "shape": list(cache.shape)}
     meta = {"library_version": __version__, "spec_version": SPEC_VERSION, "tensors": entries}
     st = _safetensors()
+    path = cache_file_destination(path)
     try:
-        path = writable_file(path, "cache file")
-    except OutputError as err:
-        raise CacheWriteError(str(err)) from None
-    try:
-        st.torch.save_file(tensors, path, metadata={META_KEY: json.dumps(meta, sort_keys=True)})
-    except Exception as err:  # safetensors' SafetensorError (I/O), or an OSError
+        # serialized in memory, then written through the caller's path: safetensors' save_file
+        # renames a private 0600 file over the path, replacing links and device nodes
+        data = st.torch.save(tensors, metadata={META_KEY: json.dumps(meta, sort_keys=True)})
+    except Exception as err:  # safetensors' SafetensorError
         raise CacheWriteError(f"cannot write the cache file {path}: {type(err).__name__}: "
                               f"{str(err).splitlines()[0] if str(err) else ''}") from None
+    _write_through(path, data)
 
 
 def save_cache(path: str | os.PathLike, layout: Layout, cache: torch.Tensor, name: str = "cache") -> None:
@@ -162,10 +218,6 @@ def save_cache(path: str | os.PathLike, layout: Layout, cache: torch.Tensor, nam
 
 
 # ----- reading ---------------------------------------------------------------------------------
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
-
-
 def _check_regular_file(path: str) -> None:
     """CacheFileError unless ``path`` is a regular file (never opens it: a FIFO would block)."""
     try:
@@ -328,13 +380,18 @@ def load_caches(path: str | os.PathLike, *, device=None, expect: Layout | str | 
                 max_arena_bytes: int | None = None) -> dict[str, CacheEntry]:
     """Read every cache in ``path`` -> ``{name: CacheEntry}``.
 
-    ``expect``: a layout (refuse any tensor whose layout differs) or a format name (refuse any
-    tensor of another format). ``max_arena_bytes``: the largest arena a cache with a padded page
-    stride may be restored into (default ``MAX_ARENA_FACTOR`` times its stored bytes). Raises
-    CacheFileError on any problem with the file."""
+    ``device``: where to put the caches (None: the CPU); InputTypeError if it is not a device,
+    BackendUnavailableError if it is not available here. ``expect``: a layout (refuse any
+    tensor whose layout differs) or a format name (refuse any tensor of another format).
+    ``max_arena_bytes``: the largest arena a cache with a padded page stride may be restored
+    into (default ``MAX_ARENA_FACTOR`` times its stored bytes). Raises CacheFileError on any
+    problem with the file."""
+    from kvformats.runtime.deferred import available_device
     from kvformats.validation import check_cache
 
     accept, wanted = _expected(expect)
+    if device is not None:  # Tensor.to would read True or 3.5 as a dtype and convert the cache
+        device = available_device(device)
     if max_arena_bytes is not None and not (_exact_int(max_arena_bytes) and max_arena_bytes >= 0):
         raise InputError(f"max_arena_bytes must be a non-negative int or None, got {max_arena_bytes!r}")
     path = os.fspath(path)

@@ -107,12 +107,12 @@ def cmd_demo(args, out) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here")
     if args.save:  # checked before the demo runs, not after
-        from kvformats.caches.files import IO_HINT, io_available, writable_file
+        from kvformats.caches.files import IO_HINT, cache_file_destination, io_available
 
         if not io_available():
             raise UsageError(f"--save needs the io extra (safetensors, numpy): {IO_HINT}")
         try:
-            writable_file(args.save, "cache file")
+            cache_file_destination(args.save)
         except KVFormatError as err:
             raise UsageError(f"--save: {str(err).splitlines()[0]}") from None
     results = run_demo(rows=args.rows, device=device, out=out, save_to=args.save or None)

@@ -24,7 +24,7 @@ from kvformats.codec.blocktable import table_slots
 from kvformats.codec.rows import read_rows
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.runtime import deferred, replay
-from kvformats.validation import INDEX_DTYPES, capturing, check_cache, check_slots, check_tensor
+from kvformats.validation import INDEX_DTYPES, capturing, check_cache, check_no_overlap, check_slots, check_tensor
 
 PAGED_OPS = ("dequantize_gather", "gather_paged", "decode_topk")
 _SITES = {"gather_lens": deferred.site("dequantize_gather", "gather_lens"),
@@ -55,6 +55,7 @@ def dequantize_gather(layout, cache, out, *, block_table, seq_lens, gather_lens=
                      shape=(requests,), device=cache.device)
     check_tensor("out", out, dtypes=(layout.decode_dtype,), shape=(requests, None, layout.head_dim),
                  device=cache.device)
+    check_no_overlap("out", out, "elements")
     if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset <= out.shape[1]:
         raise InputError(f"offset must be an int in [0, {out.shape[1]}] (the workspace width), got {offset!r}")
     fn = registry.resolve(layout.name, "dequantize_gather", backend, cache.device)
@@ -91,7 +92,9 @@ def dequantize_gather_reference(layout, cache, out, block_table, seq_lens, gathe
     req, col = live.nonzero(as_tuple=True)
     pos = seq_lens.long()[req] - glen[req] + col
     slots = table_slots(block_table, req, pos, layout.page_size, base, cache.shape[0])
-    out[req, offset + col] = layout.decode_rows(read_rows(layout, cache, slots)).to(out.dtype)
+    # written as the kernels write it, as memory autograd does not track: a workspace that
+    # requires grad is filled on both backends (an in-place write to it would raise here)
+    out.detach()[req, offset + col] = layout.decode_rows(read_rows(layout, cache, slots)).to(out.dtype)
 
 
 # ----- gather_paged -----------------------------------------------------------------------------
@@ -111,6 +114,7 @@ def _workspaces(layout, cache, out, total: int | None):
         if raw.shape[1] < seg.record_bytes or raw.stride(1) != 1:
             raise InputError(f"{seg.name} workspace rows must hold {seg.record_bytes} contiguous bytes, "
                              f"got {describe(ws)}")
+        check_no_overlap(f"the {seg.name} workspace", raw[:, :seg.record_bytes])
         views.append(raw[:, :seg.record_bytes])
     if len({v.shape[0] for v in views}) != 1:
         raise InputError(f"workspaces must have the same number of rows, got {[v.shape[0] for v in views]}")

@@ -15,6 +15,15 @@ from kvformats.formats.compressor_state import RATIOS, halves
 from kvformats.validation import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_cache, check_tensor, repeats  # noqa: F401 - FLOAT_DTYPES: C.FLOAT_DTYPES
 
 
+def check_mode(check) -> None:
+    """``check`` is True, False or "strict", as every op takes it (spec/checks.md §1). For the ops
+    whose inputs have no invalid values (each maps to a defined output, -1 for a missing entry):
+    it is validated so that one ``check`` can be passed to every op, and changes nothing."""
+    if check is True or check is False or (isinstance(check, str) and check == "strict"):
+        return
+    raise InputTypeError(f"check must be True, False or 'strict', got {check!r}")
+
+
 def check_int(name: str, value, *, minimum: int = 0, allowed: tuple | None = None) -> int:
     """``value`` is a Python int >= ``minimum`` (and in ``allowed`` when given)."""
     if not isinstance(value, int) or isinstance(value, bool):

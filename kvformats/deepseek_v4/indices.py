@@ -80,13 +80,15 @@ def _valid_tokens(req, requests: int, is_valid_token):
 # ----- slot mappings ----------------------------------------------------------------------------
 @replay.replayable
 def table_slot_mapping(*, positions, req_indices, block_table, page_size: int, entry_stride: int = 1,
-                       block_table_base_offsets=None, is_valid_token=None, backend: str = "auto"):
+                       block_table_base_offsets=None, is_valid_token=None, backend: str = "auto", check=True):
     """int64 ``[T]`` slots of a cache group (spec/upstream.md §1.3): logical row ``p // entry_stride``
     (1 for SWA/state groups, ``ratio`` for compressed groups), page ``table[r, row // page_size
     - base[r]]``, slot ``page * page_size + row % page_size``; −1 for missing pages and invalid
     tokens, and for pages whose slots would pass int64 (entries above
     ``max_page_entry(page_size, 2**63 - 1)``). (Compressed groups: every token of a group maps to
-    the group's slot; the compress inserts write only at the group's last token.)"""
+    the group's slot; the compress inserts write only at the group's last token.) No value of
+    these inputs is invalid: ``check`` (spec/checks.md) is validated and changes nothing."""
+    C.check_mode(check)
     dev = _device(positions)
     n = C.check_index("positions", positions, None, dev)
     C.check_index("req_indices", req_indices, n, dev)
@@ -162,7 +164,7 @@ def compressed_slot_mapping_reference(num_tokens, qsl, seq_lens, table, page_siz
 # ----- top-k / sparse index rows ----------------------------------------------------------------
 @replay.replayable
 def global_topk_indices_and_lens(*, topk_indices, req_indices, block_table, page_size: int, is_valid_token=None,
-                                 backend: str = "auto"):
+                                 backend: str = "auto", check=True):
     """Map local compressed indices to global compressed-cache slots.
 
     ``topk_indices`` int32 ``[T, K]`` (−1 = none), ``req_indices [T]``, ``block_table [R, P]``.
@@ -170,8 +172,10 @@ def global_topk_indices_and_lens(*, topk_indices, req_indices, block_table, page
     * page_size + i % page_size`` (−1 if that page is missing, or its slots would pass int32:
     entries above ``max_page_entry(page_size, 2**31 - 1)``), −1 stays −1; ``lens`` counts the
     entries ``i >= 0``. Invalid tokens (``is_valid_token`` False or request out of range) get an
-    all −1 row and length 0 (tokenspeed leaves their row unwritten).
+    all −1 row and length 0 (tokenspeed leaves their row unwritten). No value of these inputs is
+    invalid: ``check`` (spec/checks.md) is validated and changes nothing.
     """
+    C.check_mode(check)
     dev = _device(topk_indices)
     C.check_tensor("topk_indices", topk_indices, dtypes=(torch.int32,), shape=(None, None), device=dev)
     n = topk_indices.shape[0]
@@ -268,7 +272,8 @@ def combine_topk_swa_indices_reference(topk_idx, qsl, seq_lens, gather_lens, win
 
 @replay.replayable
 def combine_dense_swa_indices(*, positions, req_indices, seq_lens, compressed_lens, gather_lens, window_size: int,
-                              ratio: int, workspace_width: int, compressed_base: int, backend: str = "auto"):
+                              ratio: int, workspace_width: int, compressed_base: int, backend: str = "auto",
+                              check=True):
     """Dense-prefill index rows ``[all compressed entries | sliding window]`` into the workspace.
 
     Token t of request r at ``positions[t]`` = p: ``compressed_len = min((p + 1) // ratio,
@@ -277,8 +282,10 @@ def combine_dense_swa_indices(*, positions, req_indices, seq_lens, compressed_le
     entries as in ``combine_topk_swa_indices``, then −1. Returns ``(int32 [T, roundup(max(
     compressed_base + window_size, 1), 128)], lens int32 [T])``; tokens with a request index
     outside ``[0, R)``: all −1, length 0. Entries beyond the int32 range are −1; ``workspace_width``
-    and ``compressed_base + window_size`` must fit int32 (InputError).
+    and ``compressed_base + window_size`` must fit int32 (InputError). No value of these inputs
+    is invalid: ``check`` (spec/checks.md) is validated and changes nothing.
     """
+    C.check_mode(check)
     dev = _device(positions)
     n = C.check_index("positions", positions, None, dev)
     C.check_index("req_indices", req_indices, n, dev)
@@ -375,10 +382,13 @@ def decode_swa_indices_and_lens_reference(qsl, seq_lens, req, table, window, pag
 
 
 @replay.replayable
-def dense_prefill_local_compressed_indices(*, positions, ratio: int, width: int, out=None, backend: str = "auto"):
+def dense_prefill_local_compressed_indices(*, positions, ratio: int, width: int, out=None, backend: str = "auto",
+                                           check=True):
     """int32 ``[T, width]``: ``j`` where ``j < min((p + 1) // ratio, width)``, else −1 (the local
     compressed rows a dense-prefill token may attend). ``out`` (int32 ``[>= T, >= width]``)
-    receives ``out[:T, :width]`` and that view is returned."""
+    receives ``out[:T, :width]`` and that view is returned. No value of ``positions`` is invalid:
+    ``check`` (spec/checks.md) is validated and changes nothing."""
+    C.check_mode(check)
     dev = _device(positions)
     n = C.check_index("positions", positions, None, dev)
     C.check_int("ratio", ratio, minimum=1)

@@ -62,7 +62,7 @@ def pool_reference(state_cache, ratio: int, positions, req_indices, block_table,
 def pool_compressor_state(state_cache: torch.Tensor, *, ratio: int, positions: torch.Tensor,
                           req_indices: torch.Tensor, block_table: torch.Tensor, rms_weight: torch.Tensor,
                           rms_eps: float, block_table_base_offsets: torch.Tensor | None = None,
-                          backend: str = "auto") -> torch.Tensor:
+                          backend: str = "auto", check=True) -> torch.Tensor:
     """Pool and RMS-normalise the compressor-state window ending at each token -> float32 ``[T, h]``.
 
     Args:
@@ -75,7 +75,10 @@ def pool_compressor_state(state_cache: torch.Tensor, *, ratio: int, positions: t
         rms_weight: ``[h]`` norm weight (any float dtype, used in float32); ``rms_eps``: its epsilon.
 
     Generic in ``h`` (spec/upstream.md §12 C uses h = 2). Every token is pooled, group end or not.
+    No value of these inputs is invalid (a missing page leaves its rows out of the window):
+    ``check`` (spec/checks.md) is validated and changes nothing.
     """
+    C.check_mode(check)
     device = state_cache.device if isinstance(state_cache, torch.Tensor) else None
     C.check_tensor("rms_weight", rms_weight, dtypes=C.FLOAT_DTYPES, shape=(None,), device=device)
     C.state_layout(state_cache, ratio, rms_weight.shape[0])

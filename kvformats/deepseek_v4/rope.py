@@ -44,10 +44,12 @@ def cos_sin_cache(rope_dim: int, max_positions: int, base: float = 10000.0) -> t
 _SITE = deferred.site("rope_tail", "positions")
 
 
-def _check_rope_args(x, positions, cos_sin, check) -> bool:
+def _check_rope_args(x, positions, cos_sin, check, site) -> bool:
     """Typed errors for ``rope_tail``'s arguments; the position range is checked on the host
     when ``kvformats.runtime.deferred.on_host`` says so (CPU tensors, strict mode; never inside
     torch.compile tracing). Returns whether it was."""
+    # a bad site would be recorded and break the message raise_pending builds from it
+    deferred.check_site(site, arg_suffix="positions")
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1:
         raise InputTypeError(f"x must be a floating-point tensor [N, ..., D], got {describe(x)}")
     if not isinstance(cos_sin, torch.Tensor) or not cos_sin.is_floating_point() or cos_sin.dim() != 2:
@@ -89,7 +91,7 @@ def rope_tail(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, *
     rotates through this names itself, ``kvformats.runtime.deferred.site``).
     """
     rope_dim = cos_sin.shape[1] if isinstance(cos_sin, torch.Tensor) and cos_sin.dim() == 2 else 0
-    checked = _check_rope_args(x, positions, cos_sin, check)
+    checked = _check_rope_args(x, positions, cos_sin, check, site)
     half = rope_dim // 2
     out = x.float().clone()
     p = positions.long()

@@ -2,7 +2,7 @@
 
     import kvformats.deepseek_v4.torch_ops as dops   # registers the ops (``import kvformats.deepseek_v4`` does not)
     dops.csa_compress_kv_insert(state, kv_cache, positions=pos, ...)   # == dsv4.csa_compress_kv_insert(...)
-    torch.ops.kvformats.dsv4_table_slot_mapping(pos, req, table, 64, 1, None, None, "auto")
+    torch.ops.kvformats.dsv4_table_slot_mapping(pos, req, table, 64, 1, None, None, "auto", True)
     args = dops.op_arguments("compressed_slot_mapping", num_tokens=8, ...)  # dict, schema order
 
 Op ``kvformats::dsv4_<op>`` for each ``op`` in ``kvformats.deepseek_v4.MODEL_OPS``; its schema lists the
@@ -50,10 +50,10 @@ _Q_ARGS = "Tensor index_q, Tensor positions, Tensor cos_sin_cache, Tensor weight
           "float head_scale, str backend, bool check"
 SCHEMAS = {
     # transforms and pooling
-    "hadamard_transform": ("Tensor x, float? scale, str backend", "Tensor"),
+    "hadamard_transform": ("Tensor x, float? scale, str backend, bool check", "Tensor"),
     "pool_compressor_state": ("Tensor state_cache, int ratio, Tensor positions, Tensor req_indices, "
                               "Tensor block_table, Tensor rms_weight, float rms_eps, "
-                              "Tensor? block_table_base_offsets, str backend", "Tensor"),
+                              "Tensor? block_table_base_offsets, str backend, bool check", "Tensor"),
     # cache writers
     "save_compressor_state": ("Tensor kv, Tensor score, Tensor ape, Tensor(a!) state_cache, int ratio, "
                               "Tensor positions, Tensor? slots, Tensor? req_indices, Tensor? block_table, "
@@ -74,24 +74,24 @@ SCHEMAS = {
     # index helpers
     "table_slot_mapping": ("Tensor positions, Tensor req_indices, Tensor block_table, int page_size, "
                            "int entry_stride, Tensor? block_table_base_offsets, Tensor? is_valid_token, "
-                           "str backend", "Tensor"),
+                           "str backend, bool check", "Tensor"),
     "compressed_slot_mapping": ("int num_tokens, Tensor query_start_loc, Tensor seq_lens, Tensor block_table, "
                                 "int page_size, int ratio, Tensor? block_table_base_offsets, Tensor(a!) out, "
                                 "str backend, bool check", "()"),
     "global_topk_indices_and_lens": ("Tensor topk_indices, Tensor req_indices, Tensor block_table, int page_size, "
-                                     "Tensor? is_valid_token, str backend", "(Tensor, Tensor)"),
+                                     "Tensor? is_valid_token, str backend, bool check", "(Tensor, Tensor)"),
     "combine_topk_swa_indices": ("Tensor topk_indices, Tensor query_start_loc, Tensor seq_lens, "
                                  "Tensor gather_lens, int window_size, int ratio, int topk, int workspace_width, "
                                  "int compressed_base, str backend, bool check", "(Tensor, Tensor)"),
     "combine_dense_swa_indices": ("Tensor positions, Tensor req_indices, Tensor seq_lens, Tensor compressed_lens, "
                                   "Tensor gather_lens, int window_size, int ratio, int workspace_width, "
-                                  "int compressed_base, str backend", "(Tensor, Tensor)"),
+                                  "int compressed_base, str backend, bool check", "(Tensor, Tensor)"),
     "decode_swa_indices_and_lens": ("Tensor query_start_loc, Tensor seq_lens, Tensor req_indices, "
                                     "Tensor block_table, int window_size, int page_size, "
                                     "Tensor? block_table_base_offsets, Tensor? is_valid_token, "
                                     "Tensor(a!) out_indices, Tensor(b!) out_lens, str backend, bool check", "()"),
     "dense_prefill_local_compressed_indices": ("Tensor positions, int ratio, int width, Tensor(a!) out, "
-                                               "str backend", "()"),
+                                               "str backend, bool check", "()"),
 }
 KEEP_LAYOUT = {"inv_rope_fp8_quant"}  # outputs are documented strided views of fresh buffers
 
@@ -131,7 +131,7 @@ FAKES = {
     "global_topk_indices_and_lens": lambda topk, *_: (_i32(topk, *topk.shape), _i32(topk, topk.shape[0])),
     "combine_topk_swa_indices": lambda topk_idx, qsl, sl, gl, window, ratio, topk, *_: (
         _i32(topk_idx, topk_idx.shape[0], round_up(topk + window, ALIGN)), _i32(topk_idx, topk_idx.shape[0])),
-    "combine_dense_swa_indices": lambda pos, req, sl, cl, gl, window, ratio, ww, cb, backend: (
+    "combine_dense_swa_indices": lambda pos, req, sl, cl, gl, window, ratio, ww, cb, *_: (
         _i32(pos, pos.shape[0], round_up(max(cb + window, 1), ALIGN)), _i32(pos, pos.shape[0])),
     "compressed_slot_mapping": lambda *_: None,
     "decode_swa_indices_and_lens": lambda *_: None,

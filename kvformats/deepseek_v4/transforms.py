@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from kvformats.deepseek_v4 import _dispatch as D
+from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.rope import cos_sin_cache, rope_tail
 from kvformats.errors import BackendUnavailableError, InputError, InputTypeError, describe
 from kvformats.runtime import replay
@@ -39,7 +40,8 @@ def _is_pow2(n: int) -> bool:
 
 
 @replay.replayable
-def hadamard_transform(x: torch.Tensor, scale: float | None = None, *, backend: str = "auto") -> torch.Tensor:
+def hadamard_transform(x: torch.Tensor, scale: float | None = None, *, backend: str = "auto",
+                       check=True) -> torch.Tensor:
     """Natural-order (Sylvester) Walsh-Hadamard transform of the last dim -> bfloat16, same shape.
 
     ``y_j = scale * sum_i (-1)^popcount(i & j) * bf16(x)_i`` with ``scale = D^-0.5`` by default
@@ -47,8 +49,10 @@ def hadamard_transform(x: torch.Tensor, scale: float | None = None, *, backend: 
     butterfly (stages h = 1, 2, 4, ... D/2, each ``(a, b) -> (a + b, a - b)``), the product with
     the float32 scale follows, and the result is rounded to bf16. ``D`` must be a power of two.
     The Triton kernel takes rows of up to 1024 elements: wider rows run the reference under
-    ``backend="auto"`` and raise BackendUnavailableError under ``backend="triton"``.
+    ``backend="auto"`` and raise BackendUnavailableError under ``backend="triton"``. Every value
+    of ``x`` is transformed: ``check`` (spec/checks.md) is validated and changes nothing.
     """
+    C.check_mode(check)
     if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
         raise InputTypeError(f"x must be a bf16, fp16 or fp32 tensor, got {describe(x)}")
     d = x.shape[-1] if x.dim() else 0

@@ -33,7 +33,7 @@ import os
 
 import torch
 
-from kvformats.errors import InputError, InputTypeError
+from kvformats.errors import BackendUnavailableError, InputError, InputTypeError
 
 WORDS = 8
 STATE, CHECK, SITE, INDEX, VALUE, BOUND = range(6)
@@ -87,6 +87,22 @@ def site(op: str, arg: str) -> int:
     return _SITE_INDEX[(op, arg)]
 
 
+def check_site(value, what: str = "site", *, arg_suffix: str = "") -> int:
+    """``value`` if it is a site (an exact int indexing SITES) whose argument ends with
+    ``arg_suffix``; InputTypeError for a non-int (a float would be truncated and blame another
+    op), InputError for an index out of range or a site of another kind of argument."""
+    if type(value) is not int:  # noqa: E721 - bools and floats are refused on purpose
+        raise InputTypeError(f"{what} must be an int from kvformats.runtime.deferred.site(op, arg), "
+                             f"got {type(value).__name__} {value!r}")
+    if not 0 <= value < len(SITES):
+        raise InputError(f"{what} must be in [0, {len(SITES)}) (kvformats.runtime.deferred.site(op, arg)), "
+                         f"got {value}")
+    if not SITES[value][1].endswith(arg_suffix):
+        raise InputError(f"{what} {value} names {SITES[value][0]}'s {SITES[value][1]!r}; it must name an "
+                         f"argument ending in {arg_suffix!r}")
+    return value
+
+
 # ----- check modes ------------------------------------------------------------------------------
 # Per context (each thread starts with the process default, KVFORMATS_STRICT): one thread's
 # strict block never changes another's calls, and blocks nest.
@@ -130,8 +146,61 @@ def on_host(check, t: torch.Tensor) -> bool:
 _RECORDS: dict[torch.device, torch.Tensor] = {}
 
 
-def _key(device) -> torch.device:
-    device = torch.device(device if device is not None else "cuda")
+def as_device(device, what: str = "device") -> torch.device:
+    """``device`` (a torch.device, a string such as ``"cuda:0"``, or a device index) as a
+    torch.device. InputTypeError for anything else: ``Tensor.to`` would read a bool or a float
+    as a dtype. InputError for a string that names no device or a negative index;
+    BackendUnavailableError for an index where this torch has no accelerator."""
+    if isinstance(device, torch.device):
+        return device
+    if not (isinstance(device, str) or isinstance(device, int) and not isinstance(device, bool)):
+        raise InputTypeError(f"{what} must be a torch.device, a device string such as 'cuda:0' or a device "
+                             f"index, got {type(device).__name__} {device!r}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        text = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if isinstance(device, int) and device >= 0:  # torch reads an index as the current accelerator's
+            raise BackendUnavailableError(f"{what} {device!r}: no device is available here ({text})") from None
+        raise InputError(f"{what} {device!r} is not a device ({text})") from None
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why tensors cannot be made on ``device`` here (this torch has no CUDA, no such index, ...),
+    or None when they can. Asks torch about availability; reads no tensor."""
+    if device.type in ("cpu", "meta"):
+        return None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            built = "built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            return f"no CUDA device is available here (torch {torch.__version__}, {built})"
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            return f"this machine has {count} CUDA device{'s' if count != 1 else ''}"
+        return None
+    try:
+        torch.empty(0, device=device)
+    except Exception as err:  # noqa: BLE001 - each backend raises its own type (AssertionError, RuntimeError)
+        return str(err).splitlines()[0] if str(err) else type(err).__name__
+    return None
+
+
+def available_device(device, what: str = "device") -> torch.device:
+    """``as_device(device)``, and BackendUnavailableError (naming the device and why) when it is
+    not available here."""
+    dev = as_device(device, what)
+    why = unavailable(dev)
+    if why is not None:
+        raise BackendUnavailableError(f"{what} {str(dev)!r} is not available: {why}")
+    return dev
+
+
+def _key(device) -> torch.device | None:
+    """The record's key of ``device`` (None: the current CUDA device), or None when the device is
+    not available here: no record can exist there."""
+    device = torch.device("cuda") if device is None else as_device(device)
+    if unavailable(device) is not None:
+        return None
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
@@ -140,11 +209,14 @@ def _key(device) -> torch.device:
 def error_record(device) -> torch.Tensor:
     """The device's record (int64 ``[8]``, zero while clear), allocated on first use. Allocate it
     before capturing a CUDA graph (any eager call of an op on the device does, or call this): an
-    allocation inside capture would belong to the graph."""
-    rec = _RECORDS.get(device)
+    allocation inside capture would belong to the graph. BackendUnavailableError for a device
+    that is not available here."""
+    rec = _RECORDS.get(device) if isinstance(device, torch.device) else None
     if rec is not None:
         return rec
     key = _key(device)
+    if key is None:
+        available_device(device, "error_record's device")  # raises, naming why
     rec = _RECORDS.get(key)
     if rec is None:
         if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -162,24 +234,31 @@ def describe_record(words) -> str | None:
     """The message of a record read to the host (a list of 8 ints), or None when it is clear."""
     if not words[STATE]:
         return None
-    check, where = Check(words[CHECK]), SITES[words[SITE]]
-    op, arg = where
-    body = MESSAGES[check].format(arg=arg, index=words[INDEX], value=words[VALUE], bound=words[BOUND],
-                                  last=words[BOUND] - 1)
+    known = words[CHECK] in Check._value2member_map_ and 0 <= words[SITE] < len(SITES)
+    if not known:  # never raise here: the message is all that is left of the violation
+        return (f"a violation of unknown kind (check {words[CHECK]}, site {words[SITE]}) was recorded: "
+                f"index {words[INDEX]}, value {words[VALUE]}, bound {words[BOUND]} "
+                f"(recorded on the device by a call that did not synchronize)")
+    op, arg = SITES[words[SITE]]
+    body = MESSAGES[Check(words[CHECK])].format(arg=arg, index=words[INDEX], value=words[VALUE],
+                                                bound=words[BOUND], last=words[BOUND] - 1)
     return f"{op}: {body} (recorded on the device by a call that did not synchronize)"
 
 
 def pending_error(device=None) -> InputError | None:
-    """Read and clear the device's record (one synchronization): the InputError it holds, or None."""
+    """Read and clear the device's record (one synchronization): the InputError it holds, or None.
+    None too for a device that is not available here (a CPU-only torch and the default device):
+    no record can exist there."""
     key = _key(device)
-    rec = _RECORDS.get(key)
+    rec = None if key is None else _RECORDS.get(key)
     if rec is None:
         return None
     words = rec.tolist()
     if not words[STATE]:
         return None
+    message = describe_record(words)  # before clearing: the record is the only copy
     rec.zero_()
-    return InputError(describe_record(words))
+    return InputError(message)
 
 
 def raise_pending(device=None) -> None:

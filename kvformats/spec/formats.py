@@ -3,7 +3,7 @@ object alone (parameters, segments, regions, scale rule), plus a drift check aga
 committed ``spec/formats/<name>.json`` files.
 
     text = spec_text(kvf.get_format("fp8_ds_mla"))   # canonical JSON, sorted keys, trailing newline
-    fingerprint(layout)                               # sha256 hex of that text
+    fingerprint(layout)                               # sha256 hex of its byte definition (no prose)
     write_specs(Path("spec/formats"))                 # regenerate every registered format
     check_specs(Path("spec/formats"))                 # [] when the committed files are current
 
@@ -151,18 +151,77 @@ def spec_text(layout) -> str:
     return json.dumps(format_spec(layout), indent=2, sort_keys=True) + "\n"
 
 
+# Prose of the spec: what explains the bytes, not what defines them (citations, docs, a version
+# label, rules spelled out in words from data kept below). A cache file's fingerprint leaves it
+# out, so a changed citation does not make files of the same bytes unloadable.
+_PROSE = ("addressing", "spec_version", "example_offsets")
+_REGION_PROSE = ("doc",)
+_NUMERICS_PROSE = ("note", "error_bound", "element_rounding", "input_rounding", "scale_exponent", "scale_storage",
+                   "profiles")
+_PROFILE_PROSE = ("engine", "source", "error_bound")
+
+
+def byte_definition(spec: dict) -> dict:
+    """``format_spec``'s dict without its prose: the parameters, geometry, segments, regions and
+    numerics (element and scale types, scale rule, profile rules) that define a cache's bytes.
+    ``input_rounding`` becomes ``quant_input_dtype``, the dtype its words are made from."""
+    out = {k: v for k, v in spec.items() if k not in _PROSE}
+    out["regions"] = [{k: v for k, v in r.items() if k not in _REGION_PROSE} for r in spec["regions"]]
+    numerics = spec["numerics"]
+    out["numerics"] = {k: v for k, v in numerics.items() if k not in _NUMERICS_PROSE}
+    if "input_rounding" in numerics:  # "bfloat16 (round-to-nearest-even) ..." or "none (exact upcast to float32)"
+        words = numerics["input_rounding"]
+        out["numerics"]["quant_input_dtype"] = "float32" if words.startswith("none") else words.split()[0]
+    if "profile" in numerics:
+        out["numerics"]["profile"] = {k: v for k, v in numerics["profile"].items() if k not in _PROFILE_PROSE}
+    return out
+
+
 def fingerprint(layout) -> str:
-    """sha256 hex digest of ``spec_text(layout)``: equal iff the described bytes are equal."""
+    """sha256 hex digest of ``layout``'s byte definition (``byte_definition``): equal iff the
+    described bytes are equal; prose of the spec does not change it."""
+    return _digest(byte_definition(format_spec(layout)))
+
+
+def spec_digest(layout) -> str:
+    """sha256 hex digest of ``spec_text(layout)``, prose included: what files written before
+    fingerprints left the prose out carry (still accepted, ``accepted_fingerprints``)."""
     return _digest(format_spec(layout))
 
 
+# The spec-text digests of former committed spec/formats/<name>.json files (default parameters)
+# whose byte definition is today's: files of kvformats 0.1.0 written while those texts were
+# current carry them (the citation changes of 36abca0 and cb170ec orphaned them). Each was read
+# from the repository's history and its byte definition compared with today's; a profile
+# without ``ue8m0_ff`` read a 0xFF scale byte as float8_e8m0fnu's NaN, today's "nan" (the
+# tokenspeed profiles of fp8_ds_mla and mxfp4_indexer read it as +Inf since 745a523: their
+# files from before are not the same definition and stay refused).
+FORMER_SPEC_DIGESTS: dict[str, frozenset[str]] = {
+    "fp8_indexer": frozenset({
+        "e46a57e88493f6c13806d5c0027cb3785d34452b5a834ce16d86d40c3e239eac",  # aa57739
+        "6d9268ae6a3308d173dfe42a35b6df7496ff9886c2e269650b70c74dfd6bade5",  # 36abca0
+        "9be31a4186072ff31155750da959a70a0d10fa6fb33b82e6f6b26eef272a8030",  # cb170ec
+    }),
+    "fp8_ds_mla_v32": frozenset({
+        "c2e6ab7d10b1a12763897030bd8ad7b14555cda34ff919064de0f1689a66dac4",  # aa57739
+        "9b6b36de0cfd8b29be3139d319a0cde0efba475e0913d255b0c9a49e0de48209",  # 36abca0
+        "3340fe370bc13438fc04b76c03dd802a00f5ce740f53c2ddcc80e600aed80da4",  # cb170ec
+    }),
+}
+
+
 def accepted_fingerprints(layout) -> set[str]:
-    """The fingerprints a cache file of ``layout`` may carry: today's, and those of the same
-    bytes described under the region names the format had before (``former_region_names``,
-    new name -> old), so that renaming a region does not orphan files written before."""
-    accepted = {fingerprint(layout)}
+    """The fingerprints a cache file of ``layout`` may carry: today's; the spec-text digest
+    earlier versions wrote (today's text, and the former texts of ``FORMER_SPEC_DIGESTS`` for a
+    layout of default parameters); and each of those for the same bytes described under the
+    region names the format had before (``former_region_names``, new name -> old), so that
+    renaming a region or rewording the prose does not orphan files written before."""
+    specs = [format_spec(layout)]
     for new, old in getattr(layout, "former_region_names", {}).items():
-        accepted.add(_digest(_rename_region(format_spec(layout), new, old)))
+        specs.append(_rename_region(format_spec(layout), new, old))
+    accepted = {_digest(spec) for spec in specs} | {_digest(byte_definition(spec)) for spec in specs}
+    if layout == get_format(layout.name):
+        accepted |= FORMER_SPEC_DIGESTS.get(layout.name, frozenset())
     return accepted
 
 

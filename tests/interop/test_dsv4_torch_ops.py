@@ -230,6 +230,30 @@ def test_op_bytes_equal_the_python_function(case):
         assert got.untyped_storage().data_ptr() == kw_op["out"].untyped_storage().data_ptr()
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_op_takes_check_in_each_mode_and_refuses_others(case):
+    """spec/checks.md §1: every op takes ``check`` (True, False, "strict"; anything else an
+    InputTypeError before any write), the Python function and its torch.ops wrapper alike.
+    Issue 35 item 7: six ops took none; theirs is validated and changes nothing."""
+    import inspect
+
+    name, build = CASES[case]
+    assert inspect.signature(getattr(dsv4, name)).parameters["check"].default is True
+    want = getattr(dsv4, name)(**build())
+    for fn in (getattr(dsv4, name), getattr(dops, name)):
+        for mode in (True, False, "strict"):
+            got = fn(**build(), check=mode)
+            assert len(_flat(got)) == len(_flat(want))
+            for a, b in zip(_flat(got), _flat(want)):
+                _same(a, b)
+        for bad in (1, None, "STRICT"):
+            kwargs = build()
+            before = {k: v.clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+            with pytest.raises(kvf.InputTypeError, match="check must be True, False or 'strict'"):
+                fn(**kwargs, check=bad)
+            assert all(torch.equal(kwargs[k], v) for k, v in before.items())
+
+
 def test_csa_hca_wrappers_go_through_the_op():
     for ratio, fn, ref in ((4, dops.csa_compress_kv_insert, dsv4.csa_compress_kv_insert),
                            (128, dops.hca_compress_kv_insert, dsv4.hca_compress_kv_insert)):
