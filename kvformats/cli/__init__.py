@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 import kvformats as kvf
-from kvformats.cli.args import PARAM_HELP, layout_arg
-from kvformats.errors import KVFormatError, UsageError  # noqa: F401 - UsageError re-exported
+from kvformats.cli.args import PARAM_HELP, check_output, layout_arg
+from kvformats.errors import KVFormatError, OutputError, UsageError  # noqa: F401 - UsageError re-exported
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
@@ -107,14 +107,11 @@ def cmd_demo(args, out) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here")
     if args.save:  # checked before the demo runs, not after
-        from kvformats.caches.files import IO_HINT, io_available, writable_file
+        from kvformats.caches.files import IO_HINT, io_available
 
         if not io_available():
             raise UsageError(f"--save needs the io extra (safetensors, numpy): {IO_HINT}")
-        try:
-            writable_file(args.save, "cache file")
-        except KVFormatError as err:
-            raise UsageError(f"--save: {str(err).splitlines()[0]}") from None
+        check_output(args.save, "cache file", "--save", renamed_over=True)
     results = run_demo(rows=args.rows, device=device, out=out, save_to=args.save or None)
     return 0 if all(r["ratio"] <= 1 and r["file_ok"] is not False for r in results) else 1
 
@@ -211,8 +208,16 @@ def _silence_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    stdout_failed = []
+
     def out(line: str = "") -> None:
-        print(line, flush=True)
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:
+            raise
+        except OSError as err:  # a full disk or device (kvformats list > /dev/full)
+            stdout_failed.append(True)
+            raise OutputError(f"cannot write to standard output: {err.strerror or err}") from None
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -223,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             args = parser.parse_args(argv)
             return args.fn(args, out)
-        except UsageError as err:
+        except (UsageError, OutputError) as err:  # an output that fails after all: one line too
+            if stdout_failed:
+                _silence_stdout()  # else the interpreter's last flush raises again at exit
             print(f"kvformats: error: {str(err).splitlines()[0] if str(err) else 'usage error'}", file=sys.stderr)
             return EXIT_USAGE
     except BrokenPipeError:
