@@ -76,8 +76,16 @@ def cmd_show(args, out) -> int:
 
 def cmd_spec(args, out) -> int:
     from kvformats.spec import formats as spec
+    from kvformats.spec.checkout import is_checkout, not_a_checkout
 
-    root = Path(args.dir)
+    if args.dir is None:  # the checkout's spec/formats: refused elsewhere, nothing written
+        if not is_checkout("."):
+            raise UsageError(not_a_checkout("--dir"))
+        root = Path("spec/formats")
+    else:
+        root = Path(args.dir)
+        if args.check and not root.is_dir():
+            raise UsageError(f"--dir {root}: no such directory")
     if args.write:
         try:
             written = spec.write_specs(root)
@@ -118,8 +126,12 @@ def cmd_demo(args, out) -> int:
 
 def cmd_docs(args, out) -> int:
     from kvformats.spec import docgen
+    from kvformats.spec.checkout import is_checkout, not_a_checkout
 
-    root = Path(args.root)
+    root = Path(args.root or ".")
+    if not is_checkout(root):  # its pages are made from the checkout's spec/: refused elsewhere
+        raise UsageError(not_a_checkout("--root") if args.root is None else
+                         f"--root {root}: not a kvformats checkout (no spec/ and pyproject.toml naming kvformats)")
     if args.write:
         try:
             written = docgen.write_docs(root, build_parser())
@@ -177,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="the layout's spec JSON (as in spec/formats)")
     show.set_defaults(fn=cmd_show)
     spec = _write_or_check(sub, "spec", "write or check the generated format specs", cmd_spec)
-    spec.add_argument("--dir", default="spec/formats", help="spec directory (default spec/formats)")
+    spec.add_argument("--dir", default=None, help="spec directory (default spec/formats)")
     demo = sub.add_parser("demo", help="round-trip random rows through every format")
     demo.add_argument("--rows", type=int, default=4096, help="random rows per format (default 4096)")
     demo.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -187,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "runs in a temporary directory that is removed)")
     demo.set_defaults(fn=cmd_demo)
     docs = _write_or_check(sub, "docs", "write or check the generated pages under docs/", cmd_docs)
-    docs.add_argument("--root", default=".", help="repository root (default .)")
+    docs.add_argument("--root", default=None, help="repository root (default .)")
     from kvformats.cli.caches import add_parsers
     from kvformats.cli.quality import add_parser as add_quality
 
