@@ -24,6 +24,12 @@ def main(argv: list[str]) -> int:
     if argv[0] not in BENCHMARKS:
         print(f"unknown benchmark {argv[0]!r}; one of: {', '.join(BENCHMARKS)}", file=sys.stderr)
         return 2
+    if argv[0].endswith("_gpu") and not {"-h", "--help"} & set(argv[1:]):
+        import torch
+
+        if not torch.cuda.is_available():  # before any work, not a traceback from the first CUDA call
+            print(f"benchmarks {argv[0]}: needs a CUDA device; none is available here", file=sys.stderr)
+            return 2
     module = importlib.import_module(f"benchmarks.{BENCHMARKS[argv[0]]}")
     sys.argv = [f"benchmarks {argv[0]}", *argv[1:]]
     result = module.main()

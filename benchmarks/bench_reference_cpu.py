@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -70,15 +71,21 @@ def table(results) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, nargs="+", default=[64, 1024, 16384])
     p.add_argument("--repeats", type=int, default=11)
     p.add_argument("--formats", nargs="+", default=None, help="default: every registered format")
     args = p.parse_args(argv)
+    unknown = [f for f in args.formats or () if f not in kvf.list_formats()]
+    if unknown:  # one line before any output, not a traceback from the first lookup
+        print(f"benchmarks reference_cpu: unknown format {unknown[0]!r}; registered formats: "
+              f"{', '.join(kvf.list_formats())}", file=sys.stderr)
+        return 2
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, kvformats {kvf.__version__}")
     print(table(bench(args.rows, args.repeats, formats=args.formats)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -219,9 +219,13 @@ def test_docs_check_says_ok_and_writes_refuse_unwritable_places(capsys, tmp_path
     code, out, err = run(capsys, "docs", "--check", "--root", str(ROOT))
     assert code == 0 and err == "" and out.strip().endswith("every generated page is up to date")
     (tmp_path / "afile").write_text("x")
+    checkout = tmp_path / "checkout"  # a checkout whose docs/ is a file
+    (checkout / "spec").mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text('[project]\nname = "kvformats"\n')
+    (checkout / "docs").write_text("x")
     for argv in (["spec", "--write", "--dir", str(tmp_path / "afile")],
                  ["spec", "--write", "--dir", str(tmp_path / "afile" / "sub")],
-                 ["docs", "--write", "--root", str(tmp_path / "afile")]):
+                 ["docs", "--write", "--root", str(checkout)]):
         code, out, err = run(capsys, *argv)
         assert code == 2 and out == "" and err.startswith("kvformats: error: cannot write") and err.count("\n") == 1
 

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 import kvformats as kvf
-from kvformats.cli.args import PARAM_HELP, layout_arg
-from kvformats.errors import KVFormatError, UsageError  # noqa: F401 - UsageError re-exported
+from kvformats.cli.args import PARAM_HELP, check_output, layout_arg
+from kvformats.errors import KVFormatError, OutputError, UsageError  # noqa: F401 - UsageError re-exported
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
@@ -76,8 +76,16 @@ def cmd_show(args, out) -> int:
 
 def cmd_spec(args, out) -> int:
     from kvformats.spec import formats as spec
+    from kvformats.spec.checkout import is_checkout, not_a_checkout
 
-    root = Path(args.dir)
+    if args.dir is None:  # the checkout's spec/formats: refused elsewhere, nothing written
+        if not is_checkout("."):
+            raise UsageError(not_a_checkout("--dir"))
+        root = Path("spec/formats")
+    else:
+        root = Path(args.dir)
+        if args.check and not root.is_dir():
+            raise UsageError(f"--dir {root}: no such directory")
     if args.write:
         try:
             written = spec.write_specs(root)
@@ -111,6 +119,7 @@ def cmd_demo(args, out) -> int:
 
         if not io_available():
             raise UsageError(f"--save needs the io extra (safetensors, numpy): {IO_HINT}")
+        check_output(args.save, "cache file", "--save", renamed_over=True)
         try:
             cache_file_destination(args.save)
         except KVFormatError as err:
@@ -121,8 +130,12 @@ def cmd_demo(args, out) -> int:
 
 def cmd_docs(args, out) -> int:
     from kvformats.spec import docgen
+    from kvformats.spec.checkout import is_checkout, not_a_checkout
 
-    root = Path(args.root)
+    root = Path(args.root or ".")
+    if not is_checkout(root):  # its pages are made from the checkout's spec/: refused elsewhere
+        raise UsageError(not_a_checkout("--root") if args.root is None else
+                         f"--root {root}: not a kvformats checkout (no spec/ and pyproject.toml naming kvformats)")
     if args.write:
         try:
             written = docgen.write_docs(root, build_parser())
@@ -180,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="the layout's spec JSON (as in spec/formats)")
     show.set_defaults(fn=cmd_show)
     spec = _write_or_check(sub, "spec", "write or check the generated format specs", cmd_spec)
-    spec.add_argument("--dir", default="spec/formats", help="spec directory (default spec/formats)")
+    spec.add_argument("--dir", default=None, help="spec directory (default spec/formats)")
     demo = sub.add_parser("demo", help="round-trip random rows through every format")
     demo.add_argument("--rows", type=int, default=4096, help="random rows per format (default 4096)")
     demo.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -190,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "runs in a temporary directory that is removed)")
     demo.set_defaults(fn=cmd_demo)
     docs = _write_or_check(sub, "docs", "write or check the generated pages under docs/", cmd_docs)
-    docs.add_argument("--root", default=".", help="repository root (default .)")
+    docs.add_argument("--root", default=None, help="repository root (default .)")
     from kvformats.cli.caches import add_parsers
     from kvformats.cli.quality import add_parser as add_quality
 
@@ -211,8 +224,16 @@ def _silence_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    stdout_failed = []
+
     def out(line: str = "") -> None:
-        print(line, flush=True)
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:
+            raise
+        except OSError as err:  # a full disk or device (kvformats list > /dev/full)
+            stdout_failed.append(True)
+            raise OutputError(f"cannot write to standard output: {err.strerror or err}") from None
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -223,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             args = parser.parse_args(argv)
             return args.fn(args, out)
-        except UsageError as err:
+        except (UsageError, OutputError) as err:  # an output that fails after all: one line too
+            if stdout_failed:
+                _silence_stdout()  # else the interpreter's last flush raises again at exit
             print(f"kvformats: error: {str(err).splitlines()[0] if str(err) else 'usage error'}", file=sys.stderr)
             return EXIT_USAGE
     except BrokenPipeError:

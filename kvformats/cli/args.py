@@ -3,6 +3,9 @@ each failing as one-line UsageError (kvformats.cli and kvformats.cli.caches use 
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import kvformats as kvf
 from kvformats.errors import KVFormatError, UsageError
 
@@ -58,3 +61,38 @@ def write_output(path: str, text: str, what: str) -> str:
         return write_text(path, text, what)
     except KVFormatError as err:
         raise UsageError(str(err).splitlines()[0]) from None
+
+
+def check_output(path, what: str, flag: str = "", *, renamed_over: bool = False) -> str:
+    """``path`` as a str if ``what`` can be written there, else UsageError (one line, led by
+    ``flag``): called before a command's work so that a bad path costs nothing. Beyond
+    writable_file's checks it probes the place, since a directory that looks writable may refuse
+    (``/proc``, a read-only mount): it creates and removes a temporary file beside the target and
+    opens an existing regular target for appending only, so no byte of anything changes.
+    ``renamed_over``: the file is written beside the target and renamed over it (cache files), so
+    a device or pipe standing there would be replaced, not written to: only a regular file (or
+    none) is accepted then."""
+    from kvformats.caches.files import writable_file
+
+    lead = f"{flag}: " if flag else ""
+    try:
+        path = writable_file(path, what)
+    except KVFormatError as err:
+        raise UsageError(lead + str(err).splitlines()[0]) from None
+    parent = os.path.dirname(os.path.abspath(path))
+    exists, regular = os.path.exists(path), os.path.isfile(path)
+    if renamed_over and exists and not regular:
+        raise UsageError(f"{lead}cannot write the {what} {path}: not a regular file (saving would replace it)")
+    try:
+        if regular:  # not a pipe: opening one waits for its reader
+            open(path, "ab").close()
+    except OSError as err:
+        raise UsageError(f"{lead}cannot write the {what} {path}: {err.strerror or err}") from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".kvformats-probe-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise UsageError(f"{lead}cannot write the {what} {path}: {parent} refuses new files "
+                         f"({err.strerror or err})") from None
+    return path

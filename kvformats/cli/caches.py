@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from kvformats.cli.args import PARAM_HELP, layout_arg, write_output
+from kvformats.cli.args import PARAM_HELP, check_output, layout_arg, write_output
 from kvformats.errors import KVFormatError, UsageError
 
 
@@ -152,12 +152,7 @@ def cmd_diagram(args, out) -> int:
 
     layout = layout_arg(args.format, args.param)
     if args.output:
-        from kvformats.caches.files import writable_file
-
-        try:  # before drawing, so that a bad path costs nothing
-            writable_file(args.output, "SVG file")
-        except KVFormatError as err:
-            raise UsageError(str(err).splitlines()[0]) from None
+        check_output(args.output, "SVG file")  # before drawing, so that a bad path costs nothing
     svg = layout_svg(layout)
     if args.output:
         write_output(args.output, svg, "SVG file")

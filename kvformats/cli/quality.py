@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kvformats.cli.args import check_output, write_output
 from kvformats.deepseek_v4.pipeline_config import HCA_RATIO, LayerConfig
 from kvformats.errors import KVFormatError, UsageError
 
@@ -68,6 +69,8 @@ def cmd_quality(args, out) -> int:
         x = None
     if tokens <= args.decode or args.decode < 1:
         raise UsageError(f"need 1 <= decode ({args.decode}) < tokens per request ({tokens})")
+    if args.out:  # before a minute of work, not after
+        check_output(args.out, "quality report", "--out")
     ctx = -(-tokens // HCA_RATIO) * HCA_RATIO
     try:
         cfg = LayerConfig(topk=(8 if args.tiny and args.topk == 64 else args.topk), requests=requests,
@@ -80,7 +83,7 @@ def cmd_quality(args, out) -> int:
     rep = report(cfg, x, tokens - args.decode, args.decode)
     rep["input"] = str(args.activations) if args.activations else "synthetic"
     if args.out:
-        args.out.write_text(json.dumps(rep, indent=1))
+        write_output(str(args.out), json.dumps(rep, indent=1), "quality report")
     if args.json:
         out(json.dumps(rep, indent=1))
         return 0

@@ -78,7 +78,8 @@ class LayerStep:
             self.phase_hook(name)
 
     def check_batch(self, x, positions, req) -> None:
-        """Shapes and ranges of a step's inputs (host reads: call before capture, not inside)."""
+        """Shapes and ranges of a step's inputs (host reads: call before capture, not inside; a
+        step on CPU tensors calls it itself)."""
         cfg = self.cfg
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != cfg.hidden:
             raise InputError(f"x must be a [T, {cfg.hidden}] tensor, got {getattr(x, 'shape', type(x))}")
@@ -89,10 +90,36 @@ class LayerStep:
             raise InputError(f"positions must lie in [0, {cfg.max_context}) (max_context)")
         if x.shape[0] and (int(req.min()) < 0 or int(req.max()) >= cfg.requests):
             raise InputError(f"req must lie in [0, {cfg.requests}) (requests)")
+        if cfg.state_ring_pages and x.shape[0]:
+            self._check_ring(positions, req)
+
+    def _check_ring(self, positions, req) -> None:
+        """Each request's positions, and the older positions their compressor windows read, must
+        fit in the state ring: a longer chunk would overwrite (or repeat) ring rows the same step
+        still reads, after the SWA cache was already written."""
+        cfg, ps, ring = self.cfg, self.cfg.page_size, self.cfg.state_ring_pages
+        lo = torch.full((cfg.requests,), cfg.max_context, dtype=torch.int64, device=positions.device)
+        hi = torch.full((cfg.requests,), -1, dtype=torch.int64, device=positions.device)
+        lo = lo.scatter_reduce(0, req, positions, "amin").tolist()
+        hi = hi.scatter_reduce(0, req, positions, "amax").tolist()
+        for r, (first, last) in enumerate(zip(lo, hi)):
+            if last < 0:
+                continue  # request r has no token in this step
+            # oldest position a window of this chunk reads: its HCA group's start, or the older
+            # half of an overlapping CSA window
+            oldest = max(0, min(first // HCA_RATIO * HCA_RATIO, first // CSA_RATIO * CSA_RATIO - CSA_RATIO))
+            pages = last // ps - oldest // ps + 1
+            if pages > ring:
+                raise InputError(f"request {r}: positions {first}..{last} need {pages} compressor-state pages "
+                                 f"(from position {oldest}) but state_ring_pages is {ring}; split the chunk")
 
     def step(self, x: torch.Tensor, positions: torch.Tensor, req: torch.Tensor) -> StepOutput:
         cfg, w, c, b, cs = self.cfg, self.weights, self.caches, self.backend, self.cos_sin
+        if not (isinstance(positions, torch.Tensor) and positions.is_cuda):
+            self.check_batch(x, positions, req)  # host reads cost nothing here; a GPU caller checks first
         t = x.shape[0]
+        if t == 0:
+            return self._idle(x.device)
         xf = x.float()
         q = (xf @ w.q).view(t, cfg.heads, cfg.head_dim).to(torch.bfloat16).contiguous()
         kv = (xf @ w.kv).to(torch.bfloat16)
@@ -144,6 +171,22 @@ class LayerStep:
         self._mark("out_quant")
         reads = {"swa": o["swa_read"], "csa": o["csa_read"], "hca": o["hca_read"]}
         return StepOutput(o["swa"], o["csa"], o["hca"], o_all, o["topk"], o["scores"], out, reads)
+
+    def _idle(self, device) -> StepOutput:
+        """The output of a step without tokens: every tensor with zero rows; no cache is touched."""
+        cfg = self.cfg
+
+        def empty(cols, dtype=torch.int32):
+            return torch.zeros(0, cols, dtype=dtype, device=device)
+
+        o = torch.zeros(0, cfg.heads, cfg.head_dim, device=device)
+        # the reference backend: nothing to compute, and no kernel launch over zero tokens
+        out = dsv4.inv_rope_fp8_quant(o.to(torch.bfloat16), empty(1, torch.int64)[:, 0], self.cos_sin,
+                                      n_groups=cfg.out_groups, heads_per_group=cfg.heads // cfg.out_groups,
+                                      tma_aligned_scales=cfg.head_dim == 512, backend="reference")
+        scores = empty(cfg.csa_rows, torch.float32) if cfg.keep_scores else None
+        reads = {"swa": empty(cfg.window, torch.int64), "csa": empty(cfg.topk), "hca": empty(cfg.hca_rows)}
+        return StepOutput(o, o.clone(), o.clone(), o.clone(), empty(cfg.topk), scores, out, reads)
 
     def read_attend(self, q, xf, positions, req) -> dict:
         """Indexer, reads and float32 sparse attention for a chunk of query tokens."""

@@ -192,3 +192,49 @@ def test_every_path_matches_unquantized_recomputation():
     want = attention(run, q, exact.swa, exact.csa, exact.hca, run.out["topk"])
     errs = {p: rel(run.out[p], want[p]) for p in PATHS}
     assert all(0 < e < 0.1 for e in errs.values()), errs
+
+
+@pytest.mark.parametrize("first,last", [(0, 249), (128, 319)])
+def test_ring_smaller_than_the_chunk_is_refused_before_writing(first, last):
+    """Ring of 6 pages of 32 positions: 250 positions repeat ring rows; 128..319 (192 positions)
+    would overwrite the state of positions 124..127 that the CSA window ending at 131 reads."""
+    cfg = tiny_config(requests=1, page_size=32, state_ring_pages=6, max_context=384)
+    step = LayerStep(cfg, seed=4)
+    before = {k: v.clone() for k, v in step.caches.tensors().items()}
+    pos = torch.arange(first, last + 1)
+    x, req = torch.randn(len(pos), cfg.hidden), torch.zeros(len(pos), dtype=torch.int64)
+    with pytest.raises(InputError, match="state_ring_pages"):
+        step.check_batch(x, pos, req)
+    with pytest.raises(InputError, match="state_ring_pages"):
+        step.step(x, pos, req)  # on CPU the step checks its batch itself
+    assert all(torch.equal(before[k], v) for k, v in step.caches.tensors().items())
+    # the same positions split at the ring's reach pass, one step per chunk
+    step.check_batch(x[:100], pos[:100], req[:100])
+
+
+def test_ring_check_accepts_decode_at_every_position():
+    cfg = tiny_config(requests=2, page_size=32, state_ring_pages=6)
+    step = LayerStep(cfg)
+    for p in range(cfg.max_context):
+        step.check_batch(torch.zeros(2, cfg.hidden), torch.tensor([p, cfg.max_context - 1 - p]), torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("keep_scores", [True, False])
+def test_idle_step_returns_empty_output(keep_scores):
+    cfg = tiny_config(keep_scores=keep_scores)
+    step = LayerStep(cfg, seed=1)
+    before = {k: v.clone() for k, v in step.caches.tensors().items()}
+    none = torch.zeros(0, dtype=torch.int64)
+    step.check_batch(torch.zeros(0, cfg.hidden), none, none)
+    idle = step.step(torch.zeros(0, cfg.hidden), none, none)
+    assert all(torch.equal(before[k], v) for k, v in step.caches.tensors().items())
+    x, pos, req = _batch(cfg, lens=(5, 3))
+    busy = step.step(x, pos, req)  # same dtypes and trailing shapes, zero rows
+    pairs = [(getattr(idle, k), getattr(busy, k)) for k in ("swa", "csa", "hca", "layer", "topk")]
+    pairs += [(idle.reads[k], busy.reads[k]) for k in busy.reads] + list(zip(idle.out_fp8, busy.out_fp8))
+    if keep_scores:
+        pairs.append((idle.index_scores, busy.index_scores))
+    else:
+        assert idle.index_scores is None
+    for a, b in pairs:
+        assert a.dtype == b.dtype and a.shape == (0, *b.shape[1:])
