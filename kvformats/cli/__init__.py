@@ -119,11 +119,11 @@ def cmd_demo(args, out) -> int:
 
         if not io_available():
             raise UsageError(f"--save needs the io extra (safetensors, numpy): {IO_HINT}")
-        check_output(args.save, "cache file", "--save", renamed_over=True)
-        try:
+        try:  # what the save itself refuses (a FIFO, a device, a broken link), in its words
             cache_file_destination(args.save)
         except KVFormatError as err:
             raise UsageError(f"--save: {str(err).splitlines()[0]}") from None
+        check_output(args.save, "cache file", "--save", regular_only=True)  # a place that refuses files
     results = run_demo(rows=args.rows, device=device, out=out, save_to=args.save or None)
     return 0 if all(r["ratio"] <= 1 and r["file_ok"] is not False for r in results) else 1
 

@@ -63,15 +63,14 @@ def write_output(path: str, text: str, what: str) -> str:
         raise UsageError(str(err).splitlines()[0]) from None
 
 
-def check_output(path, what: str, flag: str = "", *, renamed_over: bool = False) -> str:
+def check_output(path, what: str, flag: str = "", *, regular_only: bool = False) -> str:
     """``path`` as a str if ``what`` can be written there, else UsageError (one line, led by
     ``flag``): called before a command's work so that a bad path costs nothing. Beyond
     writable_file's checks it probes the place, since a directory that looks writable may refuse
     (``/proc``, a read-only mount): it creates and removes a temporary file beside the target and
     opens an existing regular target for appending only, so no byte of anything changes.
-    ``renamed_over``: the file is written beside the target and renamed over it (cache files), so
-    a device or pipe standing there would be replaced, not written to: only a regular file (or
-    none) is accepted then."""
+    ``regular_only``: only a regular file (or none) is accepted (cache files: the loader reads
+    regular files only, so a device or pipe would take a file that can never be read back)."""
     from kvformats.caches.files import writable_file
 
     lead = f"{flag}: " if flag else ""
@@ -81,8 +80,8 @@ def check_output(path, what: str, flag: str = "", *, renamed_over: bool = False)
         raise UsageError(lead + str(err).splitlines()[0]) from None
     parent = os.path.dirname(os.path.abspath(path))
     exists, regular = os.path.exists(path), os.path.isfile(path)
-    if renamed_over and exists and not regular:
-        raise UsageError(f"{lead}cannot write the {what} {path}: not a regular file (saving would replace it)")
+    if regular_only and exists and not regular:
+        raise UsageError(f"{lead}cannot write the {what} {path}: not a regular file")
     try:
         if regular:  # not a pipe: opening one waits for its reader
             open(path, "ab").close()
