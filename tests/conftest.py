@@ -88,4 +88,5 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{n:6}  {textwrap.shorten(reason, 88, placeholder=' ...')}")
     if len(reasons) > SKIP_REASONS_SHOWN:
         rest = sum(n for _, n in reasons.most_common()[SKIP_REASONS_SHOWN:])
-        terminalreporter.write_line(f"{rest:6}  ({len(reasons) - SKIP_REASONS_SHOWN} other reasons; pytest -rs lists them all)")
+        others = len(reasons) - SKIP_REASONS_SHOWN
+        terminalreporter.write_line(f"{rest:6}  ({others} other reasons; pytest -rs lists them all)")
