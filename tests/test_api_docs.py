@@ -59,3 +59,17 @@ def test_strategies_docstring_teaches_the_current_import():
 
     assert "from kvformats import strategies" not in strategies.__doc__
     assert "from kvformats.testing import strategies as kst" in strategies.__doc__
+
+
+def test_api_reference_states_what_importing_the_custom_ops_costs():
+    """Issue 35 item 19: the custom ops pull in torch._dynamo (seconds). The page says so; the
+    subprocess checks that it still holds, so the sentence goes when the cost does."""
+    import subprocess
+    import sys
+
+    assert "kvformats.codec.torch_ops" in DIRECTIVES and "`torch._dynamo`" in API
+    code = ("import sys, kvformats; before = 'torch._dynamo' in sys.modules; "
+            "import kvformats.codec.torch_ops; print(before, 'torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.stdout.split() == ["False", "True"], done.stderr[-500:]
