@@ -54,6 +54,19 @@ def cmd_list(args, out) -> int:
     return 0
 
 
+def _aligned(out, header: list[str], rows: list[list], numeric_from: int, text_last: bool = False) -> None:
+    """A table whose columns are as wide as their widest cell (a large page_size widens the
+    offsets); columns from ``numeric_from`` on are right-aligned, except a final text column."""
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    last = len(header) - 1 if text_last else len(header)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        parts = [c.rjust(w) if numeric_from <= i < last else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        if text_last:
+            parts[-1] = row[-1]  # the doc text, unpadded
+        out("  ".join(parts).rstrip())
+
+
 def cmd_show(args, out) -> int:
     layout = layout_arg(args.format, args.param)
     if args.json:
@@ -74,19 +87,6 @@ def cmd_show(args, out) -> int:
     out(f"slot s -> page s // {layout.page_size}, row s % {layout.page_size}; a region's row starts at "
         f"page * page_stride + offset + row * row_stride")
     return 0
-
-
-def _aligned(out, header: list[str], rows: list[list], numeric_from: int, text_last: bool = False) -> None:
-    """A table whose columns are as wide as their widest cell (a large page_size widens the
-    offsets); columns from ``numeric_from`` on are right-aligned, except a final text column."""
-    cells = [header] + [[str(c) for c in row] for row in rows]
-    last = len(header) - 1 if text_last else len(header)
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    for row in cells:
-        parts = [c.rjust(w) if numeric_from <= i < last else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
-        if text_last:
-            parts[-1] = row[-1]  # the doc text, unpadded
-        out("  ".join(parts).rstrip())
 
 
 def cmd_spec(args, out) -> int:
