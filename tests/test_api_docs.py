@@ -59,6 +59,7 @@ def test_strategies_docstring_teaches_the_current_import():
 
     assert "from kvformats import strategies" not in strategies.__doc__
     assert "from kvformats.testing import strategies as kst" in strategies.__doc__
+    assert "'kvformats[strategies]'" in " ".join(strategies.__doc__.split())  # the extra that installs hypothesis
 
 
 def test_api_reference_states_what_importing_the_custom_ops_costs():
