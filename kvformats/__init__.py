@@ -9,9 +9,18 @@
 Importing kvformats never imports Triton; kernels load on the first CUDA call.
 """
 
-import kvformats.codec  # noqa: F401  (registers the formats, binds the layouts' ops)
-from kvformats.codec.registry import get_format, list_formats
-from kvformats.errors import (
+import warnings
+
+# torch warns "Failed to initialize NumPy" on import when numpy is absent, as in a base install
+# (torch, attrs): nothing kvformats runs there converts to numpy (the io extra, which does, brings
+# numpy), so the warning was noise on every command. Ignored for torch's import only.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+    import torch  # noqa: F401
+
+from kvformats import codec  # noqa: F401, E402  (registers the formats, binds the layouts' ops)
+from kvformats.codec.registry import get_format, list_formats  # noqa: E402
+from kvformats.errors import (  # noqa: E402
     BackendUnavailableError,
     CacheFileError,
     CacheWriteError,
@@ -25,10 +34,18 @@ from kvformats.errors import (
     UnsupportedError,
     UsageError,
 )
-from kvformats.formats import CompressorState, Fp4DsMlaV41, Fp8DsMla, Fp8DsMlaV32, Fp8DsMlaV41, Fp8Indexer, Mxfp4Indexer
-from kvformats.layout import Field, Layout, Region, Segment
-from kvformats.numerics.profiles import PROFILE_NAMES, Profile, supported_profiles
-from kvformats.runtime.deferred import error_record, pending_error, raise_pending, strict_checks
+from kvformats.formats import (  # noqa: E402
+    CompressorState,
+    Fp4DsMlaV41,
+    Fp8DsMla,
+    Fp8DsMlaV32,
+    Fp8DsMlaV41,
+    Fp8Indexer,
+    Mxfp4Indexer,
+)
+from kvformats.layout import Field, Layout, Region, Segment  # noqa: E402
+from kvformats.numerics.profiles import PROFILE_NAMES, Profile, supported_profiles  # noqa: E402
+from kvformats.runtime.deferred import error_record, pending_error, raise_pending, strict_checks  # noqa: E402
 
 __version__ = "0.1.0"
 SPEC_VERSION = "1"
@@ -39,3 +56,11 @@ __all__ = [
     "Region", "Segment", "SettingsError", "UnsupportedError", "UsageError", "error_record", "get_format", "list_formats", "pending_error", "raise_pending",
     "strict_checks", "supported_profiles", "SPEC_VERSION", "__version__",
 ]
+
+
+def __dir__() -> list[str]:
+    """The public names and the loaded subpackages; not the names the imports above bind
+    (``torch``, ``warnings``)."""
+    subpackages = {n for n, v in globals().items() if getattr(v, "__name__", None) == f"{__name__}.{n}"
+                   and not n.startswith("_")}
+    return sorted({*__all__, *subpackages, "__all__", "__doc__", "__file__", "__name__", "__path__"})

@@ -7,6 +7,8 @@ tests run compiled.
 """
 
 import os
+import textwrap
+from collections import Counter
 
 import pytest
 import torch
@@ -80,3 +82,29 @@ def launch_settings():
     yield change
     for name, table in saved.items():
         settings.restore(name, table)
+
+
+SKIP_REASONS_SHOWN = 8
+
+
+def skip_reason(report) -> str:
+    """A skipped test's reason, without pytest's "Skipped: " prefix."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Skips as one short line per reason, most frequent first (pyproject's -rfE leaves skips
+    out of the summary; -ra listed each test location with its full reason, ~200 columns)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons = Counter(skip_reason(r) for r in skipped)
+    terminalreporter.write_sep("-", f"{len(skipped)} skipped, by reason")
+    for reason, n in reasons.most_common(SKIP_REASONS_SHOWN):
+        terminalreporter.write_line(f"{n:6}  {textwrap.shorten(reason, 88, placeholder=' ...')}")
+    if len(reasons) > SKIP_REASONS_SHOWN:
+        rest = sum(n for _, n in reasons.most_common()[SKIP_REASONS_SHOWN:])
+        others = len(reasons) - SKIP_REASONS_SHOWN
+        terminalreporter.write_line(f"{rest:6}  ({others} other reasons; pytest -rs lists them all)")

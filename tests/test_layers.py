@@ -41,8 +41,8 @@ RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 # kernels' table, and the model ops dispatch through it, so the kernels import neither.
 KERNELS_MAY_IMPORT = ("errors", "runtime", "validation", "numerics", "declaration", "formats", "model constants")
 # Old import paths kept for one release; each is the new module under its old name.
-COMPAT = ("kvformats.convert", "kvformats.deferred", "kvformats.io", "kvformats.ops", "kvformats.paged",
-          "kvformats.profiles", "kvformats.registry", "kvformats.rope", "kvformats.strategies",
+COMPAT = ("kvformats.convert", "kvformats.deferred", "kvformats.fsck", "kvformats.io", "kvformats.ops",
+          "kvformats.paged", "kvformats.profiles", "kvformats.registry", "kvformats.rope", "kvformats.strategies",
           "kvformats.tolerance", "kvformats.torch_ops", "kvformats.vectors")
 
 

@@ -54,6 +54,19 @@ def cmd_list(args, out) -> int:
     return 0
 
 
+def _aligned(out, header: list[str], rows: list[list], numeric_from: int, text_last: bool = False) -> None:
+    """A table whose columns are as wide as their widest cell (a large page_size widens the
+    offsets); columns from ``numeric_from`` on are right-aligned, except a final text column."""
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    last = len(header) - 1 if text_last else len(header)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        parts = [c.rjust(w) if numeric_from <= i < last else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        if text_last:
+            parts[-1] = row[-1]  # the doc text, unpadded
+        out("  ".join(parts).rstrip())
+
+
 def cmd_show(args, out) -> int:
     layout = layout_arg(args.format, args.param)
     if args.json:
@@ -61,13 +74,15 @@ def cmd_show(args, out) -> int:
 
         out(spec_text(layout).rstrip("\n"))
         return 0
-    out(layout.describe())
+    out(layout.describe().splitlines()[0])
+    per_row = [[r.name, r.dtype, "page" if r.per_page else f"[{r.shape[0]}]", r.offset,
+                "-" if r.per_page else r.nbytes, r.page_nbytes] for r in layout.regions]
+    _aligned(out, ["region", "dtype", "shape", "offset", "row B", "page B"], per_row, numeric_from=3)
     out("")
-    out(f"{'region':<12} {'role':<6} {'segment':<8} {'row stride':>10} {'in-row offset':>13}  doc")
-    for r in layout.regions:
-        stride = "-" if r.per_page else str(r.row_stride)
-        row_at = "-" if r.per_page else str(r.row_offset)
-        out(f"{r.name:<12} {r.role:<6} {r.segment or '-':<8} {stride:>10} {row_at:>13}  {r.doc}")
+    roles = [[r.name, r.role, r.segment or "-", "-" if r.per_page else r.row_stride,
+              "-" if r.per_page else r.row_offset, r.doc] for r in layout.regions]
+    _aligned(out, ["region", "role", "segment", "row stride", "in-row offset", "doc"], roles, numeric_from=3,
+             text_last=True)
     out("")
     out(f"slot s -> page s // {layout.page_size}, row s % {layout.page_size}; a region's row starts at "
         f"page * page_stride + offset + row * row_stride")

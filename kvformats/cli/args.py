@@ -10,6 +10,9 @@ import kvformats as kvf
 from kvformats.errors import KVFormatError, UsageError
 
 PARAM_HELP = "layout parameter, typed as the format declares it (page_size=2, profile=vllm); repeatable"
+# show and diagram refuse larger pages: engines page these caches in KiB-sized pages (the defaults
+# are 4 KiB to 41 KiB), so a multi-GiB page is a mistyped page_size, not a layout to draw.
+MAX_PAGE_BYTES = 1 << 31
 
 
 def _param_types(name: str) -> dict[str, type]:
@@ -48,9 +51,13 @@ def layout_arg(name: str, items: list[str] | None):
     """The layout ``name`` with the ``--param`` items applied (UsageError if it cannot be built)."""
     params = _parse_params(name, items)
     try:
-        return kvf.get_format(name, **params)
+        layout = kvf.get_format(name, **params)
     except (KVFormatError, TypeError, ValueError) as err:
         raise UsageError(str(err).splitlines()[0]) from None
+    if layout.page_bytes > MAX_PAGE_BYTES:
+        raise UsageError(f"page_size={layout.page_size} gives {name} pages of {layout.page_bytes} B "
+                         f"({layout.page_bytes / 2**30:.1f} GiB); show and diagram take pages of at most 2 GiB")
+    return layout
 
 
 def write_output(path: str, text: str, what: str) -> str:

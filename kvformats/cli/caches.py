@@ -20,12 +20,26 @@ from kvformats.errors import KVFormatError, UsageError
 
 
 def _entry(path: str, tensor: str | None):
-    from kvformats.caches.files import load_cache
+    from kvformats.caches.files import load_cache, load_caches
 
     try:
+        if tensor is None:  # the library's "name one" means its parameter; here the option
+            caches = load_caches(path)
+            if len(caches) > 1:
+                raise UsageError(f"{path} holds {len(caches)} caches ({', '.join(caches)}); "
+                                 f"pick one with --tensor NAME")
         return load_cache(path, tensor)
     except KVFormatError as err:
         raise UsageError(str(err).splitlines()[0]) from None
+
+
+def _layout_text(layout) -> str:
+    """``fp8_ds_mla(head_dim=512, ..., profile=tokenspeed)``, as ``kvformats show`` writes it."""
+    return f"{layout.name}({', '.join(f'{k}={v}' for k, v in layout.params.items())})"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _index(kind: str, value: int, count: int) -> int:
@@ -42,8 +56,10 @@ def _rows(spec: str | None, page_size: int) -> range | None:
         r = range(int(lo or 0), int(hi) if hi else page_size)
     except ValueError:
         raise UsageError(f"--rows takes A:B (row numbers), got {spec!r}") from None
-    if not r or r.start < 0 or r.stop > page_size:
-        raise UsageError(f"--rows {spec} is outside 0:{page_size}")
+    if r.start >= r.stop:
+        raise UsageError(f"--rows {spec} is empty: A:B takes rows A to B - 1, so A must be less than B")
+    if r.start < 0 or r.stop > page_size:
+        raise UsageError(f"--rows {spec} is outside 0:{page_size} (the page's rows)")
     return r
 
 
@@ -76,10 +92,12 @@ def cmd_dump(args, out) -> int:
 def cmd_diff(args, out) -> int:
     from kvformats.caches.diff import diff_caches
 
+    if args.max_items < 0:  # before reading either file
+        raise UsageError(f"--max-items must be 0 or more, got {args.max_items}")
     a, b = _entry(args.a, args.tensor), _entry(args.b, args.tensor)
     if a.layout != b.layout:
-        raise UsageError(f"{args.a} holds {a.layout.name}{a.layout.params} but {args.b} holds "
-                     f"{b.layout.name}{b.layout.params}: only caches of one layout compare")
+        raise UsageError(f"{args.a} holds {_layout_text(a.layout)} but {args.b} holds "
+                         f"{_layout_text(b.layout)}: only caches of one layout compare")
     ca, cb, page = a.cache, b.cache, 0
     if args.page is not None:
         page = _index("page", args.page, min(ca.shape[0], cb.shape[0]))
@@ -139,10 +157,11 @@ def cmd_check(args, out) -> int:
 
 def _print_check(report: dict, out) -> None:
     verdict = "ok" if report["ok"] else "VIOLATIONS"
-    out(f"{report['tensor']}: {report['format']} {report['params']}, {report['pages']} pages: {verdict}")
+    params = ", ".join(f"{k}={v}" for k, v in report["params"].items())
+    out(f"{report['tensor']}: {report['format']}({params}), {_count(report['pages'], 'page')}: {verdict}")
     for rule, r in sorted(report["rules"].items()):
         pages = f" (first: {', '.join(map(str, r['first_pages']))})" if r["bad_pages"] else ""
-        out(f"  {rule:<24} {r['bad_pages']:>8} bad pages{pages}")
+        out(f"  {rule:<24} {_count(r['bad_pages'], 'bad page'):>14}{pages}")
     for p in report["bad_pages"]:
         out(f"  page {p['page']}: {', '.join(p['violations'])}")
 

@@ -59,7 +59,35 @@ def list_formats() -> list[str]:
 
 
 def get_format(name: str, **params):
-    """The layout ``name`` with ``params`` (e.g. ``get_format("fp8_ds_mla", page_size=64)``)."""
+    """The layout ``name`` with ``params`` (e.g. ``get_format("fp8_ds_mla", page_size=64)``),
+    the same object as calling its class (``kvformats.Fp8DsMla(page_size=64)``).
+
+    Formats and their parameters (defaults; ``profile`` picks the numerics, default first):
+
+    * ``fp8_ds_mla`` (Fp8DsMla): head_dim=512, rope_dim=64, page_size=64,
+      profile tokenspeed | vllm | flashmla-ref. DeepSeek V4 attention rows, 584 B.
+    * ``fp8_ds_mla_v32`` (Fp8DsMlaV32): head_dim=576, rope_dim=64, page_size=64,
+      profile flashmla-ref | vllm. DeepSeek V3.2 attention rows, 656 B.
+    * ``fp8_ds_mla_v41`` (Fp8DsMlaV41): head_dim=512, page_size=64, profile kvformats.
+      DeepSeek V4.1 attention rows, 528 B.
+    * ``fp4_ds_mla_v41`` (Fp4DsMlaV41): head_dim=512, page_size=64, profile kvformats.
+      DeepSeek V4.1 fp4 attention rows, 288 B.
+    * ``fp8_indexer`` (Fp8Indexer): head_dim=128, page_size=64,
+      profile tokenspeed | vllm | deepgemm-ref. CSA indexer keys, 132 B.
+    * ``mxfp4_indexer`` (Mxfp4Indexer): head_dim=128, page_size=64,
+      profile tokenspeed | vllm | deepgemm-ref | ocp. CSA indexer keys, 68 B.
+    * ``compressor_state`` (CompressorState): head_dim=512, ratio=4, page_size=4. The
+      compressor's float32 kv and score state, no quantization.
+
+    ``list_formats()`` gives the registered names (formats added with ``register_format``
+    included); ``kvformats show NAME`` prints a layout's regions.
+
+    Raises:
+        LayoutError: ``name`` is not registered, a parameter is not one of the format's (the
+            message suggests the closest name), or a value is invalid for it (e.g. a
+            ``head_dim`` that is not a multiple of the format's block, or an unknown
+            ``profile``).
+    """
     cls = _FORMATS.get(name)
     if cls is None:
         raise LayoutError(f"unknown format {name!r}; registered formats: {', '.join(list_formats())}")

@@ -22,6 +22,7 @@ import kvformats
 from kvformats.codec.registry import get_format, list_formats
 from kvformats.errors import OutputError
 from kvformats.numerics.elements import E2M1_RNE_RULE, ELEMENTS  # noqa: F401 - E2M1_RNE_RULE re-exported
+from kvformats.spec.examples import check_examples, write_examples
 
 ADDRESSING = ("page = slot // page_size; row = slot % page_size; byte of a region's row = "
               "page * page_stride + offset + row * row_stride (page_stride = cache.stride(0), "
@@ -246,7 +247,8 @@ def _expected_texts() -> dict[str, str]:
 
 
 def write_specs(root: Path = Path("spec/formats")) -> list[Path]:
-    """Write ``<root>/<name>.json`` for the default layout of every registered format.
+    """Write ``<root>/<name>.json`` for the default layout of every registered format, and
+    refresh the generated worked example in each ``<root>/<name>.md`` (kvformats.spec.examples).
 
     Returns the paths written. Files of formats no longer registered are left alone
     (``check_specs`` reports them). OutputError (naming the path) if the directory cannot be
@@ -263,8 +265,9 @@ def write_specs(root: Path = Path("spec/formats")) -> list[Path]:
             path = root / f"{name}.json"
             path.write_text(text, encoding="utf-8")
             written.append(path)
+        written += write_examples(root)
     except OSError as err:
-        raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
+        raise OutputError(f"cannot write {getattr(err, 'filename', None) or path}: {err.strerror or err}") from None
     return written
 
 
@@ -284,4 +287,4 @@ def check_specs(root: Path = Path("spec/formats")) -> list[str]:
         for path in sorted(root.glob("*.json")):
             if path.stem not in expected:
                 problems.append(f"extra {path}: no registered format is named {path.stem!r}")
-    return problems
+    return problems + check_examples(root)

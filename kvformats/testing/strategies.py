@@ -1,7 +1,7 @@
 """Hypothesis strategies for fuzzing anything that reads or writes kvformats caches.
 
-    from hypothesis import given
-    from kvformats import strategies as kst
+    from hypothesis import given, strategies as st
+    from kvformats.testing import strategies as kst
 
     @given(kst.layouts(), st.data())
     def test_my_kernel(layout, data):
@@ -13,8 +13,8 @@ Every strategy validates its arguments when called (``kvformats.errors.StrategyA
 ``hypothesis.errors.InvalidArgument``) and returns a strategy. Row values are finite and built
 from adversarial blocks (exact rounding ties, block maxima of ``max * 2^k``, zero and -0.0
 blocks, subnormals, a single huge outlier, float32 values one ulp above ``max * 2^k``) mixed
-with random blocks. Importing this module needs
-hypothesis; ``import kvformats`` does not import it.
+with random blocks. Importing this module needs hypothesis (``pip install
+'kvformats[strategies]'``); ``import kvformats`` does not import it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,46 @@
+"""The worked offset examples in spec/formats/<name>.md (and their docs copies) are generated from
+the layout declaration (kvformats.spec.examples): current, and drift is reported and repaired."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import kvformats as kvf
+from kvformats.spec.examples import BEGIN, END, check_examples, write_examples
+from kvformats.spec.formats import check_specs
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_DIR = ROOT / "spec" / "formats"
+
+
+def test_committed_examples_are_current():
+    assert check_examples(SPEC_DIR) == []
+
+
+@pytest.mark.parametrize("name", kvf.list_formats())
+def test_prose_and_docs_state_the_declared_slot_offsets(name):
+    """Issue 35 item 14: the V4.1 page once said scale 66368 where the layout says 66656."""
+    layout = kvf.get_format(name)
+    row = "| " + " | ".join(str(v) for v in layout.slot_offsets(70).values()) + " |"
+    for path in (SPEC_DIR / f"{name}.md", ROOT / "docs" / "reference" / "formats" / f"{name}.md"):
+        assert row in path.read_text(), path
+    assert "66368" not in (SPEC_DIR / "fp8_ds_mla_v41.md").read_text()
+
+
+def test_a_stale_example_is_reported_and_rewritten(tmp_path):
+    shutil.copy(SPEC_DIR / "fp8_ds_mla_v41.md", tmp_path / "fp8_ds_mla_v41.md")
+    page = tmp_path / "fp8_ds_mla_v41.md"
+    page.write_text(page.read_text().replace("66656", "66368"))
+    assert [p for p in check_examples(tmp_path) if "stale worked example" in p and "fp8_ds_mla_v41" in p]
+    assert any("stale worked example" in p for p in check_specs(tmp_path))
+    assert write_examples(tmp_path) == [page]
+    assert check_examples(tmp_path) == [] and "66656" in page.read_text()
+
+
+def test_prose_without_markers_is_reported(tmp_path):
+    text = (SPEC_DIR / "fp8_indexer.md").read_text()
+    (tmp_path / "fp8_indexer.md").write_text(text.replace(BEGIN, "").replace(END, ""))
+    assert [p for p in check_examples(tmp_path) if "no generated worked example" in p]
