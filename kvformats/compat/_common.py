@@ -1,0 +1,78 @@
+"""What the tokenspeed drop-ins share: layout objects built once per geometry, the length rule of
+tokenspeed's multi-tensor ops, and the switch to the ``torch.library`` ops under torch.compile."""
+
+from __future__ import annotations
+
+import torch
+
+import kvformats.codec.torch_ops as kops
+import kvformats.deepseek_v4.torch_ops as dops
+from kvformats.errors import InputError, InputTypeError, LayoutError, describe
+from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
+
+__all__ = ["compiling", "dops", "ds_mla", "fp8_indexer", "head", "indexer_head_dim", "kops", "mxfp4_indexer",
+           "rows_of", "same_pages"]
+
+compiling = torch.compiler.is_compiling  # True while dynamo traces: the custom ops keep the graph whole
+_LAYOUTS: dict = {}
+
+
+def _layout(cls, **params):
+    key = (cls, *params.values())
+    lay = _LAYOUTS.get(key)
+    if lay is None:  # a bad geometry raises LayoutError here, every time (errors are not stored)
+        lay = _LAYOUTS[key] = cls(**params)
+    return lay
+
+
+def fp8_indexer(head_dim: int, page_size: int) -> Fp8Indexer:
+    lay = _LAYOUTS.get((Fp8Indexer, head_dim, page_size))
+    return lay if lay is not None else _layout(Fp8Indexer, head_dim=head_dim, page_size=page_size)
+
+
+def mxfp4_indexer(head_dim: int, page_size: int) -> Mxfp4Indexer:
+    lay = _LAYOUTS.get((Mxfp4Indexer, head_dim, page_size))
+    return lay if lay is not None else _layout(Mxfp4Indexer, head_dim=head_dim, page_size=page_size)
+
+
+def ds_mla(head_dim: int, rope_dim: int, page_size: int) -> Fp8DsMla:
+    lay = _LAYOUTS.get((Fp8DsMla, head_dim, rope_dim, page_size))
+    return lay if lay is not None else _layout(Fp8DsMla, head_dim=head_dim, rope_dim=rope_dim, page_size=page_size)
+
+
+def rows_of(*tensors) -> int | None:
+    """The shortest first dimension of ``tensors`` (tokenspeed's ``num_actual``), or None when one
+    is not a tensor with a first dimension (the native call then says what is wrong)."""
+    n = None
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            return None
+        n = t.shape[0] if n is None or t.shape[0] < n else n
+    return n
+
+
+def head(t, n: int | None):
+    """``t[:n]`` where ``t`` is a longer tensor, else ``t`` as given."""
+    if n is None or not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] == n:
+        return t
+    return t[:n]
+
+
+def indexer_head_dim(cache_2d, block_size, from_row_bytes, name: str = "cache_2d") -> int:
+    """The indexer head dim of a ``[pages, block_size * row_bytes]`` uint8 cache, as tokenspeed's
+    readers infer it (``from_row_bytes``: the spec helper of the format)."""
+    if not isinstance(cache_2d, torch.Tensor) or cache_2d.dim() != 2 or cache_2d.dtype != torch.uint8:
+        raise InputTypeError(f"{name} must be a uint8 tensor [pages, block_size * row_bytes], got {describe(cache_2d)}")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
+        raise InputError(f"block_size must be a positive int, got {describe(block_size)}")
+    if cache_2d.shape[1] % block_size:
+        raise LayoutError(f"{name} rows ({cache_2d.shape[1]} bytes) are not {block_size} whole indexer rows")
+    return from_row_bytes(cache_2d.shape[1] // block_size)[0]
+
+
+def same_pages(name: str, given, state_cache) -> None:
+    """tokenspeed's check that ``given`` (its compressor_block_size) is the state cache's rows per
+    page; kvformats reads that from ``state_cache.shape[1]``."""
+    if isinstance(state_cache, torch.Tensor) and state_cache.dim() == 3 and given != state_cache.shape[1]:
+        raise InputError(f"{name} must equal state_cache.shape[1] = {state_cache.shape[1]} (rows per page), "
+                         f"got {given!r}")

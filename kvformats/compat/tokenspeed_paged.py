@@ -1,0 +1,139 @@
+"""tokenspeed's index helpers and paged gathers under its names (part of
+``kvformats.compat.tokenspeed``; import them from there).
+
+The six index helpers ``deepseek_v4_ops.py`` re-exports from tokenspeed's Triton kernel module,
+its dequantize-and-gather, and the MXFP4 / FP8 indexer gathers engine code calls beside them:
+keyword-only where tokenspeed's are, tokenspeed's names (``token_to_req_indices``,
+``block_size``, ``compress_ratio``), results returned or written as tokenspeed does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvformats.compat import tokenspeed_spec as _spec
+from kvformats.compat._common import compiling, dops, ds_mla, fp8_indexer, indexer_head_dim, kops, mxfp4_indexer
+from kvformats.deepseek_v4.indices import (combine_dense_swa_indices, combine_topk_swa_indices,
+                                           compressed_slot_mapping, decode_swa_indices_and_lens,
+                                           dense_prefill_local_compressed_indices, global_topk_indices_and_lens)
+from kvformats.errors import InputError, InputTypeError, describe
+
+__all__ = [
+    "deepseek_v4_build_dense_prefill_local_compressed_indices", "deepseek_v4_combine_dense_swa_indices",
+    "deepseek_v4_combine_topk_swa_indices", "deepseek_v4_compressed_slot_mapping",
+    "deepseek_v4_compute_global_topk_indices_and_lens", "deepseek_v4_decode_swa_indices_and_lens",
+    "deepseek_v4_dequantize_and_gather_k_cache", "deepseek_v4_gather_indexer_mxfp4_cache",
+    "gather_paged_indexer_fp8_cache", "indexer_mxfp4_paged_gather",
+]
+
+# tokenspeed's kernels are fixed at DeepSeek V4's geometry where the cache alone cannot say it
+HEAD_DIM, ROPE_DIM, INDEX_HEAD_DIM = 512, 64, 128
+_MXFP4_VALUE_BYTES, _MXFP4_SCALE_BYTES = INDEX_HEAD_DIM // 2, INDEX_HEAD_DIM // 32
+
+
+# ----- index helpers ------------------------------------------------------------------------------
+def deepseek_v4_compressed_slot_mapping(*, num_tokens, query_start_loc, seq_lens, block_table, block_size,
+                                        compress_ratio, out=None):
+    """int64 ``[num_tokens]`` compressed-cache slots, −1 off the group ends (``out`` filled with −1,
+    a view of it returned) (``dsv4.compressed_slot_mapping``)."""
+    return (dops.compressed_slot_mapping if compiling() else compressed_slot_mapping)(
+        num_tokens=num_tokens, query_start_loc=query_start_loc, seq_lens=seq_lens, block_table=block_table,
+        page_size=block_size, ratio=compress_ratio, out=out)
+
+
+def deepseek_v4_compute_global_topk_indices_and_lens(*, topk_indices, token_to_req_indices, block_table, block_size,
+                                                     is_valid_token=None):
+    """``(global int32 [T, K], lens int32 [T])`` (``dsv4.global_topk_indices_and_lens``)."""
+    return (dops.global_topk_indices_and_lens if compiling() else global_topk_indices_and_lens)(
+        topk_indices=topk_indices, req_indices=token_to_req_indices, block_table=block_table, page_size=block_size,
+        is_valid_token=is_valid_token)
+
+
+def deepseek_v4_combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_lens, window_size,
+                                         compress_ratio, topk, workspace_width, compressed_base):
+    """Sparse-prefill rows ``[top-k | window]`` and their lengths (``dsv4.combine_topk_swa_indices``)."""
+    return (dops.combine_topk_swa_indices if compiling() else combine_topk_swa_indices)(
+        topk_indices=topk_indices, query_start_loc=query_start_loc, seq_lens=seq_lens, gather_lens=gather_lens,
+        window_size=window_size, ratio=compress_ratio, topk=topk, workspace_width=workspace_width,
+        compressed_base=compressed_base)
+
+
+def deepseek_v4_combine_dense_swa_indices(*, positions, token_to_req_indices, seq_lens, compressed_lens, gather_lens,
+                                          window_size, compress_ratio, workspace_width, compressed_base):
+    """Dense-prefill rows ``[compressed | window]`` and their lengths (``dsv4.combine_dense_swa_indices``)."""
+    return (dops.combine_dense_swa_indices if compiling() else combine_dense_swa_indices)(
+        positions=positions, req_indices=token_to_req_indices, seq_lens=seq_lens, compressed_lens=compressed_lens,
+        gather_lens=gather_lens, window_size=window_size, ratio=compress_ratio, workspace_width=workspace_width,
+        compressed_base=compressed_base)
+
+
+def deepseek_v4_decode_swa_indices_and_lens(*, query_start_loc, seq_lens, token_to_req_indices, block_table,
+                                            window_size, block_size, block_table_base_offsets=None,
+                                            is_valid_token=None, out_indices=None, out_lens=None):
+    """Decode SWA slots ``(int32 [T, window_size], lens int32 [T])``; the given ``out_indices`` /
+    ``out_lens`` themselves are returned, as tokenspeed does (``dsv4.decode_swa_indices_and_lens``)."""
+    idx, lens = (dops.decode_swa_indices_and_lens if compiling() else decode_swa_indices_and_lens)(
+        query_start_loc=query_start_loc, seq_lens=seq_lens, req_indices=token_to_req_indices, block_table=block_table,
+        window_size=window_size, page_size=block_size, block_table_base_offsets=block_table_base_offsets,
+        is_valid_token=is_valid_token, out_indices=out_indices, out_lens=out_lens)
+    return (idx if out_indices is None else out_indices), (lens if out_lens is None else out_lens)
+
+
+def deepseek_v4_build_dense_prefill_local_compressed_indices(*, positions, compress_ratio, width, out):
+    """``out[:T, :width]`` filled with the local compressed rows of each token, and returned
+    (``dsv4.dense_prefill_local_compressed_indices``)."""
+    return (dops.dense_prefill_local_compressed_indices if compiling() else dense_prefill_local_compressed_indices)(
+        positions=positions, ratio=compress_ratio, width=width, out=out)
+
+
+# ----- paged reads --------------------------------------------------------------------------------
+def deepseek_v4_dequantize_and_gather_k_cache(*, out, cache_2d, seq_lens, gather_lens, block_table, block_size, offset,
+                                              block_table_base_offsets=None):
+    """Each request's last ``gather_lens`` positions decoded into ``out[b, offset + i]`` (bf16
+    ``[R, W, 512]``) (``Fp8DsMla.dequantize_gather``). Returns None, as tokenspeed does."""
+    lay = ds_mla(HEAD_DIM, ROPE_DIM, block_size)
+    (kops.dequantize_gather if compiling() else type(lay).dequantize_gather)(
+        lay, cache_2d, out, block_table=block_table, seq_lens=seq_lens, gather_lens=gather_lens,
+        block_table_base_offsets=block_table_base_offsets, offset=offset)
+
+
+def _workspace(name: str, ws, rows, width: int) -> None:
+    if not isinstance(ws, torch.Tensor) or ws.dtype != torch.uint8 or ws.dim() != 2:
+        raise InputTypeError(f"{name} must be a uint8 tensor [rows, bytes], got {describe(ws)}")
+    if ws.stride(1) != 1 or ws.shape[1] < width or (rows is not None and ws.shape[0] < rows):
+        raise InputError(f"{name} must hold at least [{rows}, {width}] bytes, contiguous in the last dim, "
+                         f"got {describe(ws)} with strides {ws.stride()}")
+
+
+def deepseek_v4_gather_indexer_mxfp4_cache(*, cache_2d, slot_mapping, values_out, scales_out, block_size):
+    """The 64 value bytes and 4 scale bytes of the MXFP4 rows at ``slot_mapping`` into
+    ``values_out[:N, :64]`` / ``scales_out[:N, :4]`` (zero bytes for slot < 0)
+    (``Mxfp4Indexer.gather``, then the two copies)."""
+    n = slot_mapping.shape[0] if isinstance(slot_mapping, torch.Tensor) and slot_mapping.dim() == 1 else None
+    _workspace("values_out", values_out, n, _MXFP4_VALUE_BYTES)
+    _workspace("scales_out", scales_out, n, _MXFP4_SCALE_BYTES)
+    lay = mxfp4_indexer(INDEX_HEAD_DIM, block_size)
+    rows = kops.gather(lay, cache_2d, slot_mapping) if compiling() else lay.gather(cache_2d, slot_mapping)
+    n = rows.shape[0]
+    values_out[:n, :_MXFP4_VALUE_BYTES].copy_(rows[:, :_MXFP4_VALUE_BYTES])
+    scales_out[:n, :_MXFP4_SCALE_BYTES].copy_(rows[:, _MXFP4_VALUE_BYTES:])
+
+
+def indexer_mxfp4_paged_gather(kv_cache, values_out, scales_out, block_table, cu_seq_lens, cache_block_size):
+    """The MXFP4 records of every request's positions ``[cu[r], cu[r+1])``, in cu order, into the
+    caller's ``values_out [T, 64]`` / ``scales_out [T, 4]`` (``Mxfp4Indexer.gather_paged``)."""
+    lay = mxfp4_indexer(indexer_head_dim(kv_cache, cache_block_size,
+                                         _spec.deepseek_v4_indexer_mxfp4_layout_from_row_bytes, "kv_cache"),
+                        cache_block_size)
+    (kops.gather_paged if compiling() else type(lay).gather_paged)(
+        lay, kv_cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=(values_out, scales_out))
+
+
+def gather_paged_indexer_fp8_cache(cache_2d, block_table, cu_seq_lens, block_size):
+    """``(k_fp8 float8_e4m3fn [total, d], k_scale float32 [total])``: the FP8 records of every
+    request's positions in cu order (``Fp8Indexer.gather_paged``; reads ``cu_seq_lens[-1]`` on the
+    host for the output size, as tokenspeed does: under torch.compile a graph break, as there)."""
+    lay = fp8_indexer(indexer_head_dim(cache_2d, block_size, _spec.deepseek_v4_indexer_fp8_layout_from_row_bytes),
+                      block_size)
+    values, scales = lay.gather_paged(cache_2d, block_table=block_table, cu_seq_lens=cu_seq_lens)
+    return values.view(torch.float8_e4m3fn), scales.view(torch.float32).squeeze(1)
