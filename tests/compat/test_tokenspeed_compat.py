@@ -46,7 +46,7 @@ def backend(request, monkeypatch):
         monkeypatch.setattr(registry, "_resolve", resolve)
         monkeypatch.setattr(deferred, "HOST_CHECKED", set())
     registry._RESOLVED.clear()
-    if request.param == "triton":  # the kernels really run
+    if request.param == "triton" and not torch.cuda.is_available():  # the kernels really run
         assert registry.is_kernel(registry.resolve("deepseek_v4", "swa_insert", "auto", torch.device("cpu")))
     yield request.param
     registry._RESOLVED.clear()
