@@ -44,9 +44,13 @@ def main(argv=None) -> None:
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--only", default="", help="comma-separated substrings of the call names")
     p.add_argument("--custom", action="store_true", help="through the torch.library custom ops")
+    p.add_argument("--compat", action="store_true",
+                   help="the tokenspeed drop-ins (kvformats.compat.tokenspeed) beside the native calls, and their ratio")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     only = [s for s in args.only.split(",") if s]
+    if args.compat:
+        return compat_table(args, only)
     print(f"host µs per call, {args.rows} rows, kernel launch stubbed (torch {torch.__version__})")
     print("| op | full path | replayed |")
     print("| --- | ---: | ---: |")
@@ -60,6 +64,29 @@ def main(argv=None) -> None:
                 replay.ENABLED[0] = enabled
                 figures.append(per_call_us(fn, args.calls))
             print(f"| {name} | {figures[0]:.1f} | {figures[1]:.1f} |")
+    replay.ENABLED[0] = True
+
+
+def compat_table(args, only) -> None:
+    """Native call and its tokenspeed drop-in on the same inputs, replayed (the path an engine's
+    steady state takes) and on the full path; the ratio compat / native."""
+    from kvformats.testing.compat_calls import compat_call_pairs
+
+    print(f"host µs per call, {args.rows} rows, kernel launch stubbed (torch {torch.__version__}): native kvformats "
+          f"call vs its kvformats.compat.tokenspeed drop-in")
+    print("| op | native replayed | compat replayed | ratio | native full | compat full | ratio |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    with stubbed_launches(keep_log=False):
+        for name, (native, compat) in compat_call_pairs("cpu", args.rows).items():
+            if only and not any(s in name for s in only):
+                continue
+            cells = []
+            for enabled in (True, False):
+                replay.ENABLED[0] = enabled
+                a, b = per_call_us(native, args.calls), per_call_us(compat, args.calls)
+                a, b = min(a, per_call_us(native, args.calls)), min(b, per_call_us(compat, args.calls))  # interleaved
+                cells += [f"{a:.1f}", f"{b:.1f}", f"{b / a:.2f}"]
+            print(f"| {name} | {' | '.join(cells)} |", flush=True)
     replay.ENABLED[0] = True
 
 

@@ -7,11 +7,12 @@ import torch
 
 import kvformats.codec.torch_ops as kops
 import kvformats.deepseek_v4.torch_ops as dops
+from kvformats.compat import tokenspeed_spec as spec
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 
-__all__ = ["compiling", "dops", "ds_mla", "fp8_indexer", "head", "indexer_head_dim", "kops", "mxfp4_indexer",
-           "rows_of", "same_pages"]
+__all__ = ["compiling", "dops", "ds_mla", "fp8_indexer", "head", "indexer_head_dim", "indexer_of_cache",
+           "indexer_of_rows", "kops", "mxfp4_indexer", "rows_of", "same_pages", "shortest"]
 
 compiling = torch.compiler.is_compiling  # True while dynamo traces: the custom ops keep the graph whole
 _LAYOUTS: dict = {}
@@ -58,6 +59,45 @@ def head(t, n: int | None):
     return t[:n]
 
 
+def shortest(n: int | None, tensors: tuple) -> tuple | None:
+    """tokenspeed's length rule, applied after the native call refused the lengths: ``tensors``
+    cut to ``n`` rows, or None when cutting changes nothing (then the refusal stands)."""
+    cut = tuple(head(t, n) for t in tensors)
+    return None if all(a is b for a, b in zip(cut, tensors)) else cut
+
+
+_FROM_ROW_BYTES = {Fp8Indexer: spec.deepseek_v4_indexer_fp8_layout_from_row_bytes,
+                   Mxfp4Indexer: spec.deepseek_v4_indexer_mxfp4_layout_from_row_bytes}
+_BY_WIDTH: dict = {}  # (layout class, cache width or head dim, block size) -> layout
+
+
+def indexer_of_cache(cls, cache_2d, block_size, name: str = "cache_2d"):
+    """The indexer layout of a ``[pages, block_size * row_bytes]`` uint8 cache, its head dim read
+    as tokenspeed's readers read it (``cache_2d.shape[1] // block_size`` bytes per row)."""
+    try:
+        lay = _BY_WIDTH.get((cls, "cache", cache_2d.shape[1], block_size))
+    except (AttributeError, IndexError, TypeError):
+        lay = None
+    if lay is None:
+        d = indexer_head_dim(cache_2d, block_size, _FROM_ROW_BYTES[cls], name)
+        lay = _BY_WIDTH[(cls, "cache", cache_2d.shape[1], block_size)] = _layout(cls, head_dim=d, page_size=block_size)
+    return lay
+
+
+def indexer_of_rows(cls, index_k, block_size):
+    """The indexer layout of rows ``index_k [N, d]`` in pages of ``block_size`` rows."""
+    try:
+        lay = _BY_WIDTH.get((cls, "rows", index_k.shape[1], block_size))
+    except (AttributeError, IndexError, TypeError):
+        lay = None
+    if lay is None:
+        if not isinstance(index_k, torch.Tensor) or index_k.dim() != 2:
+            raise InputError(f"index_k must be [tokens, dim], got {describe(index_k)}")
+        lay = _BY_WIDTH[(cls, "rows", index_k.shape[1], block_size)] = _layout(cls, head_dim=index_k.shape[1],
+                                                                               page_size=block_size)
+    return lay
+
+
 def indexer_head_dim(cache_2d, block_size, from_row_bytes, name: str = "cache_2d") -> int:
     """The indexer head dim of a ``[pages, block_size * row_bytes]`` uint8 cache, as tokenspeed's
     readers infer it (``from_row_bytes``: the spec helper of the format)."""
@@ -73,6 +113,9 @@ def indexer_head_dim(cache_2d, block_size, from_row_bytes, name: str = "cache_2d
 def same_pages(name: str, given, state_cache) -> None:
     """tokenspeed's check that ``given`` (its compressor_block_size) is the state cache's rows per
     page; kvformats reads that from ``state_cache.shape[1]``."""
-    if isinstance(state_cache, torch.Tensor) and state_cache.dim() == 3 and given != state_cache.shape[1]:
-        raise InputError(f"{name} must equal state_cache.shape[1] = {state_cache.shape[1]} (rows per page), "
-                         f"got {given!r}")
+    try:
+        rows = state_cache.shape[1]
+    except (AttributeError, IndexError, TypeError):
+        return  # not a state cache: the native call says so
+    if given != rows:
+        raise InputError(f"{name} must equal state_cache.shape[1] = {rows} (rows per page), got {given!r}")

@@ -21,8 +21,10 @@ from __future__ import annotations
 import torch
 
 from kvformats.compat import tokenspeed_spec as _spec
-from kvformats.compat._common import (compiling, dops, ds_mla, fp8_indexer, head, indexer_head_dim, kops,
-                                      mxfp4_indexer, rows_of, same_pages)
+from kvformats.codec.slot_ops import decode as slot_decode
+from kvformats.codec.slot_ops import encode as slot_encode
+from kvformats.compat._common import (compiling, dops, ds_mla, head, indexer_of_cache, indexer_of_rows, kops,
+                                      rows_of, same_pages, shortest)
 from kvformats.compat.tokenspeed_paged import *  # noqa: F401,F403  (the index helpers and paged gathers)
 from kvformats.compat.tokenspeed_spec import *  # noqa: F401,F403  (the cache-spec names)
 from kvformats.deepseek_v4.compress import compress_kv_insert, indexer_compress_insert, save_compressor_state
@@ -30,6 +32,7 @@ from kvformats.deepseek_v4.query import inv_rope_fp8_quant, prepare_indexer_q_fp
 from kvformats.deepseek_v4.swa import swa_insert
 from kvformats.deepseek_v4.transforms import hadamard_transform as _hadamard
 from kvformats.errors import InputError
+from kvformats.formats import Fp8Indexer, Mxfp4Indexer
 
 # tokenspeed's deepseek_v4_ops.__all__ at f3e4d1e2, in its order
 OPS_ALL = (
@@ -57,18 +60,6 @@ def fused_qnorm_rope_kv_insert(q, kv, swa_kv_cache_2d, slot_mapping, positions, 
                                                      rms_norm_eps, page_size=block_size)
 
 
-def _compress(ratio, state_cache, token_to_req_indices, positions, compressor_slot_mapping, block_table,
-              compressor_block_size, rms_norm_weight, rms_norm_eps, cos_sin_cache, kv_cache_2d, kv_slot_mapping,
-              kv_cache_block_size, block_table_base_offsets, n):
-    same_pages("compressor_block_size", compressor_block_size, state_cache)
-    (dops.compress_kv_insert if compiling() else compress_kv_insert)(
-        state_cache, kv_cache_2d, ratio=ratio, positions=head(positions, n),
-        req_indices=head(token_to_req_indices, n), state_slots=head(compressor_slot_mapping, n),
-        block_table=block_table, rms_weight=rms_norm_weight, rms_eps=rms_norm_eps, cos_sin_cache=cos_sin_cache,
-        kv_slots=head(kv_slot_mapping, n), kv_page_size=kv_cache_block_size,
-        block_table_base_offsets=block_table_base_offsets)
-
-
 def deepseek_v4_hca_compress_kv_cache_insert(state_cache, token_to_req_indices, positions, compressor_slot_mapping,
                                              block_table, compressor_block_size, rms_norm_weight, rms_norm_eps,
                                              cos_sin_cache, kv_cache_2d, kv_slot_mapping, kv_cache_block_size,
@@ -76,10 +67,20 @@ def deepseek_v4_hca_compress_kv_cache_insert(state_cache, token_to_req_indices, 
     """HCA (ratio 128) compress-insert (``dsv4.hca_compress_kv_insert``)."""
     if compress_ratio != 128:
         raise InputError(f"HCA cache insert requires compress_ratio=128, got {compress_ratio!r}")
-    _compress(128, state_cache, token_to_req_indices, positions, compressor_slot_mapping, block_table,
-              compressor_block_size, rms_norm_weight, rms_norm_eps, cos_sin_cache, kv_cache_2d, kv_slot_mapping,
-              kv_cache_block_size, block_table_base_offsets,
-              rows_of(compressor_slot_mapping, positions, kv_slot_mapping))
+    same_pages("compressor_block_size", compressor_block_size, state_cache)
+    fn = dops.compress_kv_insert if compiling() else compress_kv_insert
+    while True:
+        try:
+            return fn(state_cache, kv_cache_2d, ratio=128, positions=positions, req_indices=token_to_req_indices,
+                      state_slots=compressor_slot_mapping, block_table=block_table, rms_weight=rms_norm_weight,
+                      rms_eps=rms_norm_eps, cos_sin_cache=cos_sin_cache, kv_slots=kv_slot_mapping,
+                      kv_page_size=kv_cache_block_size, block_table_base_offsets=block_table_base_offsets)
+        except InputError:  # tokenspeed's tokens: the shortest of the slot mappings and positions
+            cut = shortest(rows_of(compressor_slot_mapping, positions, kv_slot_mapping),
+                           (positions, token_to_req_indices, compressor_slot_mapping, kv_slot_mapping))
+            if cut is None:
+                raise
+            positions, token_to_req_indices, compressor_slot_mapping, kv_slot_mapping = cut
 
 
 def deepseek_v4_csa_compress_kv_cache_insert(state_cache, token_to_req_indices, positions, compressor_slot_mapping,
@@ -89,9 +90,20 @@ def deepseek_v4_csa_compress_kv_cache_insert(state_cache, token_to_req_indices, 
     """CSA (ratio 4, overlapping windows) compress-insert (``dsv4.csa_compress_kv_insert``)."""
     if compress_ratio != 4:
         raise InputError(f"CSA cache insert requires compress_ratio=4, got {compress_ratio!r}")
-    _compress(4, state_cache, token_to_req_indices, positions, compressor_slot_mapping, block_table,
-              compressor_block_size, rms_norm_weight, rms_norm_eps, cos_sin_cache, kv_cache_2d, kv_slot_mapping,
-              kv_cache_block_size, block_table_base_offsets, rows_of(compressor_slot_mapping, positions))
+    same_pages("compressor_block_size", compressor_block_size, state_cache)
+    fn = dops.compress_kv_insert if compiling() else compress_kv_insert
+    while True:
+        try:
+            return fn(state_cache, kv_cache_2d, ratio=4, positions=positions, req_indices=token_to_req_indices,
+                      state_slots=compressor_slot_mapping, block_table=block_table, rms_weight=rms_norm_weight,
+                      rms_eps=rms_norm_eps, cos_sin_cache=cos_sin_cache, kv_slots=kv_slot_mapping,
+                      kv_page_size=kv_cache_block_size, block_table_base_offsets=block_table_base_offsets)
+        except InputError:  # tokenspeed's tokens: the shortest of the state slot mapping and positions
+            cut = shortest(rows_of(compressor_slot_mapping, positions),
+                           (positions, token_to_req_indices, compressor_slot_mapping, kv_slot_mapping))
+            if cut is None:
+                raise
+            positions, token_to_req_indices, compressor_slot_mapping, kv_slot_mapping = cut
 
 
 def deepseek_v4_csa_indexer_cache_insert(state_cache, token_to_req_indices, positions, compressor_slot_mapping,
@@ -103,13 +115,20 @@ def deepseek_v4_csa_indexer_cache_insert(state_cache, token_to_req_indices, posi
     if compress_ratio != 4:
         raise InputError(f"CSA indexer cache insert requires compress_ratio=4, got {compress_ratio!r}")
     same_pages("compressor_block_size", compressor_block_size, state_cache)
-    n = rows_of(compressor_slot_mapping, positions)
-    (dops.indexer_compress_insert if compiling() else indexer_compress_insert)(
-        state_cache, kv_cache_2d, index_format="mxfp4_indexer" if use_fp4_cache else "fp8_indexer",
-        positions=head(positions, n), req_indices=head(token_to_req_indices, n),
-        state_slots=head(compressor_slot_mapping, n), block_table=block_table, rms_weight=rms_norm_weight,
-        rms_eps=rms_norm_eps, cos_sin_cache=cos_sin_cache, index_slots=head(kv_slot_mapping, n),
-        index_page_size=kv_cache_block_size, block_table_base_offsets=block_table_base_offsets)
+    fn = dops.indexer_compress_insert if compiling() else indexer_compress_insert
+    while True:
+        try:
+            return fn(state_cache, kv_cache_2d, index_format="mxfp4_indexer" if use_fp4_cache else "fp8_indexer",
+                      positions=positions, req_indices=token_to_req_indices, state_slots=compressor_slot_mapping,
+                      block_table=block_table, rms_weight=rms_norm_weight, rms_eps=rms_norm_eps,
+                      cos_sin_cache=cos_sin_cache, index_slots=kv_slot_mapping, index_page_size=kv_cache_block_size,
+                      block_table_base_offsets=block_table_base_offsets)
+        except InputError:  # tokenspeed's tokens: the shortest of the state slot mapping and positions
+            cut = shortest(rows_of(compressor_slot_mapping, positions),
+                           (positions, token_to_req_indices, compressor_slot_mapping, kv_slot_mapping))
+            if cut is None:
+                raise
+            positions, token_to_req_indices, compressor_slot_mapping, kv_slot_mapping = cut
 
 
 _APE: dict = {}  # id(runtime ape) -> (ape, its version, checkpoint-order copy)
@@ -126,13 +145,13 @@ def checkpoint_ape(ape, compress_ratio):
     """``ape`` as kvformats takes it (checkpoint order) from the one tokenspeed's callers pass (a C4
     ape reordered once at weight loading). Weights do not change between calls: the copy is kept
     per tensor and version (not while a CUDA graph is captured, when the copy is not run yet)."""
-    if compress_ratio != 4 or not isinstance(ape, torch.Tensor) or ape.dim() != 2 or ape.shape[1] % 2:
+    if compress_ratio != 4:
         return ape
-    if compiling():
-        return _unreorder(ape)
     hit = _APE.get(id(ape))
     if hit is not None and hit[0] is ape and hit[1] == ape._version:
         return hit[2]
+    if not isinstance(ape, torch.Tensor) or ape.dim() != 2 or ape.shape[1] % 2:
+        return ape  # not a C4 ape: the native call says what is wrong
     ckpt = _unreorder(ape)
     if not (ape.is_cuda and torch.cuda.is_current_stream_capturing()):
         if len(_APE) >= 512:
@@ -146,57 +165,67 @@ def save_deepseek_v4_compressor_state(kv, score, ape, state_cache, slot_mapping,
     """One ``[kv | score + ape[p % ratio]]`` state row per token (``dsv4.save_compressor_state``).
     ``ape`` is tokenspeed's runtime tensor (the C4 ape reordered at loading), as its callers pass it."""
     same_pages("block_size", block_size, state_cache)
-    n = rows_of(slot_mapping, kv)
-    (dops.save_compressor_state if compiling() else save_compressor_state)(
-        head(kv, n), head(score, n), checkpoint_ape(ape, compress_ratio), state_cache, ratio=compress_ratio,
-        positions=head(positions, n), slots=head(slot_mapping, n))
+    if compiling():
+        n = rows_of(slot_mapping, kv)
+        return dops.save_compressor_state(head(kv, n), head(score, n), _unreorder(ape) if compress_ratio == 4 else ape,
+                                          state_cache, ratio=compress_ratio, positions=head(positions, n),
+                                          slots=head(slot_mapping, n))
+    if compress_ratio == 4:  # checkpoint_ape, its hit inlined (the steady state)
+        hit = _APE.get(id(ape))
+        ape = hit[2] if hit is not None and hit[0] is ape and hit[1] == ape._version else checkpoint_ape(ape, 4)
+    while True:
+        try:
+            return save_compressor_state(kv, score, ape, state_cache, ratio=compress_ratio, positions=positions,
+                                         slots=slot_mapping)
+        except InputError:  # tokenspeed's tokens: the shortest of kv and the slot mapping
+            cut = shortest(rows_of(slot_mapping, kv), (kv, score, positions, slot_mapping))
+            if cut is None:
+                raise
+            kv, score, positions, slot_mapping = cut
+
+
+def _write(cls, index_k, cache_2d, slot_mapping, block_size) -> None:
+    lay = indexer_of_rows(cls, index_k, block_size)
+    if compiling():
+        n = rows_of(slot_mapping, index_k)
+        return kops.encode(lay, head(index_k, n), cache_2d, head(slot_mapping, n))
+    while True:
+        try:
+            return slot_encode(lay, index_k, cache_2d, slot_mapping)
+        except InputError:  # tokenspeed's rows: the shortest of index_k and the slot mapping
+            cut = shortest(rows_of(slot_mapping, index_k), (index_k, slot_mapping))
+            if cut is None:
+                raise
+            index_k, slot_mapping = cut
 
 
 def write_deepseek_v4_indexer_fp8_cache(index_k, cache_2d, slot_mapping, block_size=64):
     """FP8 indexer rows of ``index_k [N, d]`` at ``slot_mapping`` (``Fp8Indexer.encode``)."""
-    n = rows_of(slot_mapping, index_k)
-    lay = fp8_indexer(_width(index_k), block_size)
-    if compiling():
-        kops.encode(lay, head(index_k, n), cache_2d, head(slot_mapping, n))
-    else:
-        lay.encode(head(index_k, n), cache_2d, head(slot_mapping, n))
+    return _write(Fp8Indexer, index_k, cache_2d, slot_mapping, block_size)
 
 
 def write_deepseek_v4_indexer_mxfp4_cache(index_k, cache_2d, slot_mapping, block_size=64):
     """MXFP4 indexer rows of ``index_k [N, d]`` at ``slot_mapping`` (``Mxfp4Indexer.encode``)."""
-    n = rows_of(slot_mapping, index_k)
-    lay = mxfp4_indexer(_width(index_k), block_size)
-    if compiling():
-        kops.encode(lay, head(index_k, n), cache_2d, head(slot_mapping, n))
-    else:
-        lay.encode(head(index_k, n), cache_2d, head(slot_mapping, n))
-
-
-def _width(index_k) -> int:
-    if not isinstance(index_k, torch.Tensor) or index_k.dim() != 2:
-        raise InputError(f"index_k must be [tokens, dim], got {getattr(index_k, 'shape', index_k)!r}")
-    return index_k.shape[1]
+    return _write(Mxfp4Indexer, index_k, cache_2d, slot_mapping, block_size)
 
 
 # ----- cache readers ----------------------------------------------------------------------------
 def read_deepseek_v4_indexer_fp8_cache(cache_2d, slot_mapping, block_size=64):
     """float32 ``[N, d]`` rows at ``slot_mapping`` (``Fp8Indexer.decode``); zero rows for slot < 0."""
-    lay = fp8_indexer(indexer_head_dim(cache_2d, block_size, _spec.deepseek_v4_indexer_fp8_layout_from_row_bytes),
-                      block_size)
-    return kops.decode(lay, cache_2d, slot_mapping) if compiling() else lay.decode(cache_2d, slot_mapping)
+    lay = indexer_of_cache(Fp8Indexer, cache_2d, block_size)
+    return (kops.decode if compiling() else slot_decode)(lay, cache_2d, slot_mapping)
 
 
 def read_deepseek_v4_indexer_mxfp4_cache(cache_2d, slot_mapping, block_size=64):
     """float32 ``[N, d]`` rows at ``slot_mapping`` (``Mxfp4Indexer.decode``); zero rows for slot < 0."""
-    lay = mxfp4_indexer(indexer_head_dim(cache_2d, block_size,
-                                         _spec.deepseek_v4_indexer_mxfp4_layout_from_row_bytes), block_size)
-    return kops.decode(lay, cache_2d, slot_mapping) if compiling() else lay.decode(cache_2d, slot_mapping)
+    lay = indexer_of_cache(Mxfp4Indexer, cache_2d, block_size)
+    return (kops.decode if compiling() else slot_decode)(lay, cache_2d, slot_mapping)
 
 
 def dequantize_deepseek_v4_fp8_ds_mla_cache(cache_2d, slot_mapping, block_size=64, *, head_dim, rope_dim):
     """bf16 ``[N, head_dim]`` fp8_ds_mla rows at ``slot_mapping`` (``Fp8DsMla.decode``)."""
     lay = ds_mla(head_dim, rope_dim, block_size)
-    return kops.decode(lay, cache_2d, slot_mapping) if compiling() else lay.decode(cache_2d, slot_mapping)
+    return (kops.decode if compiling() else slot_decode)(lay, cache_2d, slot_mapping)
 
 
 # ----- query and output transforms ---------------------------------------------------------------
@@ -223,13 +252,18 @@ def deepseek_v4_fused_inv_rope_fp8_quant(o, positions, cos_sin_cache, n_groups, 
     """Inverse RoPE + FP8 quant of the attention output, in DeepGEMM's views
     (``dsv4.inv_rope_fp8_quant``). kvformats reads the RoPE width from ``cos_sin_cache`` and puts
     the RoPE dims last: ``rope_dim`` must be the table's width and ``nope_dim + rope_dim`` the head."""
-    if isinstance(cos_sin_cache, torch.Tensor) and cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] != rope_dim:
-        raise InputError(f"rope_dim {rope_dim!r} must be the cos_sin_cache width {cos_sin_cache.shape[1]}")
-    if isinstance(o, torch.Tensor) and o.dim() == 3 and nope_dim + rope_dim != o.shape[2]:
-        raise InputError(f"nope_dim + rope_dim = {nope_dim!r} + {rope_dim!r} must be the head dim {o.shape[2]}")
-    return (dops.inv_rope_fp8_quant if compiling() else inv_rope_fp8_quant)(
-        o, positions, cos_sin_cache, n_groups=n_groups, heads_per_group=heads_per_group,
-        quant_group_size=quant_group_size, tma_aligned_scales=tma_aligned_scales)
+    try:
+        width, d = cos_sin_cache.shape[1], o.shape[2]
+    except (AttributeError, IndexError, TypeError):
+        width = d = None  # not tensors of the expected dims: the native call says what is wrong
+    if width is not None and (width != rope_dim or nope_dim + rope_dim != d):
+        raise InputError(f"rope_dim ({rope_dim!r}) must be the cos_sin_cache width ({width}) and nope_dim + rope_dim "
+                         f"({nope_dim!r} + {rope_dim!r}) the head dim ({d}): kvformats puts the RoPE dims last")
+    fn = dops.inv_rope_fp8_quant if compiling() else inv_rope_fp8_quant
+    if quant_group_size == 128 and tma_aligned_scales is True:  # the defaults: the native call's shortest key
+        return fn(o, positions, cos_sin_cache, n_groups=n_groups, heads_per_group=heads_per_group)
+    return fn(o, positions, cos_sin_cache, n_groups=n_groups, heads_per_group=heads_per_group,
+              quant_group_size=quant_group_size, tma_aligned_scales=tma_aligned_scales)
 
 
 def hadamard_transform(x, *, scale=1.0, override=None, solution=None):

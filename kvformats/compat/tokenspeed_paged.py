@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.compat import tokenspeed_spec as _spec
-from kvformats.compat._common import compiling, dops, ds_mla, fp8_indexer, indexer_head_dim, kops, mxfp4_indexer
+from kvformats.compat._common import compiling, dops, ds_mla, indexer_of_cache, kops, mxfp4_indexer
 from kvformats.deepseek_v4.indices import (combine_dense_swa_indices, combine_topk_swa_indices,
                                            compressed_slot_mapping, decode_swa_indices_and_lens,
                                            dense_prefill_local_compressed_indices, global_topk_indices_and_lens)
 from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.formats import Fp8Indexer, Mxfp4Indexer
 
 __all__ = [
     "deepseek_v4_build_dense_prefill_local_compressed_indices", "deepseek_v4_combine_dense_swa_indices",
@@ -97,21 +97,31 @@ def deepseek_v4_dequantize_and_gather_k_cache(*, out, cache_2d, seq_lens, gather
         block_table_base_offsets=block_table_base_offsets, offset=offset)
 
 
-def _workspace(name: str, ws, rows, width: int) -> None:
-    if not isinstance(ws, torch.Tensor) or ws.dtype != torch.uint8 or ws.dim() != 2:
-        raise InputTypeError(f"{name} must be a uint8 tensor [rows, bytes], got {describe(ws)}")
-    if ws.stride(1) != 1 or ws.shape[1] < width or (rows is not None and ws.shape[0] < rows):
-        raise InputError(f"{name} must hold at least [{rows}, {width}] bytes, contiguous in the last dim, "
-                         f"got {describe(ws)} with strides {ws.stride()}")
+def _workspaces(values_out, scales_out, rows) -> None:
+    """tokenspeed's checks of the MXFP4 gather's workspaces, as typed errors."""
+    try:
+        if (values_out.dtype is torch.uint8 and scales_out.dtype is torch.uint8 and values_out.dim() == 2
+                and scales_out.dim() == 2 and values_out.stride(1) == 1 and scales_out.stride(1) == 1
+                and values_out.shape[1] >= _MXFP4_VALUE_BYTES and scales_out.shape[1] >= _MXFP4_SCALE_BYTES
+                and (rows is None or (values_out.shape[0] >= rows and scales_out.shape[0] >= rows))):
+            return
+    except (AttributeError, TypeError):
+        raise InputTypeError(f"values_out and scales_out must be uint8 tensors, got {describe(values_out)} and "
+                             f"{describe(scales_out)}") from None
+    if values_out.dtype != torch.uint8 or scales_out.dtype != torch.uint8:
+        raise InputTypeError(f"values_out and scales_out must be uint8 tensors, got {describe(values_out)} and "
+                             f"{describe(scales_out)}")
+    raise InputError(f"values_out / scales_out must be 2-D, contiguous in the last dim, with at least {rows} rows "
+                     f"of {_MXFP4_VALUE_BYTES} / {_MXFP4_SCALE_BYTES} bytes, got {describe(values_out)} and "
+                     f"{describe(scales_out)}")
 
 
 def deepseek_v4_gather_indexer_mxfp4_cache(*, cache_2d, slot_mapping, values_out, scales_out, block_size):
     """The 64 value bytes and 4 scale bytes of the MXFP4 rows at ``slot_mapping`` into
     ``values_out[:N, :64]`` / ``scales_out[:N, :4]`` (zero bytes for slot < 0)
     (``Mxfp4Indexer.gather``, then the two copies)."""
-    n = slot_mapping.shape[0] if isinstance(slot_mapping, torch.Tensor) and slot_mapping.dim() == 1 else None
-    _workspace("values_out", values_out, n, _MXFP4_VALUE_BYTES)
-    _workspace("scales_out", scales_out, n, _MXFP4_SCALE_BYTES)
+    _workspaces(values_out, scales_out, slot_mapping.shape[0] if isinstance(slot_mapping, torch.Tensor)
+                and slot_mapping.dim() == 1 else None)
     lay = mxfp4_indexer(INDEX_HEAD_DIM, block_size)
     rows = kops.gather(lay, cache_2d, slot_mapping) if compiling() else lay.gather(cache_2d, slot_mapping)
     n = rows.shape[0]
@@ -122,9 +132,7 @@ def deepseek_v4_gather_indexer_mxfp4_cache(*, cache_2d, slot_mapping, values_out
 def indexer_mxfp4_paged_gather(kv_cache, values_out, scales_out, block_table, cu_seq_lens, cache_block_size):
     """The MXFP4 records of every request's positions ``[cu[r], cu[r+1])``, in cu order, into the
     caller's ``values_out [T, 64]`` / ``scales_out [T, 4]`` (``Mxfp4Indexer.gather_paged``)."""
-    lay = mxfp4_indexer(indexer_head_dim(kv_cache, cache_block_size,
-                                         _spec.deepseek_v4_indexer_mxfp4_layout_from_row_bytes, "kv_cache"),
-                        cache_block_size)
+    lay = indexer_of_cache(Mxfp4Indexer, kv_cache, cache_block_size, "kv_cache")
     (kops.gather_paged if compiling() else type(lay).gather_paged)(
         lay, kv_cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=(values_out, scales_out))
 
@@ -133,7 +141,6 @@ def gather_paged_indexer_fp8_cache(cache_2d, block_table, cu_seq_lens, block_siz
     """``(k_fp8 float8_e4m3fn [total, d], k_scale float32 [total])``: the FP8 records of every
     request's positions in cu order (``Fp8Indexer.gather_paged``; reads ``cu_seq_lens[-1]`` on the
     host for the output size, as tokenspeed does: under torch.compile a graph break, as there)."""
-    lay = fp8_indexer(indexer_head_dim(cache_2d, block_size, _spec.deepseek_v4_indexer_fp8_layout_from_row_bytes),
-                      block_size)
-    values, scales = lay.gather_paged(cache_2d, block_table=block_table, cu_seq_lens=cu_seq_lens)
+    values, scales = indexer_of_cache(Fp8Indexer, cache_2d, block_size).gather_paged(
+        cache_2d, block_table=block_table, cu_seq_lens=cu_seq_lens)
     return values.view(torch.float8_e4m3fn), scales.view(torch.float32).squeeze(1)

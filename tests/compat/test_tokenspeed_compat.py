@@ -505,3 +505,27 @@ def test_compiles_without_graph_breaks():
     for a, b in zip(got, step(*args)):
         assert torch.equal(a, b)
     torch._dynamo.reset()
+
+
+def test_compress_insert_and_save_compile_without_graph_breaks():
+    b = make_batch(4, 128, 4)
+    lay = Fp8DsMla(head_dim=128, rope_dim=64, page_size=4)
+    cache = sentinel_cache(lay, int(b.target_table.max()) + 1)
+    c1, c2 = clone_cache(cache), clone_cache(cache)
+    kv, score = torch.randn(b.positions.shape[0], 256), torch.randn(b.positions.shape[0], 256)
+    ape = _reorder_c4(torch.randn(4, 256))
+    s1, s2 = b.state.clone(), b.state.clone()
+
+    def step(state, kv_cache, positions, req):
+        ts.save_deepseek_v4_compressor_state(kv, score, ape, state, b.state_slots, positions, 4, 4)
+        ts.deepseek_v4_csa_compress_kv_cache_insert(state, req, positions, b.state_slots, b.state_table, 4, b.weight,
+                                                    b.eps, b.cos_sin, kv_cache, b.target_slots, 4,
+                                                    block_table_base_offsets=b.base)
+        return kv_cache[:, :8].float()
+
+    assert torch._dynamo.explain(step)(s1.clone(), clone_cache(cache), b.positions, b.req).graph_break_count == 0
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(s1, c1, b.positions, b.req)
+    want = step(s2, c2, b.positions, b.req)
+    assert torch.equal(got, want) and torch.equal(s1, s2)
+    assert torch.equal(storage_bytes(c1), storage_bytes(c2))
+    torch._dynamo.reset()
