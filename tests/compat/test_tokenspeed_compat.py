@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 from kvformats.codec import registry
 from kvformats.compat import tokenspeed as ts
@@ -21,6 +22,7 @@ from kvformats.errors import InputError, InputTypeError, KVFormatError, LayoutEr
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 from kvformats.layout import storage_bytes
 from kvformats.runtime import deferred
+from kvformats.testing.compat_calls import compat_call_pairs
 from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -529,3 +531,51 @@ def test_compress_insert_and_save_compile_without_graph_breaks():
     assert torch.equal(got, want) and torch.equal(s1, s2)
     assert torch.equal(storage_bytes(c1), storage_bytes(c2))
     torch._dynamo.reset()
+
+
+# ----- serving properties -------------------------------------------------------------------------
+HOST_READ = {"fp8_indexer.gather_paged"}  # sized from cu_seq_lens[-1] on the host, as tokenspeed's is
+
+
+def test_every_drop_in_runs_like_the_native_call_and_records_nothing(device_mode):
+    """The benchmark pairs (kvformats.testing.compat_calls) on the GPU's default check path: each
+    drop-in returns what the native call returns, and neither records a violation."""
+    pairs = compat_call_pairs("cpu", rows=8)
+    assert len(pairs) >= 25
+    for name, (native, compat) in pairs.items():
+        a, b = native(), compat()
+        if isinstance(b, (torch.Tensor, tuple)):
+            if name == "prepare_indexer_q_mxfp4":
+                (p, s), w = a
+                a = ((p.contiguous(), s), w)
+            if name == "fp8_indexer.gather_paged":
+                a = (a[0].view(torch.float8_e4m3fn), a[1].view(torch.float32).squeeze(1))
+            same(b, a)
+        assert kvf.pending_error("cpu") is None, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [64, 8192])
+def test_drop_ins_never_synchronize_and_capture(rows):
+    """Default mode on CUDA: no host synchronization, eagerly and inside CUDA-graph capture (the
+    one op tokenspeed itself sizes on the host excepted)."""
+    pairs = {name: compat for name, (_, compat) in compat_call_pairs("cuda", rows).items() if name not in HOST_READ}
+    for call in pairs.values():
+        call()
+    torch.cuda.synchronize()
+    bad = {}
+    for name, call in pairs.items():
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            call()
+            with torch.cuda.graph(graph):
+                call()
+            graph.replay()
+        except RuntimeError as err:
+            bad[name] = str(err).splitlines()[0]
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert not bad
