@@ -25,8 +25,18 @@ from kvformats.codec.slot_ops import decode as slot_decode
 from kvformats.codec.slot_ops import encode as slot_encode
 from kvformats.compat._common import (compiling, dops, ds_mla, head, indexer_of_cache, indexer_of_rows, kops,
                                       rows_of, same_pages, shortest)
-from kvformats.compat.tokenspeed_paged import *  # noqa: F401,F403  (the index helpers and paged gathers)
-from kvformats.compat.tokenspeed_spec import *  # noqa: F401,F403  (the cache-spec names)
+from kvformats.compat.tokenspeed_paged import (  # noqa: F401  (re-exported)
+    deepseek_v4_build_dense_prefill_local_compressed_indices, deepseek_v4_combine_dense_swa_indices,
+    deepseek_v4_combine_topk_swa_indices, deepseek_v4_compressed_slot_mapping,
+    deepseek_v4_compute_global_topk_indices_and_lens, deepseek_v4_decode_swa_indices_and_lens,
+    deepseek_v4_dequantize_and_gather_k_cache, deepseek_v4_gather_indexer_mxfp4_cache, gather_paged_indexer_fp8_cache,
+    indexer_mxfp4_paged_gather)
+from kvformats.compat.tokenspeed_spec import (  # noqa: F401  (re-exported)
+    DEEPSEEK_V4_FP8_MAX, DEEPSEEK_V4_FP8_QUANT_BLOCK, DEEPSEEK_V4_MXFP4_BLOCK_SIZE,
+    deepseek_v4_indexer_fp8_layout_from_row_bytes, deepseek_v4_indexer_fp8_row_bytes,
+    deepseek_v4_indexer_fp8_scale_bytes, deepseek_v4_indexer_mxfp4_layout_from_row_bytes,
+    deepseek_v4_indexer_mxfp4_row_bytes, deepseek_v4_nope_dim, deepseek_v4_swa_row_bytes, deepseek_v4_swa_scale_dim,
+    deepseek_v4_swa_token_stride)
 from kvformats.deepseek_v4.compress import compress_kv_insert, indexer_compress_insert, save_compressor_state
 from kvformats.deepseek_v4.query import inv_rope_fp8_quant, prepare_indexer_q_fp8, prepare_indexer_q_mxfp4
 from kvformats.deepseek_v4.swa import swa_insert
