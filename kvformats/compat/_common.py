@@ -11,7 +11,7 @@ from kvformats.compat import tokenspeed_spec as spec
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 
-__all__ = ["compiling", "dops", "ds_mla", "fp8_indexer", "head", "indexer_head_dim", "indexer_of_cache",
+__all__ = ["cache_head_dim", "compiling", "dops", "op_key", "ds_mla", "fp8_indexer", "head", "indexer_head_dim", "indexer_of_cache",
            "indexer_of_rows", "kops", "mxfp4_indexer", "rows_of", "same_pages", "shortest"]
 
 compiling = torch.compiler.is_compiling  # True while dynamo traces: the custom ops keep the graph whole
@@ -39,6 +39,19 @@ def mxfp4_indexer(head_dim: int, page_size: int) -> Mxfp4Indexer:
 def ds_mla(head_dim: int, rope_dim: int, page_size: int) -> Fp8DsMla:
     lay = _LAYOUTS.get((Fp8DsMla, head_dim, rope_dim, page_size))
     return lay if lay is not None else _layout(Fp8DsMla, head_dim=head_dim, rope_dim=rope_dim, page_size=page_size)
+
+
+def op_key(fmt: str, head_dim: int, page_size: int, rope_dim: int | None = None) -> tuple[str, str]:
+    """The ``(fmt, params)`` arguments of ``torch.ops.kvformats.*`` naming a default-profile layout,
+    made from ints alone (torch.compile traces it; no layout object is built while tracing)."""
+    if rope_dim is None:
+        return fmt, f'{{"head_dim":{head_dim},"page_size":{page_size},"profile":"tokenspeed"}}'
+    return fmt, f'{{"head_dim":{head_dim},"page_size":{page_size},"profile":"tokenspeed","rope_dim":{rope_dim}}}'
+
+
+def cache_head_dim(cache_2d, block_size, from_row_bytes) -> int:
+    """The indexer head dim tokenspeed's readers infer from a cache's width (traceable ints)."""
+    return from_row_bytes(cache_2d.shape[1] // block_size)[0]
 
 
 def rows_of(*tensors) -> int | None:

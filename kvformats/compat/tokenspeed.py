@@ -23,8 +23,8 @@ import torch
 from kvformats.compat import tokenspeed_spec as _spec
 from kvformats.codec.slot_ops import decode as slot_decode
 from kvformats.codec.slot_ops import encode as slot_encode
-from kvformats.compat._common import (compiling, dops, ds_mla, head, indexer_of_cache, indexer_of_rows, kops,
-                                      rows_of, same_pages, shortest)
+from kvformats.compat._common import (cache_head_dim, compiling, dops, ds_mla, head, indexer_of_cache,
+                                      indexer_of_rows, op_key, rows_of, same_pages, shortest)
 from kvformats.compat.tokenspeed_paged import (  # noqa: F401  (re-exported)
     deepseek_v4_build_dense_prefill_local_compressed_indices, deepseek_v4_combine_dense_swa_indices,
     deepseek_v4_combine_topk_swa_indices, deepseek_v4_compressed_slot_mapping,
@@ -195,10 +195,11 @@ def save_deepseek_v4_compressor_state(kv, score, ape, state_cache, slot_mapping,
 
 
 def _write(cls, index_k, cache_2d, slot_mapping, block_size) -> None:
-    lay = indexer_of_rows(cls, index_k, block_size)
     if compiling():
         n = rows_of(slot_mapping, index_k)
-        return kops.encode(lay, head(index_k, n), cache_2d, head(slot_mapping, n))
+        return torch.ops.kvformats.encode(*op_key(cls.name, index_k.shape[1], block_size), [head(index_k, n)], cache_2d,
+                                          head(slot_mapping, n), "auto")
+    lay = indexer_of_rows(cls, index_k, block_size)
     while True:
         try:
             return slot_encode(lay, index_k, cache_2d, slot_mapping)
@@ -222,20 +223,26 @@ def write_deepseek_v4_indexer_mxfp4_cache(index_k, cache_2d, slot_mapping, block
 # ----- cache readers ----------------------------------------------------------------------------
 def read_deepseek_v4_indexer_fp8_cache(cache_2d, slot_mapping, block_size=64):
     """float32 ``[N, d]`` rows at ``slot_mapping`` (``Fp8Indexer.decode``); zero rows for slot < 0."""
-    lay = indexer_of_cache(Fp8Indexer, cache_2d, block_size)
-    return (kops.decode if compiling() else slot_decode)(lay, cache_2d, slot_mapping)
+    if compiling():
+        d = cache_head_dim(cache_2d, block_size, _spec.deepseek_v4_indexer_fp8_layout_from_row_bytes)
+        return torch.ops.kvformats.decode(*op_key("fp8_indexer", d, block_size), cache_2d, slot_mapping, "auto")[0]
+    return slot_decode(indexer_of_cache(Fp8Indexer, cache_2d, block_size), cache_2d, slot_mapping)
 
 
 def read_deepseek_v4_indexer_mxfp4_cache(cache_2d, slot_mapping, block_size=64):
     """float32 ``[N, d]`` rows at ``slot_mapping`` (``Mxfp4Indexer.decode``); zero rows for slot < 0."""
-    lay = indexer_of_cache(Mxfp4Indexer, cache_2d, block_size)
-    return (kops.decode if compiling() else slot_decode)(lay, cache_2d, slot_mapping)
+    if compiling():
+        d = cache_head_dim(cache_2d, block_size, _spec.deepseek_v4_indexer_mxfp4_layout_from_row_bytes)
+        return torch.ops.kvformats.decode(*op_key("mxfp4_indexer", d, block_size), cache_2d, slot_mapping, "auto")[0]
+    return slot_decode(indexer_of_cache(Mxfp4Indexer, cache_2d, block_size), cache_2d, slot_mapping)
 
 
 def dequantize_deepseek_v4_fp8_ds_mla_cache(cache_2d, slot_mapping, block_size=64, *, head_dim, rope_dim):
     """bf16 ``[N, head_dim]`` fp8_ds_mla rows at ``slot_mapping`` (``Fp8DsMla.decode``)."""
-    lay = ds_mla(head_dim, rope_dim, block_size)
-    return (kops.decode if compiling() else slot_decode)(lay, cache_2d, slot_mapping)
+    if compiling():
+        return torch.ops.kvformats.decode(*op_key("fp8_ds_mla", head_dim, block_size, rope_dim), cache_2d, slot_mapping,
+                                          "auto")[0]
+    return slot_decode(ds_mla(head_dim, rope_dim, block_size), cache_2d, slot_mapping)
 
 
 # ----- query and output transforms ---------------------------------------------------------------

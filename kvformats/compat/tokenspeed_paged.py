@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.compat._common import compiling, dops, ds_mla, indexer_of_cache, kops, mxfp4_indexer
+from kvformats.codec.paged_ops import dequantize_gather, gather_paged
+from kvformats.codec.slot_ops import gather as slot_gather
+from kvformats.compat import tokenspeed_spec as _spec
+from kvformats.compat._common import cache_head_dim, compiling, dops, ds_mla, indexer_of_cache, mxfp4_indexer, op_key
 from kvformats.deepseek_v4.indices import (combine_dense_swa_indices, combine_topk_swa_indices,
                                            compressed_slot_mapping, decode_swa_indices_and_lens,
                                            dense_prefill_local_compressed_indices, global_topk_indices_and_lens)
@@ -91,10 +94,14 @@ def deepseek_v4_dequantize_and_gather_k_cache(*, out, cache_2d, seq_lens, gather
                                               block_table_base_offsets=None):
     """Each request's last ``gather_lens`` positions decoded into ``out[b, offset + i]`` (bf16
     ``[R, W, 512]``) (``Fp8DsMla.dequantize_gather``). Returns None, as tokenspeed does."""
-    lay = ds_mla(HEAD_DIM, ROPE_DIM, block_size)
-    (kops.dequantize_gather if compiling() else type(lay).dequantize_gather)(
-        lay, cache_2d, out, block_table=block_table, seq_lens=seq_lens, gather_lens=gather_lens,
-        block_table_base_offsets=block_table_base_offsets, offset=offset)
+    if compiling():
+        torch.ops.kvformats.dequantize_gather(*op_key("fp8_ds_mla", HEAD_DIM, block_size, ROPE_DIM), cache_2d, out,
+                                              block_table, seq_lens, gather_lens, block_table_base_offsets, offset,
+                                              "auto")
+        return
+    dequantize_gather(ds_mla(HEAD_DIM, ROPE_DIM, block_size), cache_2d, out, block_table=block_table,
+                      seq_lens=seq_lens, gather_lens=gather_lens, block_table_base_offsets=block_table_base_offsets,
+                      offset=offset)
 
 
 def _workspaces(values_out, scales_out, rows) -> None:
@@ -122,8 +129,11 @@ def deepseek_v4_gather_indexer_mxfp4_cache(*, cache_2d, slot_mapping, values_out
     (``Mxfp4Indexer.gather``, then the two copies)."""
     _workspaces(values_out, scales_out, slot_mapping.shape[0] if isinstance(slot_mapping, torch.Tensor)
                 and slot_mapping.dim() == 1 else None)
-    lay = mxfp4_indexer(INDEX_HEAD_DIM, block_size)
-    rows = kops.gather(lay, cache_2d, slot_mapping) if compiling() else lay.gather(cache_2d, slot_mapping)
+    if compiling():
+        rows = torch.ops.kvformats.gather(*op_key("mxfp4_indexer", INDEX_HEAD_DIM, block_size), cache_2d, slot_mapping,
+                                          "auto")
+    else:
+        rows = slot_gather(mxfp4_indexer(INDEX_HEAD_DIM, block_size), cache_2d, slot_mapping)
     n = rows.shape[0]
     values_out[:n, :_MXFP4_VALUE_BYTES].copy_(rows[:, :_MXFP4_VALUE_BYTES])
     scales_out[:n, :_MXFP4_SCALE_BYTES].copy_(rows[:, _MXFP4_VALUE_BYTES:])
@@ -132,9 +142,13 @@ def deepseek_v4_gather_indexer_mxfp4_cache(*, cache_2d, slot_mapping, values_out
 def indexer_mxfp4_paged_gather(kv_cache, values_out, scales_out, block_table, cu_seq_lens, cache_block_size):
     """The MXFP4 records of every request's positions ``[cu[r], cu[r+1])``, in cu order, into the
     caller's ``values_out [T, 64]`` / ``scales_out [T, 4]`` (``Mxfp4Indexer.gather_paged``)."""
-    lay = indexer_of_cache(Mxfp4Indexer, kv_cache, cache_block_size, "kv_cache")
-    (kops.gather_paged if compiling() else type(lay).gather_paged)(
-        lay, kv_cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=(values_out, scales_out))
+    if compiling():
+        d = cache_head_dim(kv_cache, cache_block_size, _spec.deepseek_v4_indexer_mxfp4_layout_from_row_bytes)
+        torch.ops.kvformats.gather_paged(*op_key("mxfp4_indexer", d, cache_block_size), kv_cache, block_table,
+                                         cu_seq_lens, [values_out, scales_out], "auto")
+        return
+    gather_paged(indexer_of_cache(Mxfp4Indexer, kv_cache, cache_block_size, "kv_cache"), kv_cache,
+                 block_table=block_table, cu_seq_lens=cu_seq_lens, out=(values_out, scales_out))
 
 
 def gather_paged_indexer_fp8_cache(cache_2d, block_table, cu_seq_lens, block_size):

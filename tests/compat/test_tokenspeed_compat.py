@@ -579,3 +579,36 @@ def test_drop_ins_never_synchronize_and_capture(rows):
             torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     assert not bad
+
+
+def test_cache_io_compiles_without_graph_breaks_on_a_new_geometry():
+    """The readers, writers and gathers trace without building layout objects (a geometry first
+    seen while compiling does not break the graph)."""
+    x = torch.randn(6, 256).to(torch.bfloat16)
+    slots = torch.tensor([0, 3, 9, -1, 12, 2])
+
+    def step(c1, c2, c3, c4, values, scales):
+        ts.write_deepseek_v4_indexer_fp8_cache(x, c1, slots, 5)
+        ts.write_deepseek_v4_indexer_mxfp4_cache(x, c2, slots, 5)
+        ts.write_deepseek_v4_indexer_mxfp4_cache(x[:, :128], c4, slots, 5)
+        a = ts.read_deepseek_v4_indexer_fp8_cache(c1, slots, 5)
+        b = ts.read_deepseek_v4_indexer_mxfp4_cache(c2, slots, 5)
+        d = ts.dequantize_deepseek_v4_fp8_ds_mla_cache(c3, slots, 5, head_dim=512, rope_dim=64)
+        ts.deepseek_v4_gather_indexer_mxfp4_cache(cache_2d=c4, slot_mapping=slots, values_out=values,
+                                                  scales_out=scales, block_size=5)
+        ts.indexer_mxfp4_paged_gather(c4, values[6:], scales[6:], torch.tensor([[2, 0]], dtype=torch.int32),
+                                      torch.tensor([0, 7], dtype=torch.int32), 5)
+        return a, b, d, ts.hadamard_transform(x, scale=0.5), c1, c2
+
+    def inputs():
+        return (Fp8Indexer(head_dim=256, page_size=5).allocate(4), Mxfp4Indexer(head_dim=256, page_size=5).allocate(4),
+                Fp8DsMla(page_size=5).allocate(4), Mxfp4Indexer(head_dim=128, page_size=5).allocate(4),
+                torch.zeros(16, 64, dtype=torch.uint8), torch.zeros(16, 4, dtype=torch.uint8))
+
+    torch._dynamo.reset()
+    got_in, want_in = inputs(), inputs()
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(*got_in)
+    want = step(*want_in)
+    for a, b in zip((*got, *got_in), (*want, *want_in)):
+        assert torch.equal(a, b)
+    torch._dynamo.reset()
