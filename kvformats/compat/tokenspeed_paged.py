@@ -127,8 +127,11 @@ def deepseek_v4_gather_indexer_mxfp4_cache(*, cache_2d, slot_mapping, values_out
     """The 64 value bytes and 4 scale bytes of the MXFP4 rows at ``slot_mapping`` into
     ``values_out[:N, :64]`` / ``scales_out[:N, :4]`` (zero bytes for slot < 0)
     (``Mxfp4Indexer.gather``, then the two copies)."""
-    _workspaces(values_out, scales_out, slot_mapping.shape[0] if isinstance(slot_mapping, torch.Tensor)
-                and slot_mapping.dim() == 1 else None)
+    try:
+        n = slot_mapping.shape[0]
+    except (AttributeError, IndexError, TypeError):
+        n = None  # not a slot tensor: the native call says so
+    _workspaces(values_out, scales_out, n)
     if compiling():
         rows = torch.ops.kvformats.gather(*op_key("mxfp4_indexer", INDEX_HEAD_DIM, block_size), cache_2d, slot_mapping,
                                           "auto")
