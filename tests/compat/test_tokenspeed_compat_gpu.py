@@ -16,7 +16,9 @@ Without both, every test here is skipped and says why.
 
 * On any machine: the signatures of tokenspeed's functions themselves, and its pure-torch paths
   (readers, the FP8 indexer writer, the CPU paths of two index helpers, the cache-spec helpers)
-  against the compat functions on CPU tensors.
+  against the compat functions on CPU tensors; without CUDA, under the Triton interpreter, its
+  Triton kernels that need no cast emulation (the compressor-state save with the reordered ape,
+  the index helpers).
 * ``gpu`` (a CUDA device): every compat function whose tokenspeed counterpart runs without its
   CUDA extension, on CUDA tensors, bytes equal; the softmax-pooled compress rows to tokenspeed's
   own bar (scale bytes equal, values at most one code apart, fewer than 1e-4 of them apart).
@@ -214,9 +216,17 @@ def test_compress_inserts(case):
     _within_tokenspeeds_bar(lay, c_ts, c_kvf, b.target_slots)
 
 
-@gpu
+_INTERPRETED = not CUDA and os.environ.get("TRITON_INTERPRET") == "1"
+ON_DEVICES = [pytest.param("cuda", marks=[pytest.mark.gpu, _NEEDS_CUDA]),
+              pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="needs the Triton interpreter"))]
+
+
+@pytest.mark.parametrize("device", ON_DEVICES)
 @pytest.mark.parametrize("ratio", [4, 128])
-def test_save_state(ratio):
+def test_save_state(ratio, device):
+    """On CPU: tokenspeed's Triton save kernel itself under the interpreter (its wrapper refuses
+    CPU tensors); its float32 adds need no cast emulation."""
+    DEV = torch.device(device)
     g = torch.Generator(device=DEV).manual_seed(1)
     lay = CompressorState(head_dim=512, ratio=ratio, page_size=4 if ratio == 4 else 8)
     w, n = lay.width, 64
@@ -224,11 +234,12 @@ def test_save_state(ratio):
     ape = torch.randn(ratio, w, generator=g, device=DEV)
     if ratio == 4:  # as tokenspeed's model keeps it after loading (spec/upstream.md §5.2)
         ape = torch.cat([ape[:, :w // 2], ape[:, w // 2:]], dim=0).reshape(ratio, w)
-    slots = torch.randperm(40 * lay.page_size, device=DEV)[:n]
+    slots = torch.randperm(40 * lay.page_size, generator=g, device=DEV)[:n]
     slots[::7] = -1
     pos = torch.arange(1000, 1000 + n, device=DEV)
     s_ts, s_kvf = torch.zeros(40, lay.page_size, 2 * w, device=DEV), torch.zeros(40, lay.page_size, 2 * w, device=DEV)
-    TS.save_deepseek_v4_compressor_state(kv, score, ape, s_ts, slots, pos, lay.page_size, ratio)
+    (TS.save_deepseek_v4_compressor_state if DEV.type == "cuda" else TSK.deepseek_v4_save_compressor_state)(
+        kv, score, ape, s_ts, slots, pos, lay.page_size, ratio)
     ts.save_deepseek_v4_compressor_state(kv, score, ape, s_kvf, slots, pos, lay.page_size, ratio)
     bytes_equal(s_ts, s_kvf)
 
@@ -289,15 +300,18 @@ def test_query_and_output_transforms():
                     ts.deepseek_v4_fused_inv_rope_fp8_quant(o, pos, cs, 8, 8, tma_aligned_scales=tma))
 
 
-@gpu
-def test_index_helpers():
+@pytest.mark.parametrize("device", ON_DEVICES)
+def test_index_helpers(device):
+    """tokenspeed's Triton index kernels (on CPU under the interpreter: integer arithmetic only)."""
+    DEV = torch.device(device)
     qsl = torch.tensor([0, 6, 7, 7], device=DEV)
     seq = torch.tensor([14, 30, 3], device=DEV)
     req = torch.tensor([0, 0, 0, 0, 0, 0, 1], device=DEV)
     pos = torch.tensor([8, 9, 10, 11, 12, 13, 29], device=DEV)
     table = torch.tensor([[3, 1, 2, 0], [2, 5, 6, 4], [7, 8, 9, 10]], dtype=torch.int32, device=DEV)
     base = torch.tensor([0, 0, 0], device=DEV)
-    kw = dict(num_tokens=7, query_start_loc=qsl, seq_lens=seq, block_table=table, block_size=2, compress_ratio=2)
+    wide = torch.randperm(24, device=DEV).reshape(3, 8).to(torch.int32)  # every compressed page in the table
+    kw = dict(num_tokens=7, query_start_loc=qsl, seq_lens=seq, block_table=wide, block_size=2, compress_ratio=2)
     bytes_equal(TSK.deepseek_v4_compressed_slot_mapping(**kw), ts.deepseek_v4_compressed_slot_mapping(**kw))
     topk = torch.tensor([[0, 3, -1], [5, 1, 2], [7, -1, -1], [0, 1, 2], [3, 4, 5], [1, -1, -1], [4, 2, 6]],
                         dtype=torch.int32, device=DEV)
