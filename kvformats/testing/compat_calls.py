@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from kvformats import deepseek_v4 as dsv4
-from kvformats.compat import tokenspeed as ts
+from kvformats.compat import tokenspeed as _compat
 from kvformats.deepseek_v4.rope import cos_sin_cache
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 from kvformats.testing.calls import HEAD, HEADS, INDEX_HEAD, PAGE, ROPE, WINDOW, _randn, _step, _table
@@ -30,7 +30,7 @@ def _reorder_c4(ape: torch.Tensor) -> torch.Tensor:
     return torch.cat([ape[:, :h], ape[:, h:]], dim=0).reshape(ape.shape)
 
 
-def _compress_pairs(rows: int, device, g, s) -> dict[str, Pair]:
+def _compress_pairs(rows: int, device, g, s, ts) -> dict[str, Pair]:
     req, pos = s["req"], s["pos"]
     requests = s["qlen"].shape[0]
     cs = cos_sin_cache(ROPE, int(s["seq"].max()) + 1).to(device)
@@ -82,11 +82,14 @@ def _compress_pairs(rows: int, device, g, s) -> dict[str, Pair]:
     return pairs
 
 
-def compat_call_pairs(device, rows: int = 64, seed: int = 0) -> dict[str, Pair]:
-    """Name -> (native call, tokenspeed drop-in call) on the same inputs."""
+def compat_call_pairs(device, rows: int = 64, seed: int = 0, api=None) -> dict[str, Pair]:
+    """Name -> (native call, tokenspeed drop-in call) on the same inputs. ``api``: any namespace
+    with tokenspeed's names to call instead of ``kvformats.compat.tokenspeed`` (tokenspeed's own
+    modules, for a side-by-side run on a GPU); a name it lacks raises LookupError when called."""
+    ts = _compat if api is None else _Missing(api)
     g = torch.Generator().manual_seed(seed)
     s = _step(rows, g)
-    pairs = _compress_pairs(rows, device, g, s)
+    pairs = _compress_pairs(rows, device, g, s, ts)
     pos = s["pos"].to(device)
     cs = cos_sin_cache(ROPE, int(s["seq"].max()) + 1).to(device)
     ds = Fp8DsMla(head_dim=HEAD, rope_dim=ROPE, page_size=PAGE)
@@ -144,11 +147,26 @@ def compat_call_pairs(device, rows: int = 64, seed: int = 0) -> dict[str, Pair]:
         lambda: ts.deepseek_v4_fused_inv_rope_fp8_quant(o, pos, cs, 8, HEADS // 8))
     pairs["hadamard_transform"] = (lambda: dsv4.hadamard_transform(x, INDEX_HEAD ** -0.5),
                                    lambda: ts.hadamard_transform(x, scale=INDEX_HEAD ** -0.5))
-    pairs.update(_index_pairs(rows, device, g, s))
+    pairs.update(_index_pairs(rows, device, g, s, ts))
     return pairs
 
 
-def _index_pairs(rows: int, device, g, s, topk: int = 512) -> dict[str, Pair]:
+class _Missing:
+    """``api``'s names; a name it lacks reads as a function that raises LookupError."""
+
+    def __init__(self, api):
+        self._api = api
+
+    def __getattr__(self, name):
+        fn = getattr(self._api, name, None)
+        return fn if fn is not None else _absent
+
+
+def _absent(*args, **kwargs):
+    raise LookupError("not in this API")
+
+
+def _index_pairs(rows: int, device, g, s, ts, topk: int = 512) -> dict[str, Pair]:
     requests = s["qlen"].shape[0]
     base = (s["seq"] - s["qlen"] - WINDOW + 1).clamp_min(0) // PAGE
     swa = _table(requests, int(((s["seq"] - 1) // PAGE - base).max()) + 1, g)
