@@ -66,8 +66,9 @@ def rows_of(*tensors) -> int | None:
 
 
 def head(t, n: int | None):
-    """``t[:n]`` where ``t`` is a longer tensor, else ``t`` as given."""
-    if n is None or not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] == n:
+    """``t[:n]`` where ``t`` is a longer tensor, else ``t`` as given (so that cutting twice changes
+    nothing the second time)."""
+    if n is None or not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] <= n:
         return t
     return t[:n]
 

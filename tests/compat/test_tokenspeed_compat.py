@@ -448,6 +448,12 @@ def test_bad_input_raises_typed_errors_before_any_write():
         "csa ratio": (InputError, lambda: ts.deepseek_v4_csa_compress_kv_cache_insert(*args, compress_ratio=128)),
         "hca ratio": (InputError, lambda: ts.deepseek_v4_hca_compress_kv_cache_insert(*args, compress_ratio=4)),
         "pages": (InputError, lambda: ts.deepseek_v4_csa_compress_kv_cache_insert(*args[:5], 8, *args[6:])),
+        "kv slots shorter than the tokens": (InputError, lambda: ts.deepseek_v4_csa_compress_kv_cache_insert(
+            *args[:10], b.target_slots[:-2], 4)),
+        "req indices shorter than the tokens": (InputError, lambda: ts.deepseek_v4_csa_indexer_cache_insert(
+            b.state, b.req[:-1], *args[2:9], idx, b.target_slots, 4, False)),
+        "slots shorter than index_k, then beyond the cache": (InputError, lambda: ts.write_deepseek_v4_indexer_fp8_cache(
+            torch.zeros(3, 128), idx, torch.tensor([0, 9]), 4)),
         "kv slot beyond the cache": (InputError, lambda: ts.deepseek_v4_csa_compress_kv_cache_insert(
             *args[:10], torch.where(b.target_slots >= 0, b.target_slots + 10 ** 6, -1), 4)),
         "float cache": (InputTypeError, lambda: ts.read_deepseek_v4_indexer_fp8_cache(idx.float(), torch.arange(2), 4)),
