@@ -138,8 +138,10 @@ def deepseek_v4_gather_indexer_mxfp4_cache(*, cache_2d, slot_mapping, values_out
     else:
         rows = slot_gather(mxfp4_indexer(INDEX_HEAD_DIM, block_size), cache_2d, slot_mapping)
     n = rows.shape[0]
-    values_out[:n, :_MXFP4_VALUE_BYTES].copy_(rows[:, :_MXFP4_VALUE_BYTES])
-    scales_out[:n, :_MXFP4_SCALE_BYTES].copy_(rows[:, _MXFP4_VALUE_BYTES:])
+    v = values_out if values_out.shape == (n, _MXFP4_VALUE_BYTES) else values_out[:n, :_MXFP4_VALUE_BYTES]
+    sc = scales_out if scales_out.shape == (n, _MXFP4_SCALE_BYTES) else scales_out[:n, :_MXFP4_SCALE_BYTES]
+    v.copy_(rows[:, :_MXFP4_VALUE_BYTES])
+    sc.copy_(rows[:, _MXFP4_VALUE_BYTES:])
 
 
 def indexer_mxfp4_paged_gather(kv_cache, values_out, scales_out, block_table, cu_seq_lens, cache_block_size):
