@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
-import kvformats.codec.torch_ops as kops
+import kvformats.codec.torch_ops  # noqa: F401  (registers torch.ops.kvformats.*, called under torch.compile)
 import kvformats.deepseek_v4.torch_ops as dops
 from kvformats.compat import tokenspeed_spec as spec
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 
-__all__ = ["cache_head_dim", "compiling", "dops", "op_key", "ds_mla", "fp8_indexer", "head", "indexer_head_dim", "indexer_of_cache",
-           "indexer_of_rows", "kops", "mxfp4_indexer", "rows_of", "same_pages", "shortest"]
+__all__ = ["cache_head_dim", "compiling", "dops", "ds_mla", "head", "indexer_head_dim", "indexer_of_cache",
+           "indexer_of_rows", "mxfp4_indexer", "op_key", "rows_of", "same_pages", "shortest"]
 
 compiling = torch.compiler.is_compiling  # True while dynamo traces: the custom ops keep the graph whole
 _LAYOUTS: dict = {}
@@ -24,11 +24,6 @@ def _layout(cls, **params):
     if lay is None:  # a bad geometry raises LayoutError here, every time (errors are not stored)
         lay = _LAYOUTS[key] = cls(**params)
     return lay
-
-
-def fp8_indexer(head_dim: int, page_size: int) -> Fp8Indexer:
-    lay = _LAYOUTS.get((Fp8Indexer, head_dim, page_size))
-    return lay if lay is not None else _layout(Fp8Indexer, head_dim=head_dim, page_size=page_size)
 
 
 def mxfp4_indexer(head_dim: int, page_size: int) -> Mxfp4Indexer:
