@@ -1,6 +1,7 @@
 """Host time per eager call of every public op: what an engine's CPU pays per call.
 
     python3 -m benchmarks host_gpu [--rows 64,131072] [--calls 50] [--rounds 5] [--json out.json]
+    python3 -m benchmarks host_gpu --compat [--rows 64]   # native call vs its tokenspeed drop-in
 
 For each prepared call of ``kvformats.testing.calls.public_calls`` (through the API and through the
 ``torch.library`` custom ops), the wall-clock µs per call of ``--calls`` back-to-back calls with
@@ -54,7 +55,11 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated substrings of op names to keep")
     ap.add_argument("--no-graph", action="store_true", help="skip the GPU time column")
     ap.add_argument("--json", default="")
+    ap.add_argument("--compat", action="store_true",
+                    help="the tokenspeed drop-ins (kvformats.compat.tokenspeed) beside the native calls, and their ratio")
     args = ap.parse_args(argv)
+    if args.compat:
+        return compat_main(args)
     keep = [s for s in args.only.split(",") if s]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "floors": {}, "ops": []}
     result["floors"] = floors(args.calls, args.rounds)
@@ -92,6 +97,60 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
+
+
+def _tokenspeed_api():
+    """tokenspeed's own functions by their names (files at ``$TOKENSPEED_SRC``, import shims at
+    ``$TOKENSPEED_SHIMS``, as tests/compat/test_tokenspeed_compat_gpu.py takes them), or None."""
+    import importlib
+    import os
+    import types
+
+    src, shims = os.environ.get("TOKENSPEED_SRC", ".tokenspeed"), os.environ.get("TOKENSPEED_SHIMS", "")
+    if not shims or not Path(src, "tokenspeed").is_dir():
+        return None
+    sys.path[:0] = [shims, src]
+    api = types.SimpleNamespace()
+    for module in ("tokenspeed_kernel.ops.attention.triton.deepseek_v4", "tokenspeed.runtime.layers.attention.deepseek_v4_ops"):
+        vars(api).update({k: v for k, v in vars(importlib.import_module(module)).items() if not k.startswith("_")})
+    return api
+
+
+def _best(fn, args) -> float | None:
+    try:
+        return min(host_per_call_us(fn, args.calls, 1) for _ in range(args.rounds))
+    except Exception:  # a tokenspeed function that needs its CUDA extension, or a name it lacks
+        return None
+
+
+def compat_main(args) -> int:
+    """Host µs per call of each native kvformats call and its kvformats.compat.tokenspeed drop-in on
+    the same inputs (``kvformats.testing.compat_calls``), default check mode; with tokenspeed's files
+    (``$TOKENSPEED_SRC``, ``$TOKENSPEED_SHIMS``) also tokenspeed's own function by the same name."""
+    from kvformats.testing.compat_calls import compat_call_pairs
+
+    keep = [s for s in args.only.split(",") if s]
+    api = _tokenspeed_api()
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ops": []}
+    print(f"{'op':<44} {'rows':>7} {'native':>8} {'compat':>8} {'ratio':>6} {'tokenspeed':>10}")
+    for rows in (int(r) for r in args.rows.split(",")):
+        theirs = compat_call_pairs("cuda", rows, api=api) if api is not None else {}
+        for name, (native, compat) in compat_call_pairs("cuda", rows).items():
+            if keep and not any(k in name for k in keep):
+                continue
+            a = b = float("inf")
+            for _ in range(args.rounds):  # interleaved: the same machine state for both sides
+                a = min(a, host_per_call_us(native, args.calls, 1))
+                b = min(b, host_per_call_us(compat, args.calls, 1))
+            t = _best(theirs[name][1], args) if name in theirs else None
+            result["ops"].append({"op": name, "rows": rows, "native_us": a, "compat_us": b, "ratio": b / a,
+                                  "tokenspeed_us": t})
+            print(f"{name:<44} {rows:>7} {a:8.1f} {b:8.1f} {b / a:6.2f} {'-' if t is None else f'{t:.1f}':>10}",
+                  flush=True)
+        torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0 if kvf.pending_error("cuda") is None else 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 validation, dispatch, launchers and replay, with the kernel launch itself stubbed out.
 
     python3 -m benchmarks host_overhead_cpu [--calls 2000] [--rows 64] [--only encode,dsv4]
+    python3 -m benchmarks host_overhead_cpu --compat --calls 200   # native vs its tokenspeed drop-in
 
 The prepared calls of ``kvformats.testing.calls.public_calls`` run on CPU tensors inside
 ``kvformats.testing.launch_stub.stubbed_launches`` (the path CUDA tensors take, each launch logged
@@ -44,9 +45,14 @@ def main(argv=None) -> None:
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--only", default="", help="comma-separated substrings of the call names")
     p.add_argument("--custom", action="store_true", help="through the torch.library custom ops")
+    p.add_argument("--rounds", type=int, default=15, help="--compat: interleaved rounds (best of each side)")
+    p.add_argument("--compat", action="store_true",
+                   help="the tokenspeed drop-ins (kvformats.compat.tokenspeed) beside the native calls, and their ratio")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     only = [s for s in args.only.split(",") if s]
+    if args.compat:
+        return compat_table(args, only)
     print(f"host µs per call, {args.rows} rows, kernel launch stubbed (torch {torch.__version__})")
     print("| op | full path | replayed |")
     print("| --- | ---: | ---: |")
@@ -60,6 +66,39 @@ def main(argv=None) -> None:
                 replay.ENABLED[0] = enabled
                 figures.append(per_call_us(fn, args.calls))
             print(f"| {name} | {figures[0]:.1f} | {figures[1]:.1f} |")
+    replay.ENABLED[0] = True
+
+
+def _round_us(fn, calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def compat_table(args, only) -> None:
+    """Native call and its tokenspeed drop-in on the same inputs, replayed (the path an engine's
+    steady state takes) and on the full path; the ratio compat / native."""
+    from kvformats.testing.compat_calls import compat_call_pairs
+
+    print(f"host µs per call, {args.rows} rows, kernel launch stubbed (torch {torch.__version__}): native kvformats "
+          f"call vs its kvformats.compat.tokenspeed drop-in")
+    print("| op | native replayed | compat replayed | ratio | native full | compat full | ratio |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    with stubbed_launches(keep_log=False):
+        for name, (native, compat) in compat_call_pairs("cpu", args.rows).items():
+            if only and not any(s in name for s in only):
+                continue
+            cells = []
+            for enabled in (True, False):
+                replay.ENABLED[0] = enabled
+                for _ in range(50):
+                    native(), compat()
+                a = b = float("inf")
+                for _ in range(args.rounds):  # interleaved rounds, the best of each: a shared CPU's noise drops out
+                    a, b = min(a, _round_us(native, args.calls)), min(b, _round_us(compat, args.calls))
+                cells += [f"{a:.1f}", f"{b:.1f}", f"{b / a:.2f}"]
+            print(f"| {name} | {' | '.join(cells)} |", flush=True)
     replay.ENABLED[0] = True
 
 

@@ -1,0 +1,130 @@
+"""What the tokenspeed drop-ins share: layout objects built once per geometry, the length rule of
+tokenspeed's multi-tensor ops, and the switch to the ``torch.library`` ops under torch.compile."""
+
+from __future__ import annotations
+
+import torch
+
+import kvformats.codec.torch_ops  # noqa: F401  (registers torch.ops.kvformats.*, called under torch.compile)
+import kvformats.deepseek_v4.torch_ops as dops
+from kvformats.compat import tokenspeed_spec as spec
+from kvformats.errors import InputError, InputTypeError, LayoutError, describe
+from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
+
+__all__ = ["cache_head_dim", "compiling", "dops", "ds_mla", "head", "indexer_head_dim", "indexer_of_cache",
+           "indexer_of_rows", "mxfp4_indexer", "op_key", "rows_of", "same_pages", "shortest"]
+
+compiling = torch.compiler.is_compiling  # True while dynamo traces: the custom ops keep the graph whole
+_LAYOUTS: dict = {}
+
+
+def _layout(cls, **params):
+    key = (cls, *params.values())
+    lay = _LAYOUTS.get(key)
+    if lay is None:  # a bad geometry raises LayoutError here, every time (errors are not stored)
+        lay = _LAYOUTS[key] = cls(**params)
+    return lay
+
+
+def mxfp4_indexer(head_dim: int, page_size: int) -> Mxfp4Indexer:
+    lay = _LAYOUTS.get((Mxfp4Indexer, head_dim, page_size))
+    return lay if lay is not None else _layout(Mxfp4Indexer, head_dim=head_dim, page_size=page_size)
+
+
+def ds_mla(head_dim: int, rope_dim: int, page_size: int) -> Fp8DsMla:
+    lay = _LAYOUTS.get((Fp8DsMla, head_dim, rope_dim, page_size))
+    return lay if lay is not None else _layout(Fp8DsMla, head_dim=head_dim, rope_dim=rope_dim, page_size=page_size)
+
+
+def op_key(fmt: str, head_dim: int, page_size: int, rope_dim: int | None = None) -> tuple[str, str]:
+    """The ``(fmt, params)`` arguments of ``torch.ops.kvformats.*`` naming a default-profile layout,
+    made from ints alone (torch.compile traces it; no layout object is built while tracing)."""
+    if rope_dim is None:
+        return fmt, f'{{"head_dim":{head_dim},"page_size":{page_size},"profile":"tokenspeed"}}'
+    return fmt, f'{{"head_dim":{head_dim},"page_size":{page_size},"profile":"tokenspeed","rope_dim":{rope_dim}}}'
+
+
+def cache_head_dim(cache_2d, block_size, from_row_bytes) -> int:
+    """The indexer head dim tokenspeed's readers infer from a cache's width (traceable ints)."""
+    return from_row_bytes(cache_2d.shape[1] // block_size)[0]
+
+
+def rows_of(*tensors) -> int | None:
+    """The shortest first dimension of ``tensors`` (tokenspeed's ``num_actual``), or None when one
+    is not a tensor with a first dimension (the native call then says what is wrong)."""
+    n = None
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            return None
+        n = t.shape[0] if n is None or t.shape[0] < n else n
+    return n
+
+
+def head(t, n: int | None):
+    """``t[:n]`` where ``t`` is a longer tensor, else ``t`` as given (so that cutting twice changes
+    nothing the second time)."""
+    if n is None or not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] <= n:
+        return t
+    return t[:n]
+
+
+def shortest(n: int | None, tensors: tuple) -> tuple | None:
+    """tokenspeed's length rule, applied after the native call refused the lengths: ``tensors``
+    cut to ``n`` rows, or None when cutting changes nothing (then the refusal stands)."""
+    cut = tuple(head(t, n) for t in tensors)
+    return None if all(a is b for a, b in zip(cut, tensors)) else cut
+
+
+_FROM_ROW_BYTES = {Fp8Indexer: spec.deepseek_v4_indexer_fp8_layout_from_row_bytes,
+                   Mxfp4Indexer: spec.deepseek_v4_indexer_mxfp4_layout_from_row_bytes}
+_BY_WIDTH: dict = {}  # (layout class, cache width or head dim, block size) -> layout
+
+
+def indexer_of_cache(cls, cache_2d, block_size, name: str = "cache_2d"):
+    """The indexer layout of a ``[pages, block_size * row_bytes]`` uint8 cache, its head dim read
+    as tokenspeed's readers read it (``cache_2d.shape[1] // block_size`` bytes per row)."""
+    try:
+        lay = _BY_WIDTH.get((cls, "cache", cache_2d.shape[1], block_size))
+    except (AttributeError, IndexError, TypeError):
+        lay = None
+    if lay is None:
+        d = indexer_head_dim(cache_2d, block_size, _FROM_ROW_BYTES[cls], name)
+        lay = _BY_WIDTH[(cls, "cache", cache_2d.shape[1], block_size)] = _layout(cls, head_dim=d, page_size=block_size)
+    return lay
+
+
+def indexer_of_rows(cls, index_k, block_size):
+    """The indexer layout of rows ``index_k [N, d]`` in pages of ``block_size`` rows."""
+    try:
+        lay = _BY_WIDTH.get((cls, "rows", index_k.shape[1], block_size))
+    except (AttributeError, IndexError, TypeError):
+        lay = None
+    if lay is None:
+        if not isinstance(index_k, torch.Tensor) or index_k.dim() != 2:
+            raise InputError(f"index_k must be [tokens, dim], got {describe(index_k)}")
+        lay = _BY_WIDTH[(cls, "rows", index_k.shape[1], block_size)] = _layout(cls, head_dim=index_k.shape[1],
+                                                                               page_size=block_size)
+    return lay
+
+
+def indexer_head_dim(cache_2d, block_size, from_row_bytes, name: str = "cache_2d") -> int:
+    """The indexer head dim of a ``[pages, block_size * row_bytes]`` uint8 cache, as tokenspeed's
+    readers infer it (``from_row_bytes``: the spec helper of the format)."""
+    if not isinstance(cache_2d, torch.Tensor) or cache_2d.dim() != 2 or cache_2d.dtype != torch.uint8:
+        raise InputTypeError(f"{name} must be a uint8 tensor [pages, block_size * row_bytes], got {describe(cache_2d)}")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
+        raise InputError(f"block_size must be a positive int, got {describe(block_size)}")
+    if cache_2d.shape[1] % block_size:
+        raise LayoutError(f"{name} rows ({cache_2d.shape[1]} bytes) are not {block_size} whole indexer rows")
+    return from_row_bytes(cache_2d.shape[1] // block_size)[0]
+
+
+def same_pages(name: str, given, state_cache) -> None:
+    """tokenspeed's check that ``given`` (its compressor_block_size) is the state cache's rows per
+    page; kvformats reads that from ``state_cache.shape[1]``."""
+    try:
+        rows = state_cache.shape[1]
+    except (AttributeError, IndexError, TypeError):
+        return  # not a state cache: the native call says so
+    if given != rows:
+        raise InputError(f"{name} must equal state_cache.shape[1] = {rows} (rows per page), got {given!r}")

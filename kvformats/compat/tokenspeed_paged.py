@@ -1,0 +1,165 @@
+"""tokenspeed's index helpers and paged gathers under its names (part of
+``kvformats.compat.tokenspeed``; import them from there).
+
+The six index helpers ``deepseek_v4_ops.py`` re-exports from tokenspeed's Triton kernel module,
+its dequantize-and-gather, and the MXFP4 / FP8 indexer gathers engine code calls beside them:
+keyword-only where tokenspeed's are, tokenspeed's names (``token_to_req_indices``,
+``block_size``, ``compress_ratio``), results returned or written as tokenspeed does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvformats.codec.paged_ops import dequantize_gather, gather_paged
+from kvformats.codec.slot_ops import gather as slot_gather
+from kvformats.compat import tokenspeed_spec as _spec
+from kvformats.compat._common import cache_head_dim, compiling, dops, ds_mla, indexer_of_cache, mxfp4_indexer, op_key
+from kvformats.deepseek_v4.indices import (combine_dense_swa_indices, combine_topk_swa_indices,
+                                           compressed_slot_mapping, decode_swa_indices_and_lens,
+                                           dense_prefill_local_compressed_indices, global_topk_indices_and_lens)
+from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.formats import Fp8Indexer, Mxfp4Indexer
+
+__all__ = [
+    "deepseek_v4_build_dense_prefill_local_compressed_indices", "deepseek_v4_combine_dense_swa_indices",
+    "deepseek_v4_combine_topk_swa_indices", "deepseek_v4_compressed_slot_mapping",
+    "deepseek_v4_compute_global_topk_indices_and_lens", "deepseek_v4_decode_swa_indices_and_lens",
+    "deepseek_v4_dequantize_and_gather_k_cache", "deepseek_v4_gather_indexer_mxfp4_cache",
+    "gather_paged_indexer_fp8_cache", "indexer_mxfp4_paged_gather",
+]
+
+# tokenspeed's kernels are fixed at DeepSeek V4's geometry where the cache alone cannot say it
+HEAD_DIM, ROPE_DIM, INDEX_HEAD_DIM = 512, 64, 128
+_MXFP4_VALUE_BYTES, _MXFP4_SCALE_BYTES = INDEX_HEAD_DIM // 2, INDEX_HEAD_DIM // 32
+
+
+# ----- index helpers ------------------------------------------------------------------------------
+def deepseek_v4_compressed_slot_mapping(*, num_tokens, query_start_loc, seq_lens, block_table, block_size,
+                                        compress_ratio, out=None):
+    """int64 ``[num_tokens]`` compressed-cache slots, −1 off the group ends (``out`` filled with −1,
+    a view of it returned) (``dsv4.compressed_slot_mapping``)."""
+    return (dops.compressed_slot_mapping if compiling() else compressed_slot_mapping)(
+        num_tokens=num_tokens, query_start_loc=query_start_loc, seq_lens=seq_lens, block_table=block_table,
+        page_size=block_size, ratio=compress_ratio, out=out)
+
+
+def deepseek_v4_compute_global_topk_indices_and_lens(*, topk_indices, token_to_req_indices, block_table, block_size,
+                                                     is_valid_token=None):
+    """``(global int32 [T, K], lens int32 [T])`` (``dsv4.global_topk_indices_and_lens``)."""
+    return (dops.global_topk_indices_and_lens if compiling() else global_topk_indices_and_lens)(
+        topk_indices=topk_indices, req_indices=token_to_req_indices, block_table=block_table, page_size=block_size,
+        is_valid_token=is_valid_token)
+
+
+def deepseek_v4_combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_lens, window_size,
+                                         compress_ratio, topk, workspace_width, compressed_base):
+    """Sparse-prefill rows ``[top-k | window]`` and their lengths (``dsv4.combine_topk_swa_indices``)."""
+    return (dops.combine_topk_swa_indices if compiling() else combine_topk_swa_indices)(
+        topk_indices=topk_indices, query_start_loc=query_start_loc, seq_lens=seq_lens, gather_lens=gather_lens,
+        window_size=window_size, ratio=compress_ratio, topk=topk, workspace_width=workspace_width,
+        compressed_base=compressed_base)
+
+
+def deepseek_v4_combine_dense_swa_indices(*, positions, token_to_req_indices, seq_lens, compressed_lens, gather_lens,
+                                          window_size, compress_ratio, workspace_width, compressed_base):
+    """Dense-prefill rows ``[compressed | window]`` and their lengths (``dsv4.combine_dense_swa_indices``)."""
+    return (dops.combine_dense_swa_indices if compiling() else combine_dense_swa_indices)(
+        positions=positions, req_indices=token_to_req_indices, seq_lens=seq_lens, compressed_lens=compressed_lens,
+        gather_lens=gather_lens, window_size=window_size, ratio=compress_ratio, workspace_width=workspace_width,
+        compressed_base=compressed_base)
+
+
+def deepseek_v4_decode_swa_indices_and_lens(*, query_start_loc, seq_lens, token_to_req_indices, block_table,
+                                            window_size, block_size, block_table_base_offsets=None,
+                                            is_valid_token=None, out_indices=None, out_lens=None):
+    """Decode SWA slots ``(int32 [T, window_size], lens int32 [T])``; the given ``out_indices`` /
+    ``out_lens`` themselves are returned, as tokenspeed does (``dsv4.decode_swa_indices_and_lens``)."""
+    idx, lens = (dops.decode_swa_indices_and_lens if compiling() else decode_swa_indices_and_lens)(
+        query_start_loc=query_start_loc, seq_lens=seq_lens, req_indices=token_to_req_indices, block_table=block_table,
+        window_size=window_size, page_size=block_size, block_table_base_offsets=block_table_base_offsets,
+        is_valid_token=is_valid_token, out_indices=out_indices, out_lens=out_lens)
+    return (idx if out_indices is None else out_indices), (lens if out_lens is None else out_lens)
+
+
+def deepseek_v4_build_dense_prefill_local_compressed_indices(*, positions, compress_ratio, width, out):
+    """``out[:T, :width]`` filled with the local compressed rows of each token, and returned
+    (``dsv4.dense_prefill_local_compressed_indices``)."""
+    return (dops.dense_prefill_local_compressed_indices if compiling() else dense_prefill_local_compressed_indices)(
+        positions=positions, ratio=compress_ratio, width=width, out=out)
+
+
+# ----- paged reads --------------------------------------------------------------------------------
+def deepseek_v4_dequantize_and_gather_k_cache(*, out, cache_2d, seq_lens, gather_lens, block_table, block_size, offset,
+                                              block_table_base_offsets=None):
+    """Each request's last ``gather_lens`` positions decoded into ``out[b, offset + i]`` (bf16
+    ``[R, W, 512]``) (``Fp8DsMla.dequantize_gather``). Returns None, as tokenspeed does."""
+    if compiling():
+        torch.ops.kvformats.dequantize_gather(*op_key("fp8_ds_mla", HEAD_DIM, block_size, ROPE_DIM), cache_2d, out,
+                                              block_table, seq_lens, gather_lens, block_table_base_offsets, offset,
+                                              "auto")
+        return
+    dequantize_gather(ds_mla(HEAD_DIM, ROPE_DIM, block_size), cache_2d, out, block_table=block_table,
+                      seq_lens=seq_lens, gather_lens=gather_lens, block_table_base_offsets=block_table_base_offsets,
+                      offset=offset)
+
+
+def _workspaces(values_out, scales_out, rows) -> None:
+    """tokenspeed's checks of the MXFP4 gather's workspaces, as typed errors."""
+    try:
+        if (values_out.dtype is torch.uint8 and scales_out.dtype is torch.uint8 and values_out.dim() == 2
+                and scales_out.dim() == 2 and values_out.stride(1) == 1 and scales_out.stride(1) == 1
+                and values_out.shape[1] >= _MXFP4_VALUE_BYTES and scales_out.shape[1] >= _MXFP4_SCALE_BYTES
+                and (rows is None or (values_out.shape[0] >= rows and scales_out.shape[0] >= rows))):
+            return
+    except (AttributeError, TypeError):
+        raise InputTypeError(f"values_out and scales_out must be uint8 tensors, got {describe(values_out)} and "
+                             f"{describe(scales_out)}") from None
+    if values_out.dtype != torch.uint8 or scales_out.dtype != torch.uint8:
+        raise InputTypeError(f"values_out and scales_out must be uint8 tensors, got {describe(values_out)} and "
+                             f"{describe(scales_out)}")
+    raise InputError(f"values_out / scales_out must be 2-D, contiguous in the last dim, with at least {rows} rows "
+                     f"of {_MXFP4_VALUE_BYTES} / {_MXFP4_SCALE_BYTES} bytes, got {describe(values_out)} and "
+                     f"{describe(scales_out)}")
+
+
+def deepseek_v4_gather_indexer_mxfp4_cache(*, cache_2d, slot_mapping, values_out, scales_out, block_size):
+    """The 64 value bytes and 4 scale bytes of the MXFP4 rows at ``slot_mapping`` into
+    ``values_out[:N, :64]`` / ``scales_out[:N, :4]`` (zero bytes for slot < 0)
+    (``Mxfp4Indexer.gather``, then the two copies)."""
+    try:
+        n = slot_mapping.shape[0]
+    except (AttributeError, IndexError, TypeError):
+        n = None  # not a slot tensor: the native call says so
+    _workspaces(values_out, scales_out, n)
+    if compiling():
+        rows = torch.ops.kvformats.gather(*op_key("mxfp4_indexer", INDEX_HEAD_DIM, block_size), cache_2d, slot_mapping,
+                                          "auto")
+    else:
+        rows = slot_gather(mxfp4_indexer(INDEX_HEAD_DIM, block_size), cache_2d, slot_mapping)
+    n = rows.shape[0]
+    v = values_out if values_out.shape == (n, _MXFP4_VALUE_BYTES) else values_out[:n, :_MXFP4_VALUE_BYTES]
+    sc = scales_out if scales_out.shape == (n, _MXFP4_SCALE_BYTES) else scales_out[:n, :_MXFP4_SCALE_BYTES]
+    v.copy_(rows[:, :_MXFP4_VALUE_BYTES])
+    sc.copy_(rows[:, _MXFP4_VALUE_BYTES:])
+
+
+def indexer_mxfp4_paged_gather(kv_cache, values_out, scales_out, block_table, cu_seq_lens, cache_block_size):
+    """The MXFP4 records of every request's positions ``[cu[r], cu[r+1])``, in cu order, into the
+    caller's ``values_out [T, 64]`` / ``scales_out [T, 4]`` (``Mxfp4Indexer.gather_paged``)."""
+    if compiling():
+        d = cache_head_dim(kv_cache, cache_block_size, _spec.deepseek_v4_indexer_mxfp4_layout_from_row_bytes)
+        torch.ops.kvformats.gather_paged(*op_key("mxfp4_indexer", d, cache_block_size), kv_cache, block_table,
+                                         cu_seq_lens, [values_out, scales_out], "auto")
+        return
+    gather_paged(indexer_of_cache(Mxfp4Indexer, kv_cache, cache_block_size, "kv_cache"), kv_cache,
+                 block_table=block_table, cu_seq_lens=cu_seq_lens, out=(values_out, scales_out))
+
+
+def gather_paged_indexer_fp8_cache(cache_2d, block_table, cu_seq_lens, block_size):
+    """``(k_fp8 float8_e4m3fn [total, d], k_scale float32 [total])``: the FP8 records of every
+    request's positions in cu order (``Fp8Indexer.gather_paged``; reads ``cu_seq_lens[-1]`` on the
+    host for the output size, as tokenspeed does: under torch.compile a graph break, as there)."""
+    values, scales = indexer_of_cache(Fp8Indexer, cache_2d, block_size).gather_paged(
+        cache_2d, block_table=block_table, cu_seq_lens=cu_seq_lens)
+    return values.view(torch.float8_e4m3fn), scales.view(torch.float32).squeeze(1)
