@@ -33,6 +33,7 @@ LAYERS = (
     ("model ops", ("kvformats.deepseek_v4",)),
     ("spec", ("kvformats.spec",)),  # spec JSON, golden vectors, generated docs
     ("caches", ("kvformats.caches",)),  # cache files, regions, hexdumps, diff, check
+    ("transfer", ("kvformats.transfer",)),  # P/D transfer plans, handshake, checksums, engines (lazy)
     ("cli", ("kvformats.cli", "kvformats.__main__")),
     ("testing", ("kvformats.testing",)),
 )
