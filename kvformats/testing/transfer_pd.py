@@ -94,10 +94,12 @@ def _recv(conn, what: str, here=None):
     return unpack(msg) if isinstance(msg, bytes) and msg[:2] == b"PK" else msg
 
 
-def _engine(name: str):
+def _engine(name: str, **options):
     from kvformats.transfer.engines import make_engine
 
-    return make_engine(name, loopback=True) if name == "nixl" else make_engine(name, host="127.0.0.1")
+    if name == "nixl":
+        return make_engine(name, loopback=True, **options)
+    return make_engine(name, host="127.0.0.1")
 
 
 def prefill_side(conn, results, engine_name: str, direction: str, mode: str) -> None:
@@ -177,3 +179,49 @@ def decode_side(conn, results, engine_name: str, direction: str, mode: str) -> N
         results.put(("B", "ok", pack(out), valid))
     except Exception as err:
         results.put(("B", "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+def engine_checks(results, engine_name: str) -> None:
+    """Two endpoints of one engine in this process: a push in batches of 4 lands byte for byte;
+    a segment beyond the peer's registered memory is a TransferError; a stale plan is refused
+    before the engine sees it. Reports {check: outcome} (run in a child: engines start threads)."""
+    from kvformats.errors import InputError
+    from kvformats.formats import Fp8DsMla
+    from kvformats.transfer import describe_caches, plan_transfer
+    from kvformats.transfer.endpoint import Endpoint
+
+    out = {}
+    try:
+        layout = Fp8DsMla(head_dim=128, rope_dim=64, page_size=16)
+        src, dst = layout.allocate(12), layout.allocate(12)
+        src.random_(0, 256, generator=torch.Generator().manual_seed(3))
+        engine = _engine(engine_name)
+        engine.max_batch = 4
+        a = Endpoint(engine, {"kv": (layout, src)})
+        # the target side of a one-process pair runs NIXL's progress thread: nobody polls it
+        b = Endpoint(_engine(engine_name, progress_thread=True), {"kv": (layout, dst)})
+        peer = a.connect(b.hello())
+        pages = list(range(0, 12, 2))  # six pages, none adjacent: six segments, two batches
+        plan = plan_transfer(a.descs, peer.descs, {"kv": pages}, {"kv": pages[::-1]})
+        a.push(peer, plan, timeout=30)
+        out["push"] = bool(torch.equal(dst[torch.tensor(pages[::-1])], src[torch.tensor(pages)]))
+        dst.zero_()
+        far = torch.tensor([[src.data_ptr(), peer.bases["kv"] + (1 << 40), 64]])
+        try:
+            a._run("write", far, peer, 30)
+            out["beyond"] = "no error"
+        except TransferError as err:
+            out["beyond"] = f"TransferError: {err}"
+        other = describe_caches({"kv": (layout, layout.allocate(5))})  # a peer with 5 pages, not this one
+        stale = plan_transfer(a.descs, other, {"kv": [0]}, {"kv": [1]})
+        try:
+            a.push(peer, stale, timeout=30)
+            out["stale"] = "no error"
+        except InputError as err:
+            out["stale"] = f"InputError: {err}"
+        out["untouched"] = not bool(dst.any())
+        a.close()
+        b.close()
+        results.put(("ok", out))
+    except Exception as err:
+        results.put(("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))

@@ -47,7 +47,7 @@ def same(x, y) -> bool:
     return torch.equal(x, y)
 
 
-CASES = [("nixl", "push"), ("nixl", "pull"), ("mooncake", "push")]
+CASES = [("nixl", "push"), ("nixl", "pull"), ("mooncake", "push"), ("mooncake", "pull")]
 
 
 @pytest.mark.parametrize("engine, direction", CASES)

@@ -45,12 +45,13 @@ def available() -> bool:
 class NixlEngine(Engine):
     name = "nixl"
 
-    def __init__(self, *, agent_name: str | None = None, loopback: bool = False, max_batch: int = 1024):
+    def __init__(self, *, agent_name: str | None = None, loopback: bool = False, max_batch: int = 1024,
+                 progress_thread: bool = False):
         if loopback:
             os.environ.setdefault("UCX_NET_DEVICES", "lo")
         self._np, agent, config = _import()
         self.agent_name = agent_name or f"kvformats-{uuid.uuid4().hex[:12]}"
-        self.agent = agent(self.agent_name, config(enable_prog_thread=False, enable_listen_thread=False,
+        self.agent = agent(self.agent_name, config(enable_prog_thread=progress_thread, enable_listen_thread=False,
                                                    backends=["UCX"]))
         self.max_batch = max_batch
         self._registered = []
