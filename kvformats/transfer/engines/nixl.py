@@ -21,14 +21,19 @@ import torch
 from kvformats.errors import BackendUnavailableError, TransferError
 from kvformats.transfer.engines.base import BUSY, DONE, FAILED, Engine
 
-INSTALL = "pip install --no-deps 'nixl==1.5.1' 'nixl-cu12==1.5.1' numpy (see docs/transfer.md)"
+INSTALL = "pip install 'kvformats[nixl]' (nixl-cu12 and numpy; see docs/transfer.md)"
 
 
 def _import():
     os.environ.setdefault("UCX_MODULES", "^ib*")
     try:
         import numpy
-        from nixl._api import nixl_agent, nixl_agent_config
+        try:
+            from nixl._api import nixl_agent, nixl_agent_config
+        except ImportError:
+            # the wheel itself, without the "nixl" front package (which requires the wheels of
+            # both CUDA majors): the same module under its own name
+            from nixl_cu12._api import nixl_agent, nixl_agent_config
     except ImportError as err:
         raise BackendUnavailableError(f"the NIXL engine needs nixl ({err}): {INSTALL}") from None
     return numpy, nixl_agent, nixl_agent_config
