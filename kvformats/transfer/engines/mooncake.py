@@ -11,10 +11,11 @@ start). Measured here (0.3.13.post1, TCP): after an asynchronous batch,
 ``transfer_check_status(batch)`` answers 1 ("done") while some of its bytes have not landed
 (64 MiB in 256 segments: 40-53 MB in place when it said done), and an asynchronous write to an
 unreachable peer crashed the process (SIGSEGV); the blocking batch calls do neither, so they
-are used. ``MC_TCP_BIND_ADDRESS`` keeps
-the TCP listener on one address. The wheel that needs no GPU is ``mooncake-transfer-engine-non-cuda``
-and it needs Debian's ``libibverbs1``. A batch of 4,096 segments overflows its default per-peer
-queue, so batches here hold at most 256.
+are used. ``MC_TCP_BIND_ADDRESS`` is set to ``host``; even so this version's handshake
+listener binds 0.0.0.0 and its TCP listener all addresses (traffic goes only where peers are
+told: ``host``). The wheel that needs no GPU is ``mooncake-transfer-engine-non-cuda``; it needs
+Debian's ``libibverbs1``. A batch of 4,096 segments overflowed its default per-peer queue in the
+feasibility run of issue 37, so batches here hold at most 256.
 """
 
 from __future__ import annotations
