@@ -52,6 +52,12 @@ class CacheDesc:
         if not isinstance(d, Mapping) or set(d) != {f.name for f in attrs.fields(cls)}:
             raise HandshakeError(f"a peer's cache description must have the keys "
                                  f"{sorted(f.name for f in attrs.fields(cls))}, got {describe(d)}")
+        for f in attrs.fields(cls):
+            kind = dict if f.name == "params" else int if f.type in ("int", int) else str
+            v = d[f.name]
+            if not isinstance(v, kind) or isinstance(v, bool) or (kind is int and v < 0):
+                raise HandshakeError(f"a peer's cache description has {f.name} = {v!r}, not a "
+                                     f"{'non-negative int' if kind is int else kind.__name__}")
         return cls(**d)
 
 

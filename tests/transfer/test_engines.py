@@ -116,3 +116,13 @@ def test_hello_from_another_engine_or_layout_is_refused():
 def test_unknown_engine_is_an_input_error():
     with pytest.raises(InputError, match="engine must be one of"):
         make_engine("tcp")
+
+
+def test_importing_the_transfer_package_imports_no_engine():
+    import subprocess
+    import sys
+
+    code = ("import sys, kvformats.transfer, kvformats.transfer.endpoint, kvformats.transfer.engines; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('nixl', 'nixl_cu12', 'mooncake')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

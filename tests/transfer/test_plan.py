@@ -3,6 +3,8 @@ torch copies (what an engine does with the segments) must move exactly the reque
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -158,6 +160,11 @@ def test_handshake_names_the_difference():
         handshake(here, fp)
     with pytest.raises(HandshakeError):
         from_json("[{\"name\": 1}]")
+    bad = [dict(d.to_json(), num_pages="8") for d in here.values()]
+    with pytest.raises(HandshakeError, match="num_pages = '8', not a non-negative int"):
+        from_json(json.dumps(bad))
+    with pytest.raises(HandshakeError, match="not JSON"):
+        from_json("{")
 
 
 def test_verify_names_cache_page_and_region_and_diff_shows_the_bytes(tmp_path):
