@@ -7,7 +7,7 @@ decode step. Both send their decode outputs to the parent, which compares them b
 The processes talk over a multiprocessing pipe (hellos, page ids, "done" with checksums), every
 wait bounded; the engine moves the bytes over 127.0.0.1.
 
-``mode``: "ok"; "corrupt" (A changes one byte of a source page after checksumming it, as a
+``mode``: "ok"; "rows" (only the request's written rows move, not whole pages); "corrupt" (A changes one byte of a source page after checksumming it, as a
 flip in flight would); "mismatch" (B's indexer cache has another format: the handshake fails).
 """
 
@@ -50,6 +50,11 @@ def request_pages(step: LayerStep, r: int, tokens: int) -> dict[str, torch.Tenso
         if n:
             out[name] = getattr(step.caches, table)[r, :n].clone()
     return out
+
+
+def request_rows(step: LayerStep, tokens: int) -> dict[str, tuple[int, int]]:
+    """Cache name -> the request's written rows [0, n) (mode "rows": only those move)."""
+    return {name: (0, tokens // ratio) for name, (_, ratio) in TABLES.items() if tokens // ratio}
 
 
 def batch(cfg, lengths, seed: int):
@@ -122,7 +127,8 @@ def prefill_side(conn, results, engine_name: str, direction: str, mode: str) -> 
         dst_pages = _recv(conn, "page ids")
         for r, tokens in enumerate(PREFILL):
             src_pages = request_pages(step, r, tokens)
-            plan = plan_transfer(here.descs, peer.descs, src_pages, dst_pages[r])
+            rows = request_rows(step, tokens) if mode == "rows" else None
+            plan = plan_transfer(here.descs, peer.descs, src_pages, dst_pages[r], rows=rows)
             sums = expected_checksums(plan, caches)
             if mode == "corrupt" and r == 1:
                 layout, cache = caches["index"]
@@ -162,7 +168,8 @@ def decode_side(conn, results, engine_name: str, direction: str, mode: str) -> N
         valid = []
         for r, tokens in enumerate(PREFILL):
             kind, src_pages, sums = _recv(conn, "done", here)
-            plan = plan_transfer(peer.descs, here.descs, src_pages, request_pages(step, r, tokens))
+            rows = request_rows(step, tokens) if mode == "rows" else None
+            plan = plan_transfer(peer.descs, here.descs, src_pages, request_pages(step, r, tokens), rows=rows)
             if kind == "ready":
                 here.pull(peer, plan, timeout=30)
                 conn.send("pulled")
@@ -179,6 +186,42 @@ def decode_side(conn, results, engine_name: str, direction: str, mode: str) -> N
         results.put(("B", "ok", pack(out), valid))
     except Exception as err:
         results.put(("B", "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+def _arena(pages: int, seed: int | None):
+    """An fp8_ds_mla field and an MXFP4 indexer field of one strided arena (tiny shapes)."""
+    from kvformats.formats import Fp8DsMla, Mxfp4Indexer
+
+    kv, idx = Fp8DsMla(head_dim=128, rope_dim=64, page_size=16), Mxfp4Indexer(head_dim=128, page_size=16)
+    stride = kv.page_bytes + idx.page_bytes
+    buf = torch.zeros(pages * stride, dtype=torch.uint8)
+    if seed is not None:
+        buf.random_(0, 256, generator=torch.Generator().manual_seed(seed))
+    return {"kv": (kv, buf.as_strided((pages, kv.page_bytes), (stride, 1), 0)),
+            "index": (idx, buf.as_strided((pages, idx.page_bytes), (stride, 1), kv.page_bytes))}
+
+
+def _arena_push(engine_name: str) -> str:
+    """Fields of a strided arena moved per field, then as whole physical pages, each verified."""
+    from kvformats.layout import storage_bytes
+    from kvformats.transfer import expected_checksums, plan_transfer, verify
+    from kvformats.transfer.endpoint import Endpoint
+
+    src, dst = _arena(10, seed=5), _arena(12, seed=None)
+    a = Endpoint(_engine(engine_name), src)
+    b = Endpoint(_engine(engine_name, progress_thread=True), dst)
+    peer = a.connect(b.hello())
+    pages = {"kv": [1, 2, 3, 9], "index": [1, 2, 3, 9]}
+    there = {"kv": [11, 4, 5, 0], "index": [11, 4, 5, 0]}
+    for whole in (False, True):
+        plan = plan_transfer(a.descs, peer.descs, pages, there, whole_pages=whole)
+        a.push(peer, plan, timeout=30)
+        verify(plan, dst, expected_checksums(plan, src))
+    untouched = [p for p in range(12) if p not in there["kv"]]
+    a.close()
+    b.close()
+    arena_pages = storage_bytes(dst["kv"][1]).view(12, -1)  # both fields of each physical page
+    return "ok" if not arena_pages[torch.tensor(untouched)].any() else "bytes outside the plan changed"
 
 
 def engine_checks(results, engine_name: str) -> None:
@@ -206,6 +249,7 @@ def engine_checks(results, engine_name: str) -> None:
         a.push(peer, plan, timeout=30)
         out["push"] = bool(torch.equal(dst[torch.tensor(pages[::-1])], src[torch.tensor(pages)]))
         dst.zero_()
+        out["arena"] = _arena_push(engine_name)
         far = torch.tensor([[src.data_ptr(), peer.bases["kv"] + (1 << 40), 64]])
         try:
             a._run("write", far, peer, 30)

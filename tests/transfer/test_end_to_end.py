@@ -47,12 +47,13 @@ def same(x, y) -> bool:
     return torch.equal(x, y)
 
 
-CASES = [("nixl", "push"), ("nixl", "pull"), ("mooncake", "push"), ("mooncake", "pull")]
+CASES = [("nixl", "push", "ok"), ("nixl", "pull", "ok"), ("mooncake", "push", "ok"), ("mooncake", "pull", "ok"),
+         ("nixl", "push", "rows")]
 
 
-@pytest.mark.parametrize("engine, direction", CASES)
-def test_decode_after_transfer_is_bit_identical(engine, direction):
-    out = run(engine, direction, "ok")
+@pytest.mark.parametrize("engine, direction, mode", CASES)
+def test_decode_after_transfer_is_bit_identical(engine, direction, mode):
+    out = run(engine, direction, mode)
     assert out["A"][1] == "ok", out["A"][2]
     assert out["B"][1] == "ok", out["B"][2]
     assert out["B"][3] == [0, 1]  # both requests verified and marked valid

@@ -35,6 +35,7 @@ def test_engine_moves_batches_and_reports_errors(engine):
             proc.kill()
     assert kind == "ok", out
     assert out["push"] is True
+    assert out["arena"] == "ok"
     assert out["beyond"].startswith("TransferError: ")
     assert out["stale"].startswith("InputError: the plan was made for other caches")
     assert out["untouched"] is True
