@@ -1,6 +1,6 @@
 """NIXL (UCX backend) behind the engine interface: ``pip install 'kvformats[nixl]'``.
 
-Facts relied on (NIXL Python API, https://github.com/ai-dynamo/nixl/blob/main/docs/python_api.md):
+Facts relied on (NIXL Python API, https://github.com/ai-dynamo/nixl/blob/main/docs/api-reference/python-api.md):
 ``nixl_agent(name, nixl_agent_config(...))``; ``register_memory`` of (addr, len, dev, "") tuples
 with memory type "DRAM" (or "VRAM" for CUDA memory); ``get_agent_metadata`` / ``add_remote_agent``
 to connect; ``get_xfer_descs`` of an Nx3 numpy array (addr, len, dev); ``initialize_xfer("WRITE"
