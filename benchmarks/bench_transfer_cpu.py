@@ -187,8 +187,8 @@ def table(rows: list[dict]) -> str:
     lines = [head, "|" + "---|" * 9]
     for r in rows:
         lines.append(f"| {r['engine']} | {r['tokens']} | {r['layers']} | {r['bytes'] / 1e6:.1f} | "
-                     f"{r['segments_before']} → {r['segments']} | {r['segments_in_order']} | {r['GB/s plan']} | {r['GB/s contiguous']} | "
-                     f"{r['GB/s in-process copy']} |")
+                     f"{r['segments_before']} → {r['segments']} | {r['segments_in_order']} | {r['GB/s plan']} | "
+                     f"{r['GB/s contiguous']} | {r['GB/s in-process copy']} |")
     return "\n".join(lines)
 
 

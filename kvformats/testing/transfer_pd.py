@@ -7,8 +7,9 @@ decode step. Both send their decode outputs to the parent, which compares them b
 The processes talk over a multiprocessing pipe (hellos, page ids, "done" with checksums), every
 wait bounded; the engine moves the bytes over 127.0.0.1.
 
-``mode``: "ok"; "rows" (only the request's written rows move, not whole pages); "corrupt" (A changes one byte of a source page after checksumming it, as a
-flip in flight would); "mismatch" (B's indexer cache has another format: the handshake fails).
+``mode``: "ok"; "rows" (only the request's written rows move, not whole pages); "corrupt"
+(A changes one byte of a source page after checksumming it, as a flip in flight would);
+"mismatch" (B's indexer cache has another format: the handshake fails).
 """
 
 from __future__ import annotations

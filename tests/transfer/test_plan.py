@@ -152,7 +152,8 @@ def test_handshake_names_the_difference():
     other = dict(here, state=describe_caches({"state": (hca, hca.allocate(2))})["state"])
     with pytest.raises(HandshakeError, match="'state': params differs"):
         handshake(here, other)
-    strided = describe_caches({**arena(8, 0), "state": (STATE, STATE.allocate(8, page_stride=STATE.page_bytes // 4 + 8))})
+    wide = STATE.allocate(8, page_stride=STATE.page_bytes // 4 + 8)  # float32 elements: 8 more per page
+    strided = describe_caches({**arena(8, 0), "state": (STATE, wide)})
     with pytest.raises(HandshakeError, match="'state': page_stride differs"):
         handshake(here, strided)
     with pytest.raises(HandshakeError, match="other caches"):
