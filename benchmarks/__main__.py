@@ -10,7 +10,7 @@ BENCHMARKS = {
     "host_gpu": "bench_host_gpu", "kernels_gpu": "bench_kernels_gpu", "dsv4_gpu": "bench_dsv4_gpu",
     "custom_ops_gpu": "bench_custom_ops_gpu", "pipeline_gpu": "bench_pipeline_gpu", "small_gpu": "bench_small_gpu",
     "bounds_gpu": "bench_bounds_gpu", "profile_host_gpu": "profile_host_gpu", "host_overhead_cpu": "host_overhead_cpu",
-    "reference_cpu": "bench_reference_cpu", "check_cpu": "bench_check_cpu",
+    "reference_cpu": "bench_reference_cpu", "check_cpu": "bench_check_cpu", "transfer_cpu": "bench_transfer_cpu",
 }
 
 

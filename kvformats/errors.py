@@ -57,6 +57,22 @@ class CacheWriteError(CacheFileError, OutputError):
     """A cache file cannot be written (both a CacheFileError and an OutputError)."""
 
 
+class TransferError(KVFormatError, RuntimeError):
+    """A page transfer failed: the engine reported an error or a hand-off timed out. The pages
+    it was moving are not valid on the destination."""
+
+
+class HandshakeError(TransferError, ValueError):
+    """The two sides of a transfer describe their caches differently (format, parameters,
+    profile, page stride or fingerprint); the message names the cache and the difference.
+    Nothing was moved."""
+
+
+class IntegrityError(TransferError, ValueError):
+    """Pages arrived with other bytes than were sent: the message names the cache, page and
+    region whose checksum differs. The pages are not valid on the destination."""
+
+
 def __getattr__(name: str):
     """``StrategyArgumentError`` is made on first use: it is also hypothesis's InvalidArgument (the
     error hypothesis users expect from a strategy), and ``import kvformats`` must not import

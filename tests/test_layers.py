@@ -34,6 +34,7 @@ LAYERS = (
     ("compat", ("kvformats.compat",)),  # other libraries' names over the model ops and the codec
     ("spec", ("kvformats.spec",)),  # spec JSON, golden vectors, generated docs
     ("caches", ("kvformats.caches",)),  # cache files, regions, hexdumps, diff, check
+    ("transfer", ("kvformats.transfer",)),  # P/D transfer plans, handshake, checksums, engines (lazy)
     ("cli", ("kvformats.cli", "kvformats.__main__")),
     ("testing", ("kvformats.testing",)),
 )

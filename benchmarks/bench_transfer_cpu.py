@@ -1,0 +1,226 @@
+"""Move one request's V4 cache pages between two processes with NIXL or Mooncake (CPU, loopback).
+
+    python3 -m benchmarks transfer_cpu [--engines nixl mooncake] [--tokens 8192 65536 131072]
+        [--layers 4] [--repeat 5] [--json out.json] [--svg chart.svg]
+
+A layer stack of DeepSeek V4 shapes (head_dim 512, rope 64, page_size 64, MXFP4 indexer),
+alternating CSA layers (SWA window, CSA rows, indexer rows, CSA and indexer compressor states)
+and HCA layers (SWA window, HCA rows, HCA compressor state); each cache is its own pool with
+twice the request's pages, and the request's pages are a random choice of them on each side
+(a fragmented pool). Per token count: bytes per cache, segments before and after coalescing,
+and the best of ``--repeat`` times (after one untimed round) for (a) the engine pushing the plan, (b) the same engine
+pushing one contiguous buffer of the same size, (c) an in-process copy of that buffer (one
+thread). "in-order pools": the segments after coalescing had the request held consecutive pages
+on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import time
+
+import torch
+
+from kvformats.formats import CompressorState, Fp8DsMla, Mxfp4Indexer
+
+PAGE = 64
+WAIT_S = 300.0
+KV = Fp8DsMla(head_dim=512, rope_dim=64, page_size=PAGE)
+INDEX = Mxfp4Indexer(head_dim=128, page_size=PAGE)
+STATES = {"csa_state": CompressorState(head_dim=512, ratio=4, page_size=PAGE),
+          "idx_state": CompressorState(head_dim=128, ratio=4, page_size=PAGE),
+          "hca_state": CompressorState(head_dim=512, ratio=128, page_size=PAGE)}
+WINDOW = 128
+
+
+def _pages(rows: int) -> int:
+    return -(-rows // PAGE)
+
+
+def request_caches(tokens: int, layer: int) -> dict[str, tuple[object, int]]:
+    """Cache name -> (layout, pages of one request at ``tokens``) of one layer: what decode needs
+    (the SWA window, every compressed row, the compressor-state pages of the open windows)."""
+    out = {"swa": (KV, _pages(WINDOW) + (1 if tokens % PAGE else 0))}
+    if layer % 2 == 0:  # a CSA layer
+        out.update(csa=(KV, _pages(tokens // 4)), index=(INDEX, _pages(tokens // 4)),
+                   csa_state=(STATES["csa_state"], 1), idx_state=(STATES["idx_state"], 1))
+    else:  # an HCA layer
+        out.update(hca=(KV, _pages(tokens // 128)), hca_state=(STATES["hca_state"], _pages(128) + 1))
+    return out
+
+
+def stack(tokens: int, layers: int, seed: int):
+    """({name: (layout, cache)}, {name: request page ids}) of the whole stack on one side."""
+    g = torch.Generator().manual_seed(seed)
+    caches, pages = {}, {}
+    for layer in range(layers):
+        for name, (layout, n) in request_caches(tokens, layer).items():
+            key = f"L{layer}.{name}"
+            caches[key] = (layout, layout.allocate(2 * n))
+            pages[key] = torch.randperm(2 * n, generator=g)[:n]
+    return caches, pages
+
+
+def _engine(name: str):
+    from kvformats.transfer.engines import make_engine
+
+    return make_engine(name, loopback=True) if name == "nixl" else make_engine(name, host="127.0.0.1")
+
+
+def _recv(conn, here):
+    deadline = time.monotonic() + WAIT_S
+    while not conn.poll(0.001):
+        here.engine.progress()
+        if time.monotonic() > deadline:
+            raise SystemExit("benchmark: the peer did not answer in time")
+    return conn.recv()
+
+
+def receiver(conn, engine: str, tokens: int, layers: int, nbytes: int) -> None:
+    from kvformats.transfer.endpoint import Endpoint
+
+    caches, pages = stack(tokens, layers, seed=2)
+    flat = torch.zeros(nbytes, dtype=torch.uint8)
+    here = Endpoint(_engine(engine), caches)
+    here.engine.register(flat.data_ptr(), nbytes)
+    conn.send((here.hello(), {k: v.tolist() for k, v in pages.items()}, flat.data_ptr()))
+    _recv(conn, here)  # "bye"
+    here.close()
+
+
+def measure(engine: str, tokens: int, layers: int, repeat: int) -> dict:
+    from kvformats.transfer import describe_caches, plan_transfer
+    from kvformats.transfer.endpoint import Endpoint
+
+    caches, pages = stack(tokens, layers, seed=1)
+    descs = describe_caches(caches)
+    nbytes = plan_transfer(descs, descs, pages, pages).nbytes
+    # the same request on pools where it holds consecutive pages on both sides (coalescing's best case)
+    in_order = plan_transfer(descs, descs, *({k: torch.arange(len(v)) for k, v in pages.items()},) * 2)
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    proc = ctx.Process(target=receiver, args=(b, engine, tokens, layers, nbytes))
+    proc.start()
+    try:
+        here = Endpoint(_engine(engine), caches)
+        flat = torch.ones(nbytes, dtype=torch.uint8)
+        here.engine.register(flat.data_ptr(), nbytes)
+        if not a.poll(WAIT_S):
+            raise SystemExit("benchmark: the receiver did not start in time")
+        hello, dst_pages, remote_flat = a.recv()
+        peer = here.connect(hello)
+        plan = plan_transfer(here.descs, peer.descs, pages, dst_pages)
+        times = {"plan": [], "contiguous": []}
+        one = torch.tensor([[flat.data_ptr(), remote_flat, nbytes]])
+        here.push(peer, plan, timeout=60)  # warm-up: first touch of every page on both sides
+        here._run("write", one, peer, 60)
+        for _ in range(repeat):
+            t = time.perf_counter()
+            here.push(peer, plan, timeout=60)
+            times["plan"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            here._run("write", one, peer, 60)
+            times["contiguous"].append(time.perf_counter() - t)
+        a.send("bye")
+        here.close()
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+    dst = torch.zeros_like(flat)  # touched before timing, as the engines' buffers were
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one memcpy thread, as each engine moves bytes on one thread here
+    copy = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        dst.copy_(flat)
+        copy.append(time.perf_counter() - t)
+    torch.set_num_threads(threads)
+    per_cache: dict[str, int] = {}
+    for row in plan.table():
+        kind = row["cache"].split(".", 1)[1]
+        per_cache[kind] = per_cache.get(kind, 0) + row["bytes"]
+    gbps = {k: nbytes / min(v) / 1e9 for k, v in (*times.items(), ("copy", copy))}
+    return {"engine": engine, "tokens": tokens, "layers": layers, "bytes": nbytes, "bytes_per_cache": per_cache,
+            "segments_before": plan.segments_before, "segments": plan.segments,
+            "segments_in_order": in_order.segments,
+            "GB/s plan": round(gbps["plan"], 2), "GB/s contiguous": round(gbps["contiguous"], 2),
+            "GB/s in-process copy": round(gbps["copy"], 2)}
+
+
+def svg(rows: list[dict]) -> str:
+    """Grouped bars: GB/s of plan / contiguous / in-process copy per (engine, tokens). Plain SVG."""
+    series = (("GB/s plan", "#1565c0", "engine, the plan's segments"),
+              ("GB/s contiguous", "#90caf9", "engine, one contiguous buffer"),
+              ("GB/s in-process copy", "#bdbdbd", "in-process copy"))
+    top = max(max(r[k] for k, _, _ in series) for r in rows) or 1.0
+    left, width, bar, gap = 170, 760, 9, 10
+    scale = (width - left - 70) / top
+    height = 60 + len(rows) * (3 * bar + gap) + 20
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+           f'font-size="11">',
+           f'<text x="{left}" y="16" font-size="13">One request\'s V4 pages between two processes, GB/s '
+           f'(2-core CPU, 127.0.0.1)</text>']
+    for i, (_, color, label) in enumerate(series):
+        out.append(f'<rect x="{left + i * 190}" y="26" width="10" height="10" fill="{color}"/>'
+                   f'<text x="{left + i * 190 + 14}" y="35">{label}</text>')
+    y = 50
+    for r in rows:
+        mb = r["bytes"] / 1e6
+        out.append(f'<text x="{left - 6}" y="{y + 1.5 * bar + 4:.0f}" text-anchor="end">{r["engine"]} '
+                   f'{r["tokens"] // 1024}k ({mb:.0f} MB)</text>')
+        for key, color, _ in series:
+            w = r[key] * scale
+            out.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar - 1}" fill="{color}"/>'
+                       f'<text x="{left + w + 4:.1f}" y="{y + bar - 1}">{r[key]:.2f}</text>')
+            y += bar
+        y += gap
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def table(rows: list[dict]) -> str:
+    head = "| engine | tokens | layers | MB moved | segments (before → after coalescing) | in-order pools | " \
+           "GB/s plan | GB/s contiguous | GB/s in-process copy |"
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        lines.append(f"| {r['engine']} | {r['tokens']} | {r['layers']} | {r['bytes'] / 1e6:.1f} | "
+                     f"{r['segments_before']} → {r['segments']} | {r['segments_in_order']} | {r['GB/s plan']} | "
+                     f"{r['GB/s contiguous']} | {r['GB/s in-process copy']} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python3 -m benchmarks transfer_cpu", description=__doc__.splitlines()[0])
+    p.add_argument("--engines", nargs="+", default=["nixl", "mooncake"])
+    p.add_argument("--tokens", nargs="+", type=int, default=[8192, 65536, 131072])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json")
+    p.add_argument("--svg")
+    args = p.parse_args()
+    from kvformats.transfer.engines import available
+
+    rows = []
+    for engine in args.engines:
+        if not available(engine):
+            print(f"{engine}: not installed, skipped")
+            continue
+        for tokens in args.tokens:
+            rows.append(measure(engine, tokens, args.layers, args.repeat))
+            print(json.dumps(rows[-1]), flush=True)
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"machine": "2-core CPU, loopback (127.0.0.1), no GPU", "rows": rows}, f, indent=1)
+            f.write("\n")
+    if args.svg and rows:
+        with open(args.svg, "w", encoding="utf-8") as f:
+            f.write(svg(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

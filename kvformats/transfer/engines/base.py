@@ -1,0 +1,51 @@
+"""The small interface every transfer engine implements; kvformats moves no byte itself.
+
+An engine registers memory, gives the metadata a peer needs to reach it, connects to a peer
+and posts batches of (local address, remote address, length) segments as one write (push) or
+read (pull), then reports each batch as busy, done or failed. Batching to the engine's limit,
+deadlines and error reporting live in ``kvformats.transfer.endpoint``, once for all engines.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BUSY, DONE, FAILED = "busy", "done", "failed"
+
+
+class Engine:
+    """Base of the engine adapters (nixl.py, mooncake.py)."""
+
+    name = ""
+    max_batch = 1024  # segments per posted batch (the engine's queue limit, or a bounded list)
+
+    def register(self, addr: int, nbytes: int) -> None:
+        """Make ``nbytes`` at ``addr`` (a cache's storage) reachable by peers."""
+        raise NotImplementedError
+
+    def metadata(self) -> bytes:
+        """What a peer passes to ``connect`` to reach this engine."""
+        raise NotImplementedError
+
+    def connect(self, peer_metadata: bytes) -> object:
+        """A handle of the peer, for ``post``."""
+        raise NotImplementedError
+
+    def post(self, op: str, peer: object, segments: torch.Tensor) -> object:
+        """Start ``op`` ("write": local -> peer, "read": peer -> local) of int64 ``[N, 3]`` rows
+        (local address, remote address, length); returns a handle for ``poll``. Raises
+        TransferError when the engine refuses the batch."""
+        raise NotImplementedError
+
+    def poll(self, handle: object) -> str:
+        """BUSY, DONE or FAILED for a posted batch (a finished handle is released)."""
+        raise NotImplementedError
+
+    def abandon(self, handle: object) -> None:
+        """Release a batch that timed out (best effort)."""
+
+    def progress(self) -> None:
+        """Let the engine make progress for transfers others post to this side (if it needs to)."""
+
+    def close(self) -> None:
+        """Deregister memory and stop the engine."""

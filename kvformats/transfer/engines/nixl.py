@@ -1,0 +1,119 @@
+"""NIXL (UCX backend) behind the engine interface: ``pip install 'kvformats[nixl]'``.
+
+Facts relied on (NIXL Python API, https://github.com/ai-dynamo/nixl/blob/main/docs/api-reference/python-api.md):
+``nixl_agent(name, nixl_agent_config(...))``; ``register_memory`` of (addr, len, dev, "") tuples
+with memory type "DRAM" (or "VRAM" for CUDA memory); ``get_agent_metadata`` / ``add_remote_agent``
+to connect; ``get_xfer_descs`` of an Nx3 numpy array (addr, len, dev); ``initialize_xfer("WRITE"
+| "READ", local, remote, peer)``, ``transfer`` and ``check_xfer_state`` answering "DONE",
+"PROC" or "ERR". UCX settings (https://openucx.readthedocs.io/en/master/faq.html):
+``UCX_MODULES=^ib*`` (no InfiniBand modules: processes otherwise crash at exit on machines
+without them), ``UCX_NET_DEVICES=lo`` keeps listeners on loopback in tests; the progress
+thread is off (it costs 3-5x on a 2-core machine), so a receiver calls ``progress``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import torch
+
+from kvformats.errors import BackendUnavailableError, TransferError
+from kvformats.transfer.engines.base import BUSY, DONE, FAILED, Engine
+
+INSTALL = "pip install 'kvformats[nixl]' (nixl-cu12 and numpy; see docs/transfer.md)"
+
+
+def _import():
+    os.environ.setdefault("UCX_MODULES", "^ib*")
+    try:
+        import numpy
+        try:
+            from nixl._api import nixl_agent, nixl_agent_config
+        except ImportError:
+            # the wheel itself, without the "nixl" front package (which requires the wheels of
+            # both CUDA majors): the same module under its own name
+            from nixl_cu12._api import nixl_agent, nixl_agent_config
+    except ImportError as err:
+        raise BackendUnavailableError(f"the NIXL engine needs nixl ({err}): {INSTALL}") from None
+    return numpy, nixl_agent, nixl_agent_config
+
+
+def available() -> bool:
+    try:
+        _import()
+    except BackendUnavailableError:
+        return False
+    return True
+
+
+class NixlEngine(Engine):
+    name = "nixl"
+
+    def __init__(self, *, agent_name: str | None = None, loopback: bool = False, max_batch: int = 1024,
+                 progress_thread: bool = False):
+        if loopback:
+            os.environ.setdefault("UCX_NET_DEVICES", "lo")
+        self._np, agent, config = _import()
+        self.agent_name = agent_name or f"kvformats-{uuid.uuid4().hex[:12]}"
+        self.agent = agent(self.agent_name, config(enable_prog_thread=progress_thread, enable_listen_thread=False,
+                                                   backends=["UCX"]))
+        self.max_batch = max_batch
+        self._registered = []
+
+    def _mem(self, device: torch.device | None = None) -> str:
+        return "VRAM" if device is not None and device.type == "cuda" else "DRAM"
+
+    def register(self, addr: int, nbytes: int, device: torch.device | None = None) -> None:
+        dev = device.index or 0 if device is not None and device.type == "cuda" else 0
+        try:
+            self._registered.append(self.agent.register_memory([(addr, nbytes, dev, "")], self._mem(device)))
+        except Exception as err:  # nixl raises its own exception classes
+            raise TransferError(f"nixl could not register {nbytes} bytes at {addr:#x}: {err}") from None
+        self._dev = (self._mem(device), dev)
+
+    def metadata(self) -> bytes:
+        return self.agent.get_agent_metadata()
+
+    def connect(self, peer_metadata: bytes) -> object:
+        try:
+            return self.agent.add_remote_agent(peer_metadata)
+        except Exception as err:
+            raise TransferError(f"nixl could not add the peer agent: {err}") from None
+
+    def post(self, op: str, peer: object, segments: torch.Tensor) -> object:
+        mem, dev = getattr(self, "_dev", ("DRAM", 0))
+        rows = segments.cpu().numpy()
+        local = self._np.stack([rows[:, 0], rows[:, 2], self._np.full(len(rows), dev)], 1)
+        remote = self._np.stack([rows[:, 1], rows[:, 2], self._np.full(len(rows), dev)], 1)
+        try:
+            handle = self.agent.initialize_xfer(op.upper(), self.agent.get_xfer_descs(local, mem),
+                                                self.agent.get_xfer_descs(remote, mem), peer)
+            state = self.agent.transfer(handle)
+        except Exception as err:
+            raise TransferError(f"nixl refused a {op} of {len(rows)} segments: {err}") from None
+        if state == "ERR":
+            self.agent.release_xfer_handle(handle)
+            raise TransferError(f"nixl reported ERR posting a {op} of {len(rows)} segments")
+        return handle
+
+    def poll(self, handle: object) -> str:
+        state = self.agent.check_xfer_state(handle)
+        if state == "PROC":
+            return BUSY
+        self.agent.release_xfer_handle(handle)
+        return DONE if state == "DONE" else FAILED
+
+    def abandon(self, handle: object) -> None:
+        try:
+            self.agent.release_xfer_handle(handle)
+        except Exception:  # best effort: the handle may still be in flight
+            pass
+
+    def progress(self) -> None:
+        self.agent.get_new_notifs()  # drives the UCX worker (no progress thread)
+
+    def close(self) -> None:
+        for reg in self._registered:
+            self.agent.deregister_memory(reg)
+        self._registered = []

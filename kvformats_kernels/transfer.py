@@ -1,0 +1,29 @@
+"""Launcher of the transfer checksum: one launch per region, one program per page; no host read."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from kvformats_kernels import transfer_jit as jit
+
+BLOCK = 1024  # bytes per step of a program
+
+
+def page_checksums(storage: torch.Tensor, pages: torch.Tensor, rows: torch.Tensor, page_stride: int,
+                   geometry: tuple, include_pad: bool) -> torch.Tensor:
+    """int64 ``[P, regions, 2]``: ``storage`` is the uint8 alias of the cache's whole storage;
+    ``geometry`` one (byte offset from the storage start, row stride, bytes per row, rows,
+    per_page) per region; ``pages [P]`` and ``rows [P, 2]`` int64 on the storage's device."""
+    out = torch.zeros(pages.shape[0], len(geometry), 2, dtype=torch.int64, device=storage.device)
+    if pages.shape[0] == 0:
+        return out
+    pages, rows = pages.contiguous(), rows.contiguous()
+    for g, (offset, row_stride, nbytes, n_rows, per_page) in enumerate(geometry):
+        if nbytes == 0:
+            continue
+        jit.region_checksum_kernel[(pages.shape[0],)](
+            storage, pages, rows, out[:, g], page_stride, offset, row_stride, out.stride(0),
+            NBYTES=nbytes, N_ROWS=n_rows, PER_PAGE=per_page, INCLUDE_PAD=include_pad,
+            BLOCK=min(BLOCK, triton.next_power_of_2(n_rows * nbytes)))
+    return out
