@@ -25,12 +25,15 @@ from kvformats.errors import (  # noqa: E402
     CacheFileError,
     CacheWriteError,
     ConversionError,
+    HandshakeError,
     InputError,
     InputTypeError,
+    IntegrityError,
     KVFormatError,
     LayoutError,
     OutputError,
     SettingsError,
+    TransferError,
     UnsupportedError,
     UsageError,
 )
@@ -51,10 +54,12 @@ __version__ = "0.1.0"
 SPEC_VERSION = "1"
 
 __all__ = [
-    "BackendUnavailableError", "CacheFileError", "CacheWriteError", "CompressorState", "ConversionError", "Field", "Fp4DsMlaV41", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41", "Fp8Indexer", "InputError",
-    "InputTypeError", "KVFormatError", "Layout", "LayoutError", "Mxfp4Indexer", "OutputError", "PROFILE_NAMES", "Profile",
-    "Region", "Segment", "SettingsError", "UnsupportedError", "UsageError", "error_record", "get_format", "list_formats", "pending_error", "raise_pending",
-    "strict_checks", "supported_profiles", "SPEC_VERSION", "__version__",
+    "BackendUnavailableError", "CacheFileError", "CacheWriteError", "CompressorState", "ConversionError",
+    "Field", "Fp4DsMlaV41", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41", "Fp8Indexer", "HandshakeError",
+    "InputError", "InputTypeError", "IntegrityError", "KVFormatError", "Layout", "LayoutError",
+    "Mxfp4Indexer", "OutputError", "PROFILE_NAMES", "Profile", "Region", "Segment", "SettingsError",
+    "TransferError", "UnsupportedError", "UsageError", "error_record", "get_format", "list_formats",
+    "pending_error", "raise_pending", "strict_checks", "supported_profiles", "SPEC_VERSION", "__version__",
 ]
 
 

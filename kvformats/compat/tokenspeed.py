@@ -75,22 +75,10 @@ def deepseek_v4_hca_compress_kv_cache_insert(state_cache, token_to_req_indices, 
                                              cos_sin_cache, kv_cache_2d, kv_slot_mapping, kv_cache_block_size,
                                              compress_ratio=128, block_table_base_offsets=None):
     """HCA (ratio 128) compress-insert (``dsv4.hca_compress_kv_insert``)."""
-    if compress_ratio != 128:
-        raise InputError(f"HCA cache insert requires compress_ratio=128, got {compress_ratio!r}")
-    same_pages("compressor_block_size", compressor_block_size, state_cache)
-    fn = dops.compress_kv_insert if compiling() else compress_kv_insert
-    while True:
-        try:
-            return fn(state_cache, kv_cache_2d, ratio=128, positions=positions, req_indices=token_to_req_indices,
-                      state_slots=compressor_slot_mapping, block_table=block_table, rms_weight=rms_norm_weight,
-                      rms_eps=rms_norm_eps, cos_sin_cache=cos_sin_cache, kv_slots=kv_slot_mapping,
-                      kv_page_size=kv_cache_block_size, block_table_base_offsets=block_table_base_offsets)
-        except InputError:  # tokenspeed's tokens: the shortest of the slot mappings and positions
-            cut = shortest(rows_of(compressor_slot_mapping, positions, kv_slot_mapping),
-                           (positions, token_to_req_indices, compressor_slot_mapping, kv_slot_mapping))
-            if cut is None:
-                raise
-            positions, token_to_req_indices, compressor_slot_mapping, kv_slot_mapping = cut
+    return _compress_kv_insert("HCA", 128, compress_ratio, state_cache, token_to_req_indices, positions,
+                               compressor_slot_mapping, block_table, compressor_block_size, rms_norm_weight,
+                               rms_norm_eps, cos_sin_cache, kv_cache_2d, kv_slot_mapping, kv_cache_block_size,
+                               block_table_base_offsets)
 
 
 def deepseek_v4_csa_compress_kv_cache_insert(state_cache, token_to_req_indices, positions, compressor_slot_mapping,
@@ -98,22 +86,33 @@ def deepseek_v4_csa_compress_kv_cache_insert(state_cache, token_to_req_indices, 
                                              cos_sin_cache, kv_cache_2d, kv_slot_mapping, kv_cache_block_size,
                                              compress_ratio=4, block_table_base_offsets=None):
     """CSA (ratio 4, overlapping windows) compress-insert (``dsv4.csa_compress_kv_insert``)."""
-    if compress_ratio != 4:
-        raise InputError(f"CSA cache insert requires compress_ratio=4, got {compress_ratio!r}")
-    same_pages("compressor_block_size", compressor_block_size, state_cache)
+    return _compress_kv_insert("CSA", 4, compress_ratio, state_cache, token_to_req_indices, positions,
+                               compressor_slot_mapping, block_table, compressor_block_size, rms_norm_weight,
+                               rms_norm_eps, cos_sin_cache, kv_cache_2d, kv_slot_mapping, kv_cache_block_size,
+                               block_table_base_offsets)
+
+
+def _compress_kv_insert(label, ratio, compress_ratio, state_cache, req, positions, state_slots, block_table,
+                        state_block_size, weight, eps, cos_sin, kv_cache_2d, kv_slots, kv_block_size, base):
+    """The CSA / HCA compress-insert of one ratio, with tokenspeed's length rule: its tokens are the
+    shortest of the state slot mapping and positions (for the HCA, of the kv slot mapping too), as
+    each of tokenspeed's two wrappers counts them."""
+    if compress_ratio != ratio:
+        raise InputError(f"{label} cache insert requires compress_ratio={ratio}, got {compress_ratio!r}")
+    same_pages("compressor_block_size", state_block_size, state_cache)
     fn = dops.compress_kv_insert if compiling() else compress_kv_insert
     while True:
         try:
-            return fn(state_cache, kv_cache_2d, ratio=4, positions=positions, req_indices=token_to_req_indices,
-                      state_slots=compressor_slot_mapping, block_table=block_table, rms_weight=rms_norm_weight,
-                      rms_eps=rms_norm_eps, cos_sin_cache=cos_sin_cache, kv_slots=kv_slot_mapping,
-                      kv_page_size=kv_cache_block_size, block_table_base_offsets=block_table_base_offsets)
-        except InputError:  # tokenspeed's tokens: the shortest of the state slot mapping and positions
-            cut = shortest(rows_of(compressor_slot_mapping, positions),
-                           (positions, token_to_req_indices, compressor_slot_mapping, kv_slot_mapping))
+            return fn(state_cache, kv_cache_2d, ratio=ratio, positions=positions, req_indices=req,
+                      state_slots=state_slots, block_table=block_table, rms_weight=weight, rms_eps=eps,
+                      cos_sin_cache=cos_sin, kv_slots=kv_slots, kv_page_size=kv_block_size,
+                      block_table_base_offsets=base)
+        except InputError:  # the native call refused the lengths: cut them as tokenspeed does
+            lengths = (state_slots, positions, kv_slots) if ratio == 128 else (state_slots, positions)
+            cut = shortest(rows_of(*lengths), (positions, req, state_slots, kv_slots))
             if cut is None:
                 raise
-            positions, token_to_req_indices, compressor_slot_mapping, kv_slot_mapping = cut
+            positions, req, state_slots, kv_slots = cut
 
 
 def deepseek_v4_csa_indexer_cache_insert(state_cache, token_to_req_indices, positions, compressor_slot_mapping,

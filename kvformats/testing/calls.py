@@ -205,11 +205,9 @@ def query_calls(rows: int, device, g: torch.Generator, check=True,
     }
 
 
-def index_calls(rows: int, device, g: torch.Generator, topk: int = 512,
-                custom: bool = False) -> dict[str, Callable[[], object]]:
-    """The index helpers of one step (SWA table of 64-row pages, compressed table of ratio 4)."""
-    m = _dsv4(custom)
-    s = _step(rows, g)
+def index_inputs(rows: int, device, g: torch.Generator, s: dict, topk: int = 512):
+    """(tensors by name, compressed base, the three preallocated outputs) of the index helpers of
+    step ``s``: SWA and compressed block tables, top-k indices, gather lengths, compressed lengths."""
     requests = s["qlen"].shape[0]
     base = ((s["seq"] - s["qlen"] - WINDOW + 1).clamp_min(0) // PAGE)
     swa_cols = int(((s["seq"] - 1) // PAGE - base).max()) + 1
@@ -225,6 +223,14 @@ def index_calls(rows: int, device, g: torch.Generator, topk: int = 512,
     out_slots = torch.empty(rows, dtype=torch.int64, device=device)
     out_i = torch.empty((rows, WINDOW), dtype=torch.int32, device=device)
     out_l = torch.empty(rows, dtype=torch.int32, device=device)
+    return d, cb, out_slots, out_i, out_l
+
+
+def index_calls(rows: int, device, g: torch.Generator, topk: int = 512,
+                custom: bool = False) -> dict[str, Callable[[], object]]:
+    """The index helpers of one step (SWA table of 64-row pages, compressed table of ratio 4)."""
+    m = _dsv4(custom)
+    d, cb, out_slots, out_i, out_l = index_inputs(rows, device, g, _step(rows, g), topk)
     return {
         "dsv4.table_slot_mapping": lambda: m.table_slot_mapping(
             positions=d["pos"], req_indices=d["req"], block_table=d["swa"], page_size=PAGE,

@@ -20,7 +20,7 @@ from kvformats import deepseek_v4 as dsv4
 from kvformats.compat import tokenspeed as _compat
 from kvformats.deepseek_v4.rope import cos_sin_cache
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
-from kvformats.testing.calls import HEAD, HEADS, INDEX_HEAD, PAGE, ROPE, WINDOW, _randn, _step, _table
+from kvformats.testing.calls import HEAD, HEADS, INDEX_HEAD, PAGE, ROPE, WINDOW, _randn, _step, _table, index_inputs
 
 Pair = tuple[Callable[[], object], Callable[[], object]]
 
@@ -168,19 +168,8 @@ def _absent(*args, **kwargs):
 
 def _index_pairs(rows: int, device, g, s, ts, topk: int = 512) -> dict[str, Pair]:
     requests = s["qlen"].shape[0]
-    base = (s["seq"] - s["qlen"] - WINDOW + 1).clamp_min(0) // PAGE
-    swa = _table(requests, int(((s["seq"] - 1) // PAGE - base).max()) + 1, g)
-    comp = _table(requests, int(s["seq"].max()) // 4 // PAGE + 1, g)
-    comp_len = (s["pos"] + 1) // 4
-    top = (torch.rand(rows, topk, generator=g) * comp_len[:, None]).long()
-    top[torch.arange(topk)[None, :] >= comp_len[:, None]] = -1
-    glen = torch.minimum(s["seq"], s["qlen"] + WINDOW)
-    d = {k: v.to(device) for k, v in dict(s, base=base, swa=swa, comp=comp, top=top.int(), glen=glen,
-                                           clens=s["seq"] // 128).items()}
-    cb = int(s["seq"].max()) // 4 + 1
-    out_slots = torch.empty(rows, dtype=torch.int64, device=device)
-    out_i = torch.empty((rows, WINDOW), dtype=torch.int32, device=device)
-    out_l = torch.empty(rows, dtype=torch.int32, device=device)
+    d, cb, out_slots, out_i, out_l = index_inputs(rows, device, g, s, topk)
+    comp = d["comp"]
     out_local = torch.empty((rows, 512), dtype=torch.int32, device=device)
     ds = Fp8DsMla(head_dim=HEAD, rope_dim=ROPE, page_size=PAGE)
     kcache = ds.allocate(int(comp.numel()), device=device)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from kvformats.errors import InputError
+from kvformats.errors import BackendUnavailableError, InputError
 
 ENGINES = ("nixl", "mooncake")
 
@@ -20,7 +20,11 @@ def _module(name: str):
 
 def available(name: str) -> bool:
     """Whether engine ``name`` can be made here (its package imports)."""
-    return _module(name).available()
+    try:
+        _module(name)._import()
+    except BackendUnavailableError:
+        return False
+    return True
 
 
 def make_engine(name: str, **options):

@@ -39,14 +39,6 @@ def _import():
     return TransferEngine
 
 
-def available() -> bool:
-    try:
-        _import()
-    except BackendUnavailableError:
-        return False
-    return True
-
-
 class MooncakeEngine(Engine):
     name = "mooncake"
 

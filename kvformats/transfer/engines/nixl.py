@@ -39,14 +39,6 @@ def _import():
     return numpy, nixl_agent, nixl_agent_config
 
 
-def available() -> bool:
-    try:
-        _import()
-    except BackendUnavailableError:
-        return False
-    return True
-
-
 class NixlEngine(Engine):
     name = "nixl"
 
