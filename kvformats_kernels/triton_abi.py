@@ -67,9 +67,16 @@ class TritonLauncher:
         return self._runtime
 
     def hooks_set(self) -> bool:
-        """Whether a profiler (or anything) asked Triton to see every launch."""
-        rt = self._knobs()
-        return _chain_calls(rt.launch_enter_hook, _refuse_outside) or _chain_calls(rt.launch_exit_hook, None)
+        """Whether a profiler (or anything) asked Triton to see every launch. Read on every launch
+        and every replay, so the common case (two empty hook chains) is two attribute reads."""
+        rt = self._runtime or self._knobs()
+        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+        try:
+            if not enter.calls and not leave.calls:
+                return False
+        except AttributeError:  # a Triton that keeps its hooks as None or a callable
+            pass
+        return _chain_calls(enter, _refuse_outside) or _chain_calls(leave, None)
 
     def direct(self, run):
         """(C launch function, cooperative flag, PDL flag) behind a compiled kernel's ``run`` when

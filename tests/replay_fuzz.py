@@ -17,9 +17,10 @@ from kvformats.testing.launch_stub import Address
 FLOAT_NAMES = ("sm", "hs", "rms_eps")  # float arguments a call may take as 0.0 or -0.0
 
 
-@functools.cache
+@functools.lru_cache(maxsize=6)
 def base_calls(rows: int, custom: bool, check, seed: int, device: str = "cpu") -> dict:
-    """Prepared calls of every public op (cached: the fuzzer never changes them, it rebuilds)."""
+    """Prepared calls of every public op (a few sets cached: the fuzzer never changes them, it
+    rebuilds; each set holds every op's inputs, tens of MB)."""
     return public_calls(device, rows, check=check, custom=custom, seed=seed)
 
 

@@ -134,7 +134,9 @@ def programs(draw):
     names = draw(st.lists(st.sampled_from(["canary"] + NAMES), min_size=1, max_size=2, unique=True))
     variants, steps = [], []
     for name in names:
-        base = {"rows": draw(st.sampled_from([8, 160])), "custom": draw(st.booleans()),
+        # two sizes of decode step; the launch-setting changes of "bounds" move either across the
+        # small- and few-row configurations (a step's compressed caches take ~20 MB a token here)
+        base = {"rows": draw(st.sampled_from([4, 12])), "custom": draw(st.booleans()),
                 "check": draw(st.sampled_from([True, True, True, False, "strict"])), "seed": draw(st.integers(0, 1)),
                 "alias": draw(st.booleans()), "offset": draw(st.sampled_from([0, 1, 4])),
                 "zero": draw(st.sampled_from([0.0, -0.0])), "slots32": draw(st.booleans()),
@@ -164,7 +166,7 @@ def _check(fn, log):
     assert shape_of(got_result, inputs) == shape_of(want_result, inputs)
 
 
-@settings(max_examples=40)
+@settings(max_examples=100)
 @given(program=programs())
 def test_a_replayed_call_launches_exactly_what_its_full_path_launches(program):
     variants, steps = program

@@ -271,16 +271,16 @@ class Plan:
 
 
 def _generate(launches: list, fresh: list, rebuilt):
-    ns: dict = {"_empty": torch.empty_strided, "_launcher": LAUNCHER, "_view": _view}
+    ns: dict = {"_empty": torch.empty_strided, "_stream": LAUNCHER.current_stream, "_view": _view}
     lines = ["def replay(ptr, tensors):"]
-    for k, a in enumerate(fresh):
-        ns[f"A{k}"] = a
-        lines.append(f"    m{k} = _empty(A{k}.shape, A{k}.stride, dtype=A{k}.dtype, device=A{k}.device)")
+    for k, a in enumerate(fresh):  # shapes and strides as literals: no lookups per replay
+        ns[f"D{k}"], ns[f"E{k}"] = a.dtype, a.device
+        lines.append(f"    m{k} = _empty({tuple(a.shape)!r}, {tuple(a.stride)!r}, dtype=D{k}, device=E{k})")
         if a.zeroed:
             lines.append(f"    m{k}.zero_()")
         lines.append(f"    q{k} = m{k}.data_ptr()")
     for device in sorted({launch.device for launch in launches}):
-        lines.append(f"    s{device} = _launcher.current_stream({device})")
+        lines.append(f"    s{device} = _stream({device})")
     for j, launch in enumerate(launches):
         ns[f"F{j}"], ns[f"M{j}"], ns[f"T{j}"] = launch.function, launch.metadata, launch.tail
         args = []
