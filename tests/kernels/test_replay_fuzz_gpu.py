@@ -1,6 +1,7 @@
 """The replay differential fuzzer on a GPU (tests/test_replay_fuzz.py has the CPU one, on launch
 logs): the bytes a replayed call writes and returns equal those of its full path, eagerly, when
-the replayed calls are captured in a CUDA graph, and from two threads on two streams."""
+the replayed calls are captured in a CUDA graph, and from two threads on two streams. A step's
+compressed caches take ~20 MB a token here, hence steps of at most 200 tokens."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def _written(fn, enabled: bool, repeats: int = 1) -> list[torch.Tensor]:
 
 
 def _cfg(draw) -> dict:
-    return {"rows": draw(st.sampled_from([8, 160, 600])), "custom": draw(st.booleans()),
+    return {"rows": draw(st.sampled_from([8, 64, 200])), "custom": draw(st.booleans()),
             "check": draw(st.sampled_from([True, False])), "seed": draw(st.integers(0, 1)),
             "offset": draw(st.sampled_from([0, 1, 4])), "alias": draw(st.booleans()), "slots32": draw(st.booleans()),
             "x_dtype": draw(st.sampled_from([None, torch.float16, torch.float32])),
