@@ -4,6 +4,7 @@ comparison of two launch logs of the stand-in launcher (kvformats.testing.launch
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import struct
 import types
@@ -12,9 +13,27 @@ import torch
 
 from kvformats.runtime import replay
 from kvformats.testing.calls import public_calls
-from kvformats.testing.launch_stub import Address
+from kvformats.testing.launch_stub import Address, stubbed_launches
 
 FLOAT_NAMES = ("sm", "hs", "rms_eps")  # float arguments a call may take as 0.0 or -0.0
+
+
+@contextlib.contextmanager
+def stub_with_replay(tables=()):
+    """The stand-in launcher with no plan recorded and replay on; the launch-settings ``tables``
+    put back afterwards."""
+    from kvformats_kernels import settings
+
+    before = replay.ENABLED[0]
+    saved = {name: settings.snapshot(name) for name in tables}
+    replay.ENABLED[0] = True
+    try:
+        with stubbed_launches() as log:
+            yield log
+    finally:
+        replay.ENABLED[0] = before
+        for name, table in saved.items():
+            settings.restore(name, table)
 
 
 @functools.lru_cache(maxsize=6)

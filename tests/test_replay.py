@@ -20,21 +20,16 @@ from kvformats.codec import slot_ops  # noqa: E402
 from kvformats.errors import InputError, InputTypeError  # noqa: E402
 from kvformats.runtime import replay, replay_plan  # noqa: E402
 from kvformats.testing.calls import public_calls  # noqa: E402
-from kvformats.testing.launch_stub import Address, stubbed_launches  # noqa: E402
+from kvformats.testing.launch_stub import Address  # noqa: E402
+from replay_fuzz import normalized, stub_with_replay  # noqa: E402  (tests/, as conftest's folder)
 
 NAMES = sorted(public_calls("meta", 64))
 
 
 @pytest.fixture
-def stub(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    before = replay.ENABLED[0]
-    replay.ENABLED[0] = True
-    try:
-        with stubbed_launches() as log:
-            yield log
-    finally:
-        replay.ENABLED[0] = before
+def stub():
+    with stub_with_replay() as log:
+        yield log
 
 
 @functools.cache
@@ -65,24 +60,6 @@ def _tensors_in(fn) -> list[torch.Tensor]:
         elif type(o).__name__ == "Ops":  # kvformats.testing.calls' custom-op bundle
             stack += list(vars(o).values())
     return found
-
-
-def _normalized(log: list, tensor_at: set, inputs: list) -> list:
-    """The log with every address that is not inside an input named by its order of first use
-    (allocations differ between two calls; the inputs' addresses must not)."""
-    spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
-             for t in inputs]
-    fresh: dict[int, int] = {}
-    out = []
-    for j, (kernel, grid, args) in enumerate(log):
-        norm = []
-        for p, a in enumerate(args):
-            if (j, p) in tensor_at and a and not any(lo <= a < hi for lo, hi in spans):
-                norm.append(("fresh", fresh.setdefault(a, len(fresh))))
-            else:
-                norm.append(a)
-        out.append((kernel, grid, tuple(norm)))
-    return out
 
 
 def _shape_of(r):
@@ -116,7 +93,7 @@ def test_a_replayed_call_launches_what_its_full_path_launches(stub, name, custom
     stub.clear()
     got_result = second()
     inputs = _tensors_in(second)
-    assert _normalized(list(stub), tensor_at, inputs) == _normalized(want, tensor_at, inputs)
+    assert normalized(list(stub), inputs, tensor_at) == normalized(want, inputs, tensor_at)
     assert _shape_of(got_result) == _shape_of(want_result)
     # a result that is an argument comes back as that very tensor
     for g, w in zip(got_result if isinstance(got_result, tuple) else (got_result,),

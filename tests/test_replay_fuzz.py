@@ -12,7 +12,6 @@ plans, and the refusal of kernels launched outside kvformats_kernels.launch.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import pytest
@@ -25,7 +24,7 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from replay_fuzz import (FLOAT_NAMES, addresses, base_calls, normalized, outcome, shape_of,  # noqa: E402
-                         tensors_of, variant)
+                         stub_with_replay, tensors_of, variant)
 
 import kvformats as kvf  # noqa: E402
 from kvformats.codec import slot_ops  # noqa: E402
@@ -47,20 +46,8 @@ CHANGES = [("bounds", "few_rows", (0, 128)), ("bounds", "small_rows", (0, 512)),
                                    {"block_h": 8, "num_warps": 1, "lane_load": 0, "lane_store": 0, "maxnreg": 0}))]
 
 
-@contextlib.contextmanager
 def fresh_stub():
-    """The stand-in launcher with no plan recorded, replay on, and the launch settings the
-    steps may change put back afterwards."""
-    before = replay.ENABLED[0]
-    saved = {name: ks.snapshot(name) for name, _, _ in CHANGES}
-    replay.ENABLED[0] = True
-    try:
-        with stubbed_launches() as log:
-            yield log
-    finally:
-        replay.ENABLED[0] = before
-        for name, table in saved.items():
-            ks.restore(name, table)
+    return stub_with_replay(name for name, _, _ in CHANGES)
 
 
 @pytest.fixture
