@@ -303,3 +303,29 @@ def test_two_threads_record_their_own_plans(stub):
     assert len(plans) == len(a)  # the strict thread's calls took the full path every time
     for f in a:  # each plan recorded under concurrency is right
         _check(f, stub)
+
+
+def test_the_first_signature_of_a_process_is_recorded_on_its_second_call():
+    """Loading the kernel package (on the first call) keeps the replay counts (it once cleared
+    them, so the first signature of a process was recorded on its third call)."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+import kvformats as kvf
+from kvformats.codec import registry, slot_ops
+from kvformats.runtime import replay, replay_plan
+from kvformats.testing.launch_stub import stubbed_launches
+assert not registry._kernels_loaded
+lay, x = kvf.get_format("fp8_indexer"), torch.randn(8, 128, dtype=torch.bfloat16)
+cache, slots = lay.allocate(2), torch.arange(8)
+replay.ENABLED[0] = True
+with stubbed_launches():
+    for n in (1, 2):
+        lay.encode(x, cache, slots)
+        plans = [p for p in slot_ops.encode.__wrapped_plans__.values() if isinstance(p, replay_plan.Plan)]
+        print(n, len(plans))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["1", "0", "2", "1"], out.stdout + out.stderr
