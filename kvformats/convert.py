@@ -5,5 +5,6 @@ import warnings
 
 import kvformats.codec.convert
 
-warnings.warn("kvformats.convert moved to kvformats.codec.convert; import it from there", DeprecationWarning, stacklevel=2)
+warnings.warn("kvformats.convert moved to kvformats.codec.convert; import it from there",
+              DeprecationWarning, stacklevel=2)
 sys.modules[__name__] = kvformats.codec.convert

@@ -5,5 +5,6 @@ import warnings
 
 import kvformats.runtime.deferred
 
-warnings.warn("kvformats.deferred moved to kvformats.runtime.deferred; import it from there", DeprecationWarning, stacklevel=2)
+warnings.warn("kvformats.deferred moved to kvformats.runtime.deferred; import it from there",
+              DeprecationWarning, stacklevel=2)
 sys.modules[__name__] = kvformats.runtime.deferred

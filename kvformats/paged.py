@@ -5,5 +5,6 @@ import warnings
 
 import kvformats.codec.paged_ops
 
-warnings.warn("kvformats.paged moved to kvformats.codec.paged_ops; import it from there", DeprecationWarning, stacklevel=2)
+warnings.warn("kvformats.paged moved to kvformats.codec.paged_ops; import it from there",
+              DeprecationWarning, stacklevel=2)
 sys.modules[__name__] = kvformats.codec.paged_ops

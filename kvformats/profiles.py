@@ -5,5 +5,6 @@ import warnings
 
 import kvformats.numerics.profiles
 
-warnings.warn("kvformats.profiles moved to kvformats.numerics.profiles; import it from there", DeprecationWarning, stacklevel=2)
+warnings.warn("kvformats.profiles moved to kvformats.numerics.profiles; import it from there",
+              DeprecationWarning, stacklevel=2)
 sys.modules[__name__] = kvformats.numerics.profiles

@@ -5,5 +5,6 @@ import warnings
 
 import kvformats.codec.registry
 
-warnings.warn("kvformats.registry moved to kvformats.codec.registry; import it from there", DeprecationWarning, stacklevel=2)
+warnings.warn("kvformats.registry moved to kvformats.codec.registry; import it from there",
+              DeprecationWarning, stacklevel=2)
 sys.modules[__name__] = kvformats.codec.registry

@@ -5,5 +5,6 @@ import warnings
 
 import kvformats.deepseek_v4.rope
 
-warnings.warn("kvformats.rope moved to kvformats.deepseek_v4.rope; import it from there", DeprecationWarning, stacklevel=2)
+warnings.warn("kvformats.rope moved to kvformats.deepseek_v4.rope; import it from there",
+              DeprecationWarning, stacklevel=2)
 sys.modules[__name__] = kvformats.deepseek_v4.rope

@@ -5,5 +5,6 @@ import warnings
 
 import kvformats.testing.strategies
 
-warnings.warn("kvformats.strategies moved to kvformats.testing.strategies; import it from there", DeprecationWarning, stacklevel=2)
+warnings.warn("kvformats.strategies moved to kvformats.testing.strategies; import it from there",
+              DeprecationWarning, stacklevel=2)
 sys.modules[__name__] = kvformats.testing.strategies

@@ -5,5 +5,6 @@ import warnings
 
 import kvformats.testing.tolerance
 
-warnings.warn("kvformats.tolerance moved to kvformats.testing.tolerance; import it from there", DeprecationWarning, stacklevel=2)
+warnings.warn("kvformats.tolerance moved to kvformats.testing.tolerance; import it from there",
+              DeprecationWarning, stacklevel=2)
 sys.modules[__name__] = kvformats.testing.tolerance

@@ -5,5 +5,6 @@ import warnings
 
 import kvformats.spec.vectors
 
-warnings.warn("kvformats.vectors moved to kvformats.spec.vectors; import it from there", DeprecationWarning, stacklevel=2)
+warnings.warn("kvformats.vectors moved to kvformats.spec.vectors; import it from there",
+              DeprecationWarning, stacklevel=2)
 sys.modules[__name__] = kvformats.spec.vectors

@@ -339,4 +339,5 @@ def words_aligned(u8: torch.Tensor, stride: int, geometry: dict) -> bool:
     return (u8.data_ptr() | stride | g["VAL_OFF"] | g["VAL_STRIDE"] | (g["QB"] // 2)) % 4 == 0
 
 
-settings.guard(__name__, 'CONFIG', 'SMALL', 'FEW', 'BOUNDS')  # launch settings change through settings.change
+# launch settings change through settings.change
+settings.guard(__name__, 'CONFIG', 'SMALL', 'FEW', 'BOUNDS')

@@ -63,9 +63,10 @@ def e4m3_bits(y):
     """float32 -> float8_e4m3fn byte (int32 in [0, 255]): clamp to ±448, round to nearest even.
 
     The sign of zero survives (-0.0 and negatives that round to zero give 0x80), as in torch's
-    cast; NaN gives 0x7F (0xFF with the sign bit). Above 2^-6 (e4m3's least normal) rounding keeps 3 of the 23 mantissa bits: add just
-    under half an e4m3 ulp plus the kept lsb, shift, and rebias the exponent (127 - 7 = 120),
-    a carry moving into the next binade as it should. Below 2^-6 the step is 2^-9:
+    cast; NaN gives 0x7F (0xFF with the sign bit). Above 2^-6 (e4m3's least normal) rounding keeps
+    3 of the 23 mantissa bits: add just under half an e4m3 ulp plus the kept lsb, shift, and rebias
+    the exponent (127 - 7 = 120), a carry moving into the next binade as it should. Below 2^-6 the
+    step is 2^-9:
     ``|y| * 2^9 + 2^23`` is rounded to an integer by the float32 add itself (round to nearest
     even, exact in IEEE arithmetic on the GPU and in numpy alike), so its low bits are the code.
     """

@@ -165,4 +165,5 @@ def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.
     return cm.topk(decode, layout, cache, topk_slots)
 
 
-settings.guard(__name__, 'CONFIG')  # launch settings change through settings.change
+# launch settings change through settings.change
+settings.guard(__name__, 'CONFIG')

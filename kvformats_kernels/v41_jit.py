@@ -91,8 +91,8 @@ def v41_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, sl
     elem = blk[:, None] * QB + tl.arange(0, QB)[None, :]
     inb = (blk < NB)[None, :]
     # x is read under the row-range mask only, so its load overlaps the slot load
-    x = nj.load_f32((x_ptr + rows * x_stride)[:, None, None] + elem[None, :, :], in_range[:, None, None] & inb[:, :, None],
-                    IS_BF16)
+    x = nj.load_f32((x_ptr + rows * x_stride)[:, None, None] + elem[None, :, :],
+                    in_range[:, None, None] & inb[:, :, None], IS_BF16)
     if not IS_BF16:
         x = nj.bf16_round(x)
     amax = nj.abs_max(x, 2)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.layout import Layout, Region, storage_bytes
+from kvformats.layout import Layout, Region
 
 
 def page_width(layout: Layout, cache: torch.Tensor) -> int:

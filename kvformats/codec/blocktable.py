@@ -1,6 +1,7 @@
-"""Block-table addressing shared by the paged ops and the DeepSeek V4 operations (spec/upstream.md §1.3): a position of a request
-maps to ``table[req, pos // page_size - base[req]] * page_size + pos % page_size``, or −1 when
-the position is negative, the request or page index falls outside the table, or the entry is
+"""Block-table addressing shared by the paged ops and the DeepSeek V4 operations (spec/upstream.md
+§1.3): a position of a request maps to
+``table[req, pos // page_size - base[req]] * page_size + pos % page_size``, or −1 when the
+position is negative, the request or page index falls outside the table, or the entry is
 negative ("missing"). tokenspeed's Triton helpers skip some of these checks (a −1 entry then
 wraps to the last page); here every one of them gives −1.
 """

@@ -101,7 +101,8 @@ def convert_rows(src, rows: torch.Tensor, dst, *, exact: bool = False) -> torch.
     if exact:
         for region, first, values in dropped:
             if bool((values != 0).any()):
-                raise ConversionError(f"{src.name} -> {dst.name} drops {region} dims {first}..{first + values.shape[1] - 1}, "
+                last = first + values.shape[1] - 1
+                raise ConversionError(f"{src.name} -> {dst.name} drops {region} dims {first}..{last}, "
                                       f"which are not all zero here; pass exact=False to drop them")
         back = dst.decode_rows(out)
         want = x.to(back.dtype)
@@ -168,9 +169,11 @@ def to_page_planar(layout, interleaved: torch.Tensor, *, out: torch.Tensor | Non
     """Inverse of ``to_token_interleaved``: -> a ``layout`` cache (``out``, or a fresh zeroed one)."""
     pages = interleaved.shape[0] if isinstance(interleaved, torch.Tensor) else -1
     want = (pages, layout.page_size * layout.row_bytes)
-    if not isinstance(interleaved, torch.Tensor) or interleaved.dtype != torch.uint8 or tuple(interleaved.shape) != want:
+    if not isinstance(interleaved, torch.Tensor) or interleaved.dtype != torch.uint8 or \
+            tuple(interleaved.shape) != want:
         raise InputError(f"interleaved must be uint8 {list(want)}, got "
-                         f"{getattr(interleaved, 'dtype', type(interleaved))} {tuple(getattr(interleaved, 'shape', ()))}")
+                         f"{getattr(interleaved, 'dtype', type(interleaved))} "
+                         f"{tuple(getattr(interleaved, 'shape', ()))}")
     cache = layout.allocate(pages, device=interleaved.device) if out is None else out
     check_cache(layout, cache)
     if cache.shape[0] != pages:

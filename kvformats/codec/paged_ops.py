@@ -109,7 +109,8 @@ def _workspaces(layout, cache, out, total: int | None):
     views = []
     for seg, ws in zip(layout.segments, out):
         if not isinstance(ws, torch.Tensor) or ws.device != cache.device or ws.dim() not in (1, 2):
-            raise InputTypeError(f"{seg.name} workspace must be a tensor [T, ...] on {cache.device}, got {describe(ws)}")
+            raise InputTypeError(f"{seg.name} workspace must be a tensor [T, ...] on {cache.device}, "
+                                 f"got {describe(ws)}")
         raw = ws.view(torch.uint8) if ws.dim() == 2 else ws.unsqueeze(1).view(torch.uint8)
         if raw.shape[1] < seg.record_bytes or raw.stride(1) != 1:
             raise InputError(f"{seg.name} workspace rows must hold {seg.record_bytes} contiguous bytes, "

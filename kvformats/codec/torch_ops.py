@@ -42,7 +42,7 @@ import torch
 
 from kvformats.codec import slot_ops as ops
 from kvformats.codec.registry import get_format
-from kvformats.codec.torch_library import NAMESPACE, define, shares_storage
+from kvformats.codec.torch_library import NAMESPACE, define, shares_storage  # noqa: F401  (NAMESPACE: the ops' namespace, public)
 from kvformats.errors import InputError, InputTypeError
 
 

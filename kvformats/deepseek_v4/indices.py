@@ -331,11 +331,12 @@ def decode_swa_indices_and_lens(*, query_start_loc, seq_lens, req_indices, block
     Token t of request r = ``req_indices[t]`` is at ``p = seq_lens[r] - (qsl[r+1] - qsl[r]) +
     (t - qsl[r])``; its window is ``max(p - window + 1, 0) .. p`` (``swa_len`` positions), entry j
     = the slot of window position j through ``block_table`` (with base offsets), −1 for a
-    missing page (or one whose slots would pass int32); entries >= swa_len are −1. Invalid tokens get an all −1 row and length 0
-    (tokenspeed leaves their row unwritten). ``out_indices`` (int32 ``[>= T, window_size]``) and
-    ``out_lens`` (int32 ``[>= T]``) receive the first T rows when given. ``query_start_loc``
-    that decreases is checked as ``check`` says (spec/checks.md; on a GPU recorded, not raised;
-    the rows are then whatever the offsets give, never outside the outputs).
+    missing page (or one whose slots would pass int32); entries >= swa_len are −1. Invalid tokens
+    get an all −1 row and length 0 (tokenspeed leaves their row unwritten). ``out_indices``
+    (int32 ``[>= T, window_size]``) and ``out_lens`` (int32 ``[>= T]``) receive the first T rows
+    when given. ``query_start_loc`` that decreases is checked as ``check`` says (spec/checks.md;
+    on a GPU recorded, not raised; the rows are then whatever the offsets give, never outside the
+    outputs).
     """
     dev = _device(req_indices)
     n = C.check_index("req_indices", req_indices, None, dev)

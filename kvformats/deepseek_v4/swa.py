@@ -79,7 +79,8 @@ def swa_insert_reference(q, kv, kv_cache, layout, slots, positions, cos_sin, eps
     s = slots.shape[0]
     if s:
         p = positions[:s]
-        x = rope_tail(kv[:s], p, cos_sin, check=False, site=_SITE).to(kv.dtype)  # the kernel rounds to the activation dtype
+        # the kernel rounds to the activation dtype
+        x = rope_tail(kv[:s], p, cos_sin, check=False, site=_SITE).to(kv.dtype)
         slots = torch.where((p >= 0) & (p < cos_sin.shape[0]), slots, -1)  # no row for an invalid position
         write_rows(layout, kv_cache, slots, layout.encode_rows(x))
 

@@ -70,7 +70,8 @@ SCHEMAS = {
     "prepare_indexer_q_mxfp4": (_Q_ARGS, "(Tensor, Tensor, Tensor)"),
     "prepare_indexer_q_fp8": (_Q_ARGS, "(Tensor, Tensor)"),
     "inv_rope_fp8_quant": ("Tensor o, Tensor positions, Tensor cos_sin_cache, int n_groups, int heads_per_group, "
-                           "int quant_group_size, bool tma_aligned_scales, str backend, bool check", "(Tensor, Tensor)"),
+                           "int quant_group_size, bool tma_aligned_scales, str backend, bool check",
+                           "(Tensor, Tensor)"),
     # index helpers
     "table_slot_mapping": ("Tensor positions, Tensor req_indices, Tensor block_table, int page_size, "
                            "int entry_stride, Tensor? block_table_base_offsets, Tensor? is_valid_token, "

@@ -11,4 +11,5 @@ from kvformats.formats.mxfp4_indexer import Mxfp4Indexer
 
 FORMATS = (CompressorState, Fp4DsMlaV41, Fp8DsMla, Fp8DsMlaV32, Fp8DsMlaV41, Fp8Indexer, Mxfp4Indexer)
 
-__all__ = ["FORMATS", "CompressorState", "Fp4DsMlaV41", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41", "Fp8Indexer", "Mxfp4Indexer"]
+__all__ = ["FORMATS", "CompressorState", "Fp4DsMlaV41", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41", "Fp8Indexer",
+           "Mxfp4Indexer"]

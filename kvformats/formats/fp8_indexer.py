@@ -28,7 +28,8 @@ PROFILES = declare(
             scale_rule=nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax",
                                     power_of_two=False),
             engine="DeepGEMM FP8 indexer test reference (and vLLM indexer_k_quant_and_cache without ue8m0)",
-            source="spec/engines.md §2 DeepGEMM, §5 'DeepGEMM FP8 indexer ref': scale max(amax, 1e-4)/448, arbitrary fp32",
+            source="spec/engines.md §2 DeepGEMM, §5 'DeepGEMM FP8 indexer ref': scale max(amax, 1e-4)/448, "
+                   "arbitrary fp32",
             error_bound="|x - x_hat| <= max(|x|/16, s*2^-10) + 2^-23*max(|x|, |x_hat|) per element (s = the "
                         "float32 scale; the last term covers the float32 division and product)"),
 )

@@ -59,7 +59,8 @@ def _compress_pairs(rows: int, device, g, s, ts) -> dict[str, Pair]:
                       rms_weight=weight, rms_eps=1e-6, cos_sin_cache=cs, block_table_base_offsets=t["base"])
         ts_args = (state, t["req"], t["pos"], t["ss"], t["table"], rows_pp, weight, 1e-6, cs, cache, t["target"], tps)
         if fmt == "fp8_ds_mla":
-            fn = ts.deepseek_v4_csa_compress_kv_cache_insert if ratio == 4 else ts.deepseek_v4_hca_compress_kv_cache_insert
+            fn = (ts.deepseek_v4_csa_compress_kv_cache_insert if ratio == 4
+                  else ts.deepseek_v4_hca_compress_kv_cache_insert)
             pairs[f"{label}_compress_kv_insert"] = (
                 lambda state=state, cache=cache, ratio=ratio, common=common, t=t, tps=tps: dsv4.compress_kv_insert(
                     state, cache, ratio=ratio, kv_slots=t["target"], kv_page_size=tps, **common),
@@ -107,7 +108,8 @@ def compat_call_pairs(device, rows: int = 64, seed: int = 0, api=None) -> dict[s
     for name, lay in (("fp8", Fp8Indexer(head_dim=INDEX_HEAD, page_size=PAGE)),
                       ("mxfp4", Mxfp4Indexer(head_dim=INDEX_HEAD, page_size=PAGE))):
         cache = lay.allocate(pages, device=device)
-        write, read = getattr(ts, f"write_deepseek_v4_indexer_{name}_cache"), getattr(ts, f"read_deepseek_v4_indexer_{name}_cache")
+        write = getattr(ts, f"write_deepseek_v4_indexer_{name}_cache")
+        read = getattr(ts, f"read_deepseek_v4_indexer_{name}_cache")
         pairs[f"{name}_indexer.encode"] = (lambda lay=lay, c=cache: lay.encode(x, c, slots),
                                            lambda w=write, c=cache: w(x, c, slots, PAGE))
         pairs[f"{name}_indexer.decode"] = (lambda lay=lay, c=cache: lay.decode(c, slots),
@@ -218,7 +220,8 @@ def _index_pairs(rows: int, device, g, s, ts, topk: int = 512) -> dict[str, Pair
                                                                block_table_base_offsets=d["base"], out_indices=out_i,
                                                                out_lens=out_l)),
         "dense_prefill_local_compressed_indices": (
-            lambda: dsv4.dense_prefill_local_compressed_indices(positions=d["pos"], ratio=128, width=512, out=out_local),
+            lambda: dsv4.dense_prefill_local_compressed_indices(positions=d["pos"], ratio=128, width=512,
+                                                                out=out_local),
             lambda: ts.deepseek_v4_build_dense_prefill_local_compressed_indices(positions=d["pos"], compress_ratio=128,
                                                                                 width=512, out=out_local)),
         "fp8_ds_mla.dequantize_gather": (

@@ -58,11 +58,13 @@ def make_compress_machine(backend: str = "reference"):
                 if data.draw(st.integers(0, 5), label="missing") == 0:
                     self.table[r][data.draw(st.integers(0, per_req - 1))] = -1
             self.bt = torch.tensor(self.table, dtype=torch.int32, device=DEVICE)
-            self.kv_layout = kvf.Fp8DsMla(head_dim=self.h, rope_dim=rope, page_size=data.draw(st.sampled_from([1, 2, 4])))
+            kv_rows = data.draw(st.sampled_from([1, 2, 4]))
+            self.kv_layout = kvf.Fp8DsMla(head_dim=self.h, rope_dim=rope, page_size=kv_rows)
             kv_pages = -(-self.requests * (self.max_len // self.ratio + 1) // self.kv_layout.page_size) + 1
             self.kv = Arena(self.kv_layout, kv_pages, pad=data.draw(st.sampled_from([0, 1, 576])),
                             lead=data.draw(st.sampled_from([0, 7])), tail=9, sentinel=sentinel,
-                            width=data.draw(st.sampled_from([self.kv_layout.page_bytes, self.kv_layout.min_page_bytes])))
+                            width=data.draw(st.sampled_from([self.kv_layout.page_bytes,
+                                                             self.kv_layout.min_page_bytes])))
             g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31), label="seed"))
             w = self.state_layout.width
             self.ape = (torch.randn(self.ratio, w, generator=g) * 0.1).to(DEVICE)

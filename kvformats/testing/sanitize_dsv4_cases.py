@@ -127,7 +127,8 @@ def dsv4_cases(d) -> list[tuple[str, str, object]]:
             gather_lens=t([9, 2]), window_size=3, ratio=2, workspace_width=200, compressed_base=100)),
         ("decode_swa", "decode_swa_indices_and_lens", lambda: dict(
             query_start_loc=t([0, 1, 2]), seq_lens=t([9, 3]), req_indices=t([0, 1]), block_table=table(),
-            window_size=4, page_size=2, block_table_base_offsets=t([1, 0]), is_valid_token=t([True, False], torch.bool))),
+            window_size=4, page_size=2, block_table_base_offsets=t([1, 0]),
+            is_valid_token=t([True, False], torch.bool))),
         ("dense_prefill", "dense_prefill_local_compressed_indices", lambda: dict(
             positions=t([0, 5, 9, 13]), ratio=4, width=3)),
     ]

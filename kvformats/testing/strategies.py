@@ -24,11 +24,10 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from kvformats.caches.regions import storage_bytes
 from kvformats.codec.registry import get_format, list_formats
 from kvformats.errors import StrategyArgumentError
 from kvformats.formats import CompressorState
-from kvformats.layout import Layout
+from kvformats.layout import Layout, storage_bytes
 from kvformats.numerics.elements import ELEMENTS
 from kvformats.validation import FLOAT_DTYPES
 

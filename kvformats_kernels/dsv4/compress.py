@@ -181,4 +181,5 @@ LAUNCHERS = {
 }
 
 
-settings.guard(__name__, 'CONFIG', 'BOUNDS')  # launch settings change through settings.change
+# launch settings change through settings.change
+settings.guard(__name__, 'CONFIG', 'BOUNDS')

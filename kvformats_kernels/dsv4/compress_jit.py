@@ -122,9 +122,9 @@ def store_indexer(y, had_scale, cache_ptr, base, row, LOG2_H: tl.constexpr, MXFP
 
 @triton.jit
 def compress_kernel(state_ptr, table_ptr, base_ptr, pos_ptr, req_ptr, sslot_ptr, tslot_ptr, weight_ptr, cs_ptr,
-                    out_ptr, ws_ptr, cnt_ptr, err_ptr, n_tokens, page_stride, num_pages, t_stride0, t_stride1, table_rows,
-                    table_cols, base_stride, pos_stride, req_stride, sslot_stride, tslot_stride, w_stride, cs_stride,
-                    cs_rows, out_stride, capacity, eps, had_scale,
+                    out_ptr, ws_ptr, cnt_ptr, err_ptr, n_tokens, page_stride, num_pages, t_stride0, t_stride1,
+                    table_rows, table_cols, base_stride, pos_stride, req_stride, sslot_stride, tslot_stride, w_stride,
+                    cs_stride, cs_rows, out_stride, capacity, eps, had_scale,
                     MODE: tl.constexpr, RATIO: tl.constexpr, H: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
                     BD: tl.constexpr, NCHUNK: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
                     HAS_BASE: tl.constexpr, W_BF16: tl.constexpr, GPU: tl.constexpr, FAST_DIV: tl.constexpr,

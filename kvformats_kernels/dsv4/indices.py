@@ -89,7 +89,8 @@ def compressed_slot_mapping(num_tokens, qsl, seq_lens, table, page_size, ratio, 
     requests, cols, ts0, ts1 = _table(table)
     grid, meta = _rows("compressed_slot_mapping", total)
     fast(jit.compressed_slot_mapping_kernel)[grid](
-        deferred.error_record(qsl.device), qsl, seq_lens, table, base_t, dest, num_tokens, total, requests, cols, ratio, qsl.stride(0),
+        deferred.error_record(qsl.device), qsl, seq_lens, table, base_t, dest, num_tokens, total, requests, cols, ratio,
+        qsl.stride(0),
         seq_lens.stride(0), ts0, ts1, base_stride, dest.stride(0), _steps(requests),
         max_page_entry(page_size, INT64_MAX), HAS_BASE=has_base, PAGE_SIZE=page_size, SITE=_SITES["compressed"], **meta)
     return dest[:num_tokens]
@@ -153,7 +154,8 @@ def decode_swa_indices_and_lens(qsl, seq_lens, req, table, window, page_size, ba
     requests, cols, ts0, ts1 = _table(table)
     grid, meta = _rows("decode_swa_indices_and_lens", n, window)
     fast(jit.decode_swa_kernel)[grid](
-        deferred.error_record(dev), qsl, seq_lens, req, valid, table, base_t, idx, lens, n, requests, cols, window, qsl.stride(0),
+        deferred.error_record(dev), qsl, seq_lens, req, valid, table, base_t, idx, lens, n, requests, cols, window,
+        qsl.stride(0),
         seq_lens.stride(0), req.stride(0), valid_stride, ts0, ts1, base_stride, idx.stride(0), idx.stride(1),
         lens.stride(0), max_page_entry(page_size, INT32_MAX), HAS_VALID=has_valid, HAS_BASE=has_base,
         PAGE_SIZE=page_size, SITE=_SITES["decode_swa"], **meta)
@@ -182,4 +184,5 @@ LAUNCHERS = {
 }
 
 
-settings.guard(__name__, 'CONFIG')  # launch settings change through settings.change
+# launch settings change through settings.change
+settings.guard(__name__, 'CONFIG')

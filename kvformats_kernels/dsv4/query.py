@@ -167,7 +167,8 @@ def inv_rope_fp8_quant(o, positions, cos_sin, n_groups, heads_per_group, group, 
         block_t = max(1, cfg["lanes"] // nqp)  # a group per lane
         fast(jit.inv_rope_kernel)[(cm.grid_rows(t_pad, block_t), heads)](
             x, positions, cs, buf, store, deferred.error_record(dev), t, t_pad, heads_per_group, x.stride(0),
-            x.stride(1), positions.stride(0), cs.stride(0), cs.shape[0], buf.stride(0), D=d, ROPE=rope, GS=group, NQP2=nqp, **cm.rule_constants(OUT_SCALE_RULE),
+            x.stride(1), positions.stride(0), cs.stride(0), cs.shape[0], buf.stride(0), D=d, ROPE=rope, GS=group,
+            NQP2=nqp, **cm.rule_constants(OUT_SCALE_RULE),
             TMA=bool(tma_aligned), IS_BF16=is_bf16, PAIRS=pairs, HW_E4M3=_hw_e4m3(dev), BLOCK_T=block_t,
             **_lanes(cfg), SITE=POSITION_SITES["inv_rope_fp8_quant"], **cm.launch_opts(cfg), enable_fp_fusion=False)
     return buf.view(torch.float8_e4m3fn).transpose(0, 1), store.permute(2, 0, 1)[:t]
@@ -217,4 +218,5 @@ LAUNCHERS = {
 }
 
 
-settings.guard(__name__, 'CONFIG', 'HW_E4M3', 'HADAMARD_MAX_D', 'ROW_IN_LANE_MAX_D', 'INV_ROPE_MAX_GROUP')  # launch settings change through settings.change
+# launch settings change through settings.change
+settings.guard(__name__, 'CONFIG', 'HW_E4M3', 'HADAMARD_MAX_D', 'ROW_IN_LANE_MAX_D', 'INV_ROPE_MAX_GROUP')

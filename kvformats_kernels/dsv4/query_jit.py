@@ -159,9 +159,10 @@ def _mxfp4_fast(u, had_scale, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR
     (|y| * 2^-e > 0.25, so u * s >= 2^-103) is normal, and smaller values give code 0 either
     way; outside that range (2^-e is then not even formed exactly) the check is made infinite
     and the rows are redone SAFE. (With s = 128^-0.5 and the MXFP4 rule that is a guard only:
-    the floor keeps e >= -15, and e >= 123 needs |u| >= 2^128, beyond float32.) The maxima keep NaN, and bf16(max) is not finite exactly when
-    some y is not. SHORT_E: max |y| has 8 significant bits, so the rule's exponent takes
-    nj.block_exponent_short (a division and a float32 log2 otherwise: ~48 instructions a block)."""
+    the floor keeps e >= -15, and e >= 123 needs |u| >= 2^128, beyond float32.) The maxima keep
+    NaN, and bf16(max) is not finite exactly when some y is not. SHORT_E: max |y| has 8 significant
+    bits, so the rule's exponent takes nj.block_exponent_short (a division and a float32 log2
+    otherwise: ~48 instructions a block)."""
     BM: tl.constexpr = u.shape[0]
     blocks = tl.reshape(u, (BM, 2, 32))
     amax = (abs_max_nan(blocks, 2) * had_scale).to(tl.bfloat16).to(tl.float32)  # max |y|

@@ -46,11 +46,13 @@ def swa_insert(q, kv, kv_cache, layout, slots, positions, cos_sin, eps) -> None:
         cm.capacity(layout, kv_cache),
         page_stride, cm.f32(eps), D=d, DT=cm.next_pow2(d), ROPE=rope, RT=cm.next_pow2(rope), PAGE_SIZE=layout.page_size,
         **row_geometry(layout), **cm.rule_constants(layout.scale_rule), Q_BF16=q_bf16, Q_PAIRS=words is not None,
-        KV_BF16=kv_bf16, BLOCK_H=cfg["block_h"], BLOCK_KV=cfg["block_kv"], SITE=_SITE, **cm.launch_opts(cfg), enable_fp_fusion=False)
+        KV_BF16=kv_bf16, BLOCK_H=cfg["block_h"], BLOCK_KV=cfg["block_kv"], SITE=_SITE, **cm.launch_opts(cfg),
+        enable_fp_fusion=False)
 
 
 _SITE = deferred.site("swa_insert", "positions")
 LAUNCHERS = {"swa_insert": swa_insert}
 
 
-settings.guard(__name__, 'CONFIG')  # launch settings change through settings.change
+# launch settings change through settings.change
+settings.guard(__name__, 'CONFIG')
