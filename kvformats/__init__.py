@@ -50,8 +50,7 @@ from kvformats.layout import Field, Layout, Region, Segment  # noqa: E402
 from kvformats.numerics.profiles import PROFILE_NAMES, Profile, supported_profiles  # noqa: E402
 from kvformats.runtime.deferred import error_record, pending_error, raise_pending, strict_checks  # noqa: E402
 
-__version__ = "0.1.0"
-SPEC_VERSION = "1"
+from kvformats.version import SPEC_VERSION, __version__  # noqa: E402
 
 __all__ = [
     "BackendUnavailableError", "CacheFileError", "CacheWriteError", "CompressorState", "ConversionError",

@@ -20,6 +20,7 @@ PACKAGES = ("kvformats", "kvformats_kernels")
 # ``import kvformats`` gives) and names no module below it, so a new module at the top of the
 # package has no layer until it is given one here.
 LAYERS = (
+    ("version", ("kvformats.version",)),  # __version__, SPEC_VERSION
     ("errors", ("kvformats.errors",)),
     ("runtime", ("kvformats.runtime",)),  # deferred value checks, launch replay
     ("validation", ("kvformats.validation",)),  # argument checks

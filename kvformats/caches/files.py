@@ -172,7 +172,7 @@ def save_caches(path: str | os.PathLike, caches: Mapping[str, tuple[Layout, torc
     Raises InputError / InputTypeError / LayoutError for bad arguments (a reserved or non-text
     name, a cache that does not fit its layout) and CacheWriteError (a CacheFileError and an
     OSError) when the file cannot be written; nothing is written then."""
-    from kvformats import SPEC_VERSION, __version__
+    from kvformats.version import SPEC_VERSION, __version__
     from kvformats.spec.formats import fingerprint
     from kvformats.validation import check_cache
 

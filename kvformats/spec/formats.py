@@ -18,11 +18,12 @@ from pathlib import Path
 
 import attrs
 
-import kvformats
+import kvformats  # noqa: F401  (the package front registers every format)
 from kvformats.codec.registry import get_format, list_formats
 from kvformats.errors import OutputError
 from kvformats.numerics.elements import E2M1_RNE_RULE, ELEMENTS  # noqa: F401 - E2M1_RNE_RULE re-exported
 from kvformats.spec.examples import check_examples, write_examples
+from kvformats.version import SPEC_VERSION
 
 ADDRESSING = ("page = slot // page_size; row = slot % page_size; byte of a region's row = "
               "page * page_stride + offset + row * row_stride (page_stride = cache.stride(0), "
@@ -130,7 +131,7 @@ def format_spec(layout) -> dict:
     offsets = layout.segment_offsets
     return {
         "name": layout.name,
-        "spec_version": kvformats.SPEC_VERSION,
+        "spec_version": SPEC_VERSION,
         "params": dict(layout.params),
         "row_bytes": layout.row_bytes,
         "page_bytes": layout.page_bytes,
