@@ -8,6 +8,7 @@ table: that is the plugin arrangement, data handed down, not an import, so it is
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,11 @@ def test_an_old_path_is_the_new_module(module):
         old = importlib.import_module(module)
     new = old.__name__
     assert new != module and importlib.import_module(new) is old
+
+
+def test_every_old_path_is_in_the_changelog_with_its_new_one():
+    """CHANGELOG.md says when each path kept for one release goes, and where to import from."""
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    for old in COMPAT:
+        new = importlib.import_module(old).__name__  # each old path is the new module
+        assert f"| `{old}` | `{new}` |" in text, old
