@@ -10,14 +10,14 @@ encoded row (what ``gather`` returns) is its records of every segment, concatena
 from __future__ import annotations
 
 import functools
-from typing import ClassVar
+from typing import Callable, ClassVar, Protocol
 
 import attrs
 import torch
 
-from kvformats.errors import InputError, LayoutError
+from kvformats.errors import BackendUnavailableError, InputError, InputTypeError, LayoutError, describe
 from kvformats.numerics.elements import ELEMENTS, ElementType
-from kvformats.runtime import deferred, replay
+from kvformats.runtime import deferred
 from kvformats.validation import check_cache, check_float_rows
 
 # Element types by their ml_dtypes/torch names (kvformats.numerics.elements): (bytes per stored unit,
@@ -32,13 +32,40 @@ INT64_MAX = 2**63 - 1  # the largest tensor dimension (and byte count) torch can
 # layer, which sits above this declaration; it hands its functions in through ``bind_codec``
 # when it is imported (``import kvformats`` imports it), so the declaration imports nothing
 # from dispatch.
-_codec = None
+class CodecOps(Protocol):
+    """What the codec layer binds: ``kvformats.codec.slot_ops`` (encode, decode, gather) and
+    ``kvformats.codec.paged_ops`` (dequantize_gather, gather_paged, decode_topk), each taking
+    the layout first."""
+
+    encode: Callable
+    decode: Callable
+    gather: Callable
+    dequantize_gather: Callable
+    gather_paged: Callable
+    decode_topk: Callable
 
 
-def bind_codec(ops) -> None:
-    """Give the layouts' public methods the codec layer's functions: ``ops`` has ``encode``,
-    ``decode``, ``gather``, ``dequantize_gather``, ``gather_paged`` and ``decode_topk``."""
+CODEC_OPS = ("encode", "decode", "gather", "dequantize_gather", "gather_paged", "decode_topk")
+
+
+class _Unbound:
+    """The layouts' ops before the codec layer is imported: a typed error naming the fix."""
+
+    def __getattr__(self, name: str):
+        raise BackendUnavailableError(f"Layout.{name} needs the codec layer, which is not imported: "
+                                      f"import kvformats (or kvformats.codec) first")
+
+
+_codec: CodecOps = _Unbound()  # type: ignore[assignment]
+
+
+def bind_codec(ops: CodecOps) -> None:
+    """Give the layouts' public methods the codec layer's functions (``CodecOps``); an object
+    missing one of them is an InputTypeError, and nothing is bound then."""
     global _codec
+    missing = [name for name in CODEC_OPS if not callable(getattr(ops, name, None))]
+    if missing:
+        raise InputTypeError(f"bind_codec needs callables {', '.join(missing)}, got {describe(ops)}")
     _codec = ops
 
 
@@ -155,7 +182,6 @@ class Region:
         return slice(self.row_offset, self.row_offset + self.nbytes)
 
 
-@replay.by_id
 @attrs.frozen(kw_only=True)
 class Layout:
     """Base of every format. Subclasses add parameters and implement ``_segments``,

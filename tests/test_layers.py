@@ -186,3 +186,22 @@ def test_every_old_path_is_in_the_changelog_with_its_new_one():
     for old in COMPAT:
         new = importlib.import_module(old).__name__  # each old path is the new module
         assert f"| `{old}` | `{new}` |" in text, old
+
+
+def test_the_declaration_does_not_depend_on_the_replay_engine():
+    assert "kvformats.runtime.replay" not in _imports("kvformats.layout", MODULES["kvformats.layout"])
+
+
+def test_the_codec_binding_is_checked_and_an_unbound_layout_says_so(monkeypatch):
+    import torch
+
+    import kvformats as kvf
+    from kvformats import layout
+    from kvformats.errors import BackendUnavailableError, InputTypeError
+
+    with pytest.raises(InputTypeError, match="encode, decode, gather"):
+        layout.bind_codec(object())
+    assert not isinstance(layout._codec, layout._Unbound)  # a refused binding changes nothing
+    monkeypatch.setattr(layout, "_codec", layout._Unbound())
+    with pytest.raises(BackendUnavailableError, match="import kvformats"):
+        kvf.Fp8Indexer().decode(torch.zeros(1, 8448, dtype=torch.uint8), torch.zeros(1, dtype=torch.long))

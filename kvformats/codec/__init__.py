@@ -10,11 +10,14 @@ from types import SimpleNamespace
 from kvformats import layout
 from kvformats.codec import paged_ops, registry, slot_ops
 from kvformats.formats import FORMATS
+from kvformats.runtime import replay
 
 for _cls in FORMATS:
     registry.register_format(_cls)
     slot_ops.register_reference_ops(_cls.name)
 
+# A layout is frozen and kept alive by the plans that key it, so replay keys layouts by identity.
+replay.by_id(layout.Layout)
 layout.bind_codec(SimpleNamespace(encode=slot_ops.encode, decode=slot_ops.decode, gather=slot_ops.gather,
                                   dequantize_gather=paged_ops.dequantize_gather,
                                   gather_paged=paged_ops.gather_paged, decode_topk=paged_ops.decode_topk))
