@@ -53,7 +53,8 @@ class Table(Mapping):
                             f"kvformats_kernels.settings.change({self.name!r}, ...) so that recorded "
                             f"replay plans are dropped")
 
-    __delitem__ = __setitem__
+    def __delitem__(self, key):
+        self.__setitem__(key, None)
 
     def __repr__(self) -> str:
         return f"Table({self.name!r}, {dict(self._values)!r})"

@@ -209,6 +209,8 @@ def test_settings_change_only_through_their_function(stub):
         cm.CONFIG[("gather", "bytes")] = {"tile_bytes": 1}
     with pytest.raises(TypeError):
         cm.CONFIG[("gather", "bytes")]["tile_bytes"] = 1  # entries are read-only too
+    with pytest.raises(SettingsError, match="settings.change"):
+        del cm.CONFIG[("gather", "bytes")]
     with pytest.raises(SettingsError, match="rebinding"):
         cm.BOUNDS = {"small_rows": 0, "few_rows": 0}
     with pytest.raises(SettingsError, match="known"):
