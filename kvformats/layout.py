@@ -10,7 +10,7 @@ encoded row (what ``gather`` returns) is its records of every segment, concatena
 from __future__ import annotations
 
 import functools
-from typing import Callable, ClassVar, Protocol
+from typing import TYPE_CHECKING, Callable, ClassVar, Protocol
 
 import attrs
 import torch
@@ -29,23 +29,30 @@ TORCH_DTYPES = {name: e.torch_dtype for name, e in ELEMENTS.items()}
 INT64_MAX = 2**63 - 1  # the largest tensor dimension (and byte count) torch can hold
 
 # The public ops (encode, decode, gather, the paged reads) validate and dispatch in the codec
-# layer, which sits above this declaration; it hands its functions in through ``bind_codec``
-# when it is imported (``import kvformats`` imports it), so the declaration imports nothing
-# from dispatch.
-class CodecOps(Protocol):
-    """What the codec layer binds: ``kvformats.codec.slot_ops`` (encode, decode, gather) and
-    ``kvformats.codec.paged_ops`` (dequantize_gather, gather_paged, decode_topk), each taking
-    the layout first."""
+# layer, which sits above this declaration: ``kvformats.codec.slot_ops`` (encode, decode, gather)
+# and ``kvformats.codec.paged_ops`` (dequantize_gather, gather_paged, decode_topk). The codec
+# package hands those two modules in through ``bind_codec`` when it is imported (``import
+# kvformats`` imports it), so at run time the declaration imports nothing from dispatch. Static
+# tools read the ``TYPE_CHECKING`` import instead: go-to-definition from ``Layout.encode`` lands
+# on ``slot_ops.encode``, and a type checker checks each call against the op's signature.
+class SlotOps(Protocol):
+    """What ``kvformats.codec.slot_ops`` provides: each op takes the layout first."""
 
     encode: Callable
     decode: Callable
     gather: Callable
+
+
+class PagedOps(Protocol):
+    """What ``kvformats.codec.paged_ops`` provides: each op takes the layout first."""
+
     dequantize_gather: Callable
     gather_paged: Callable
     decode_topk: Callable
 
 
-CODEC_OPS = ("encode", "decode", "gather", "dequantize_gather", "gather_paged", "decode_topk")
+SLOT_OPS = ("encode", "decode", "gather")
+PAGED_OPS = ("dequantize_gather", "gather_paged", "decode_topk")
 
 
 class _Unbound:
@@ -56,17 +63,23 @@ class _Unbound:
                                       f"import kvformats (or kvformats.codec) first")
 
 
-_codec: CodecOps = _Unbound()  # type: ignore[assignment]
+if TYPE_CHECKING:
+    from kvformats.codec import paged_ops, slot_ops
+else:
+    slot_ops = paged_ops = _Unbound()
 
 
-def bind_codec(ops: CodecOps) -> None:
-    """Give the layouts' public methods the codec layer's functions (``CodecOps``); an object
-    missing one of them is an InputTypeError, and nothing is bound then."""
-    global _codec
-    missing = [name for name in CODEC_OPS if not callable(getattr(ops, name, None))]
+def bind_codec(slot: SlotOps, paged: PagedOps) -> None:
+    """Give the layouts' public methods the codec layer's ops (``SlotOps``, ``PagedOps``); an
+    object missing one of them is an InputTypeError, and nothing is bound then."""
+    global slot_ops, paged_ops
+    missing = [name for ops, names in ((slot, SLOT_OPS), (paged, PAGED_OPS)) for name in names
+               if not callable(getattr(ops, name, None))]
     if missing:
-        raise InputTypeError(f"bind_codec needs callables {', '.join(missing)}, got {describe(ops)}")
-    _codec = ops
+        raise InputTypeError(f"bind_codec needs callables {', '.join(missing)}, got {describe(slot)} "
+                             f"and {describe(paged)}")
+    # the names hold the modules type checkers import above; a bound object is checked against their protocols
+    slot_ops, paged_ops = slot, paged  # type: ignore[assignment]
 
 
 def _is_int(value) -> bool:
@@ -186,9 +199,11 @@ class Region:
 class Layout:
     """Base of every format. Subclasses add parameters and implement ``_segments``,
     ``encode_rows`` and ``decode_rows``; the public ops validate and dispatch in
-    ``kvformats.codec.slot_ops`` (bound in by ``bind_codec``)."""
+    ``kvformats.codec.slot_ops`` and ``paged_ops`` (bound in by ``bind_codec``)."""
 
     name: ClassVar[str] = ""
+    if TYPE_CHECKING:  # a field every format declares with its own default and validator
+        head_dim: int
     page_alignment: ClassVar[str | None] = None  # name of a segment whose record size pages round up to
     container_dtype: ClassVar[torch.dtype] = torch.uint8
     quant_input_dtype: ClassVar[torch.dtype] = torch.float32  # what encode rounds its input to first
@@ -398,17 +413,17 @@ class Layout:
         call are refused on the host; on the GPU's default path each byte of such a row comes
         from one of the rows that name it (spec/checks.md).
         """
-        _codec.encode(self, x, cache, slots, backend=backend, check=check, **kwargs)
+        slot_ops.encode(self, x, cache, slots, backend=backend, check=check, **kwargs)
 
     def decode(self, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto", check: bool | str = True):
         """Dequantize the rows at ``slots [N]``; zero rows for negative slots."""
-        return _codec.decode(self, cache, slots, backend=backend, check=check)
+        return slot_ops.decode(self, cache, slots, backend=backend, check=check)
 
     def gather(self, cache: torch.Tensor, slots: torch.Tensor, *, backend: str = "auto",
                check: bool | str = True) -> torch.Tensor:
         """The encoded rows at ``slots [N]`` -> uint8 ``[N, row_bytes]`` (segments in page order:
         data bytes, then scale bytes); zero rows for negative slots."""
-        return _codec.gather(self, cache, slots, backend=backend, check=check)
+        return slot_ops.gather(self, cache, slots, backend=backend, check=check)
 
     @property
     def decode_dtype(self) -> torch.dtype | None:
@@ -423,9 +438,9 @@ class Layout:
         through ``block_table [R, max_pages]`` (page index ``q // page_size - base[b]``) into
         ``out[b, offset + i]`` (``out [R, W, head_dim]`` of ``decode_dtype``). Missing pages give
         zero rows; rows at or beyond gather_len are untouched. Returns ``out``."""
-        return _codec.dequantize_gather(self, cache, out, block_table=block_table, seq_lens=seq_lens,
-                                       gather_lens=gather_lens, block_table_base_offsets=block_table_base_offsets,
-                                       offset=offset, backend=backend, check=check)
+        return paged_ops.dequantize_gather(self, cache, out, block_table=block_table, seq_lens=seq_lens,
+                                           gather_lens=gather_lens, block_table_base_offsets=block_table_base_offsets,
+                                           offset=offset, backend=backend, check=check)
 
     def gather_paged(self, cache: torch.Tensor, *, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
                      out=None, num_rows: int | None = None, backend: str = "auto", check=True) -> tuple:
@@ -436,13 +451,13 @@ class Layout:
         or float32 ``[T]``, one little-endian word per row). Missing pages give zero rows. Without
         ``out``, pass ``num_rows`` (``cu_seq_lens[-1]``, known to the caller) to allocate them: else
         that value is read from the device, the one host synchronization of this op."""
-        return _codec.gather_paged(self, cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=out,
-                                  num_rows=num_rows, backend=backend, check=check)
+        return paged_ops.gather_paged(self, cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=out,
+                                      num_rows=num_rows, backend=backend, check=check)
 
     def decode_topk(self, cache: torch.Tensor, topk_slots: torch.Tensor, *, backend: str = "auto",
                     check: bool | str = True):
         """Decode a ``[T, K]`` matrix of slots (−1 holes give zero rows) -> ``[T, K, head_dim]``."""
-        return _codec.decode_topk(self, cache, topk_slots, backend=backend, check=check)
+        return paged_ops.decode_topk(self, cache, topk_slots, backend=backend, check=check)
 
     def check_encode_input(self, x, device: torch.device, **kwargs) -> tuple[int, dict]:
         """Validate ``encode``'s row input; returns (N, keyword arguments for encode_rows)."""

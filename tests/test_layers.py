@@ -199,9 +199,39 @@ def test_the_codec_binding_is_checked_and_an_unbound_layout_says_so(monkeypatch)
     from kvformats import layout
     from kvformats.errors import BackendUnavailableError, InputTypeError
 
+    from kvformats.codec import paged_ops, slot_ops
+
     with pytest.raises(InputTypeError, match="encode, decode, gather"):
-        layout.bind_codec(object())
-    assert not isinstance(layout._codec, layout._Unbound)  # a refused binding changes nothing
-    monkeypatch.setattr(layout, "_codec", layout._Unbound())
+        layout.bind_codec(object(), paged_ops)
+    with pytest.raises(InputTypeError, match="dequantize_gather, gather_paged, decode_topk"):
+        layout.bind_codec(slot_ops, slot_ops)
+    assert layout.slot_ops is slot_ops and layout.paged_ops is paged_ops  # a refused binding changes nothing
+    monkeypatch.setattr(layout, "slot_ops", layout._Unbound())
     with pytest.raises(BackendUnavailableError, match="import kvformats"):
         kvf.Fp8Indexer().decode(torch.zeros(1, 8448, dtype=torch.uint8), torch.zeros(1, dtype=torch.long))
+
+
+def test_go_to_definition_from_a_layout_op_reaches_the_codec_op():
+    """What a static tool sees: ``Layout.encode`` calls ``slot_ops.encode``, and ``slot_ops`` is
+    imported (for type checkers only) from the codec layer, so the trail reaches the op's
+    definition in one hop; at run time the same names hold the bound modules."""
+    from kvformats import layout
+    from kvformats.codec import paged_ops, slot_ops
+
+    tree = ast.parse(MODULES["kvformats.layout"].read_text(encoding="utf-8"))
+    guarded = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.If)
+               and getattr(node.test, "id", "") == "TYPE_CHECKING"
+               for stmt in node.body if isinstance(stmt, ast.ImportFrom) and stmt.module == "kvformats.codec"
+               for alias in stmt.names}
+    assert guarded == {"slot_ops", "paged_ops"}
+    calls = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "Layout":
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef):
+                    calls[fn.name] = {(c.func.value.id, c.func.attr) for c in ast.walk(fn) if isinstance(c, ast.Call)
+                                      and isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name)}
+    for module, names in (("slot_ops", layout.SLOT_OPS), ("paged_ops", layout.PAGED_OPS)):
+        for name in names:
+            assert (module, name) in calls[name], name
+    assert layout.slot_ops is slot_ops and layout.paged_ops is paged_ops

@@ -63,6 +63,8 @@ def _bad_codes(raw: torch.Tensor, kind: str) -> torch.Tensor:
     elem = next(e for e in ELEMENTS.values() if e.short == kind)
     if elem.nan is not None:
         return _fields_equal(raw, elem.bits, elem.nan.mask, elem.nan.code)
+    if elem.negative_zero is None:  # no code its writers never emit: nothing to flag
+        return torch.zeros_like(raw, dtype=torch.bool)
     return _fields_equal(raw, elem.bits, (1 << elem.bits) - 1, elem.negative_zero)
 
 
@@ -97,7 +99,7 @@ def _violations(layout: Layout, region: Region, raw: torch.Tensor, written: torc
     elem = region.element
     if region.role == "pad":
         found["pad_zero"] = (raw != 0).any(-1)  # empty where the page has no pad bytes
-    elif elem.exponent_bias:  # exponent bytes: never the NaN code, and in the range encode reaches
+    elif elem.exponent_bias and elem.nan is not None:  # exponent bytes: never the NaN code, in the range encode reaches
         found[elem.nan.rule] = rows(elem.is_nan_code(raw))
         if erange is not None:
             lo, hi = erange[0] + elem.exponent_bias, erange[1] + elem.exponent_bias

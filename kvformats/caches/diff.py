@@ -51,7 +51,7 @@ def diff_caches(layout: Layout, a: torch.Tensor, b: torch.Tensor, *, max_items: 
         raise InputError(f"max_items must be a non-negative int, got {max_items!r}")
     if not (type(first_page) is int and first_page >= 0):  # noqa: E721
         raise InputError(f"first_page must be a non-negative int, got {first_page!r}")
-    report = {r.name: {"bytes_differ": 0, "rows_differ": 0, "max_abs_diff": 0.0, "max_at": None}
+    report: dict[str, dict] = {r.name: {"bytes_differ": 0, "rows_differ": 0, "max_abs_diff": 0.0, "max_at": None}
               for r in layout.regions}
     first: list[dict] = []
     chunk = max(1, CHUNK_BYTES // max(layout.page_bytes, 1))

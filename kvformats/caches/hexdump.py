@@ -28,7 +28,7 @@ def page_lines(layout: Layout, cache: torch.Tensor, page: int, rows: range | Non
     """One dict per dump line of ``page``, in byte order: offset (in the page), hex, region, row,
     element, block. Lines never straddle a region; ``rows`` limits which rows are shown."""
     rows = range(layout.page_size) if rows is None else rows
-    out = []
+    out: list[dict] = []
     for region in layout.regions:
         raw = region_bytes(layout, cache, region, slice(page, page + 1))[0]
         for r in ([0] if region.per_page else rows):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from typing import Any
 
 import torch
 
@@ -121,7 +122,7 @@ def _case(layout, n: int, device: str, gen: torch.Generator):
     return enc, dec, ref, element_bound(layout, ref), cache, slots
 
 
-def _timed(fn, device: str, repeats: int = 3) -> tuple[float, object]:
+def _timed(fn, device: str, repeats: int = 3) -> tuple[float, Any]:
     out = fn()
     best = float("inf")
     for _ in range(repeats):

@@ -12,6 +12,7 @@ decode tokens are the ones measured.
 from __future__ import annotations
 
 import json
+from typing import Any
 from pathlib import Path
 
 from kvformats.cli.args import check_output, write_output
@@ -56,7 +57,7 @@ def cmd_quality(args, out) -> int:
     from kvformats.deepseek_v4.quality import report
     from kvformats.deepseek_v4.synthetic import activations
 
-    shapes = dict(DEFAULTS)
+    shapes: dict[str, Any] = dict(DEFAULTS)
     if args.tiny:
         shapes.update(head_dim=128, index_heads=4, window=16, page_size=16, hidden=64)
     if args.activations:

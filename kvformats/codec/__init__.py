@@ -5,8 +5,6 @@ the layouts' public methods (``layout.encode`` ...) their functions, so neither 
 the declaration import anything from here.
 """
 
-from types import SimpleNamespace
-
 from kvformats import layout
 from kvformats.codec import paged_ops, registry, slot_ops
 from kvformats.formats import FORMATS
@@ -18,6 +16,4 @@ for _cls in FORMATS:
 
 # A layout is frozen and kept alive by the plans that key it, so replay keys layouts by identity.
 replay.by_id(layout.Layout)
-layout.bind_codec(SimpleNamespace(encode=slot_ops.encode, decode=slot_ops.decode, gather=slot_ops.gather,
-                                  dequantize_gather=paged_ops.dequantize_gather,
-                                  gather_paged=paged_ops.gather_paged, decode_topk=paged_ops.decode_topk))
+layout.bind_codec(slot_ops, paged_ops)

@@ -98,11 +98,13 @@ def dequantize_gather_reference(layout, cache, out, block_table, seq_lens, gathe
 
 
 # ----- gather_paged -----------------------------------------------------------------------------
-def _workspaces(layout, cache, out, total: int | None):
-    """uint8 [T, record_bytes] views of the caller's per-segment workspaces (or new ones)."""
-    if out is None:
-        return [torch.zeros((total, seg.record_bytes), dtype=torch.uint8, device=cache.device)
-                for seg in layout.segments]
+def _new_workspaces(layout, cache, total: int) -> list[torch.Tensor]:
+    """A new zeroed uint8 [total, record_bytes] workspace per segment."""
+    return [torch.zeros((total, seg.record_bytes), dtype=torch.uint8, device=cache.device) for seg in layout.segments]
+
+
+def _workspaces(layout, cache, out):
+    """uint8 [T, record_bytes] views of the caller's per-segment workspaces."""
     if not isinstance(out, (tuple, list)) or len(out) != len(layout.segments):
         raise InputTypeError(f"out must be a tuple of {len(layout.segments)} workspaces "
                              f"({', '.join(s.name for s in layout.segments)}), got {describe(out)}")
@@ -134,7 +136,7 @@ def gather_paged(layout, cache, *, block_table, cu_seq_lens, out=None, num_rows=
         raise InputError(f"num_rows must be a non-negative int (the rows to copy, cu_seq_lens[-1]), got {num_rows!r}")
     if out is not None and num_rows is not None:
         raise InputError("pass out= (preallocated workspaces) or num_rows= (to allocate them), not both")
-    views = None if out is None else _workspaces(layout, cache, out, None)
+    views = None if out is None else _workspaces(layout, cache, out)
     fn = registry.resolve(layout.name, "gather_paged", backend, cache.device)
     # the workspaces' rows: the caller's, or num_rows= of those to allocate (a kernel checks
     # cu_seq_lens[-1] against the rows it is given, whichever way they came)
@@ -150,7 +152,7 @@ def gather_paged(layout, cache, *, block_table, cu_seq_lens, out=None, num_rows=
             # the output's size is a value on the device: the one read this call cannot avoid
             # (pass out= or num_rows= to keep the host free)
             num_rows = max(int(cu_seq_lens[-1]), 0)
-        views = _workspaces(layout, cache, None, num_rows)
+        views = _new_workspaces(layout, cache, num_rows)
     fn(layout, cache, views, block_table, cu_seq_lens)
     return tuple(out) if out is not None else tuple(views)
 

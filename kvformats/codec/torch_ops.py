@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import Callable
 
 import torch
 
@@ -150,7 +151,7 @@ def _gather_paged(fmt, params, cache, block_table, cu_seq_lens, out, backend, ch
 
 _KEY = "str fmt, str params, "
 _TAIL = "str backend, bool check=True"
-SCHEMAS = {  # op -> (schema, real implementation, fake)
+SCHEMAS: dict[str, tuple[str, Callable, Callable]] = {  # op -> (schema, real implementation, fake)
     "encode": (f"({_KEY}Tensor[] inputs, Tensor(a!) cache, Tensor slots, {_TAIL}) -> ()", _encode, _no_result),
     "decode": (f"({_KEY}Tensor cache, Tensor slots, {_TAIL}) -> Tensor[]", _decode, _decode_fake),
     "gather": (f"({_KEY}Tensor cache, Tensor slots, {_TAIL}) -> Tensor", _gather, _gather_fake),

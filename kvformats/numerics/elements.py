@@ -20,6 +20,7 @@ from typing import Callable
 import attrs
 import torch
 
+from kvformats.errors import InputError
 from kvformats.numerics import codes as nx
 
 
@@ -113,10 +114,14 @@ class ElementType:
         return (units << shifts).sum(-1)
 
     def is_nan_code(self, codes: torch.Tensor) -> torch.Tensor:
+        if self.nan is None:  # a type without NaN codes: none of its codes is one
+            return torch.zeros_like(codes, dtype=torch.bool)
         return (codes & self.nan.mask) == self.nan.code
 
     def bound(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """The module's per-element bound of ``x [..., block]`` quantized against ``scale [..., 1]``."""
+        if self.grid is None:
+            raise InputError(f"{self.name} is not a quantized element type: it has no error bound")
         a, (rel, absolute) = x.abs(), self.grid.bound
         return torch.maximum(torch.maximum(a * rel, scale * absolute), a - self.grid.max * scale)
 

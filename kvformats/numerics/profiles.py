@@ -110,7 +110,12 @@ def declare(fmt: str, *profiles: Profile) -> ProfileTable:
 
 def supported_profiles() -> dict[str, tuple[str, ...]]:
     """Format name -> the profiles it supports (default first), for every quantized format."""
-    return {fmt: t.names for fmt, t in sorted(_TABLES.items())}
+    return {fmt: t.names for fmt, t in profile_tables().items()}
+
+
+def profile_tables() -> dict[str, ProfileTable]:
+    """Format name -> its profile table, for every quantized format, by name."""
+    return dict(sorted(_TABLES.items()))
 
 
 def profile_table(fmt: str) -> ProfileTable | None:
@@ -150,6 +155,7 @@ class ProfiledLayout:
 
     __slots__ = ()
     PROFILES: ProfileTable
+    profile: str  # the attrs field each subclass declares (profile_field)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

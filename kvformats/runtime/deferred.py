@@ -216,7 +216,7 @@ def error_record(device) -> torch.Tensor:
         return rec
     key = _key(device)
     if key is None:
-        available_device(device, "error_record's device")  # raises, naming why
+        key = available_device(device, "error_record's device")  # raises, naming why
     rec = _RECORDS.get(key)
     if rec is None:
         if key.type == "cuda" and torch.cuda.is_current_stream_capturing():

@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
+from typing import Any, Callable
 
 import torch
 
@@ -77,12 +78,12 @@ def register_launcher(launcher) -> object:
     return before
 
 
-def _signature(args, tensors: list, ptrs: list, keep: list, shared: dict) -> tuple:
+def _signature(args, tensors: list, ptrs: list, keep: list, shared: dict) -> tuple | None:
     """A hashable key of everything the full path may read (metadata, scalars and which
     arguments share memory: module doc), collecting the tensors and their addresses in order;
     None for arguments it cannot key. ``shared``: storage address -> (index, address, tensor)
     of the first argument in that storage."""
-    parts = []
+    parts: list = []
     for a in args:
         t = type(a)
         if t is torch.Tensor:
@@ -118,7 +119,7 @@ def _signature(args, tensors: list, ptrs: list, keep: list, shared: dict) -> tup
     return tuple(parts)
 
 
-def replayable(fn):
+def replayable(fn: Callable) -> Callable:
     """Decorator for a public op: replay its launches for metadata seen before (module doc)."""
     plans: dict = {}
     seen: dict = {}  # signature -> calls that did not end in a plan
@@ -126,7 +127,7 @@ def replayable(fn):
     _TABLES.append(seen)
 
     @functools.wraps(fn)
-    def call(*args, **kwargs):
+    def call(*args: Any, **kwargs: Any) -> Any:
         if not ENABLED[0] or rp._local.__dict__.get("rec") is not None or kwargs.get("check") == "strict":
             return fn(*args, **kwargs)
         tensors: list = []
@@ -164,7 +165,7 @@ def replayable(fn):
             _store(seen, key, tries + 1)
         return result
 
-    call.__wrapped_plans__ = plans
+    call.__wrapped_plans__ = plans  # type: ignore[attr-defined]  # the tests read a wrapper's plans
     return call
 
 

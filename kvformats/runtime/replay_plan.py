@@ -47,7 +47,7 @@ class _NoLauncher:
     """Before the kernel package is loaded no call launches anything, so nothing is recorded."""
 
     current_device = staticmethod(torch.cuda.current_device)
-    current_stream = staticmethod(getattr(torch._C, "_cuda_getCurrentRawStream", None))
+    current_stream = staticmethod(getattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0))
 
     def hooks_set(self) -> bool:
         return False

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvformats.numerics.profiles import profile_table, supported_profiles
+from kvformats.numerics.profiles import profile_table, profile_tables
 from kvformats.spec.vectors import load_vector, run_vector
 
 PAGE = "conformance.md"
@@ -82,9 +82,9 @@ def conformance_rows(repo: Path) -> list[dict]:
     for vec in _captured(repo):
         captured.setdefault(_key(vec), []).append(vec)
     rows = []
-    for fmt, names in supported_profiles().items():
-        for name in names:
-            prof = profile_table(fmt).get(name)
+    for fmt, table in profile_tables().items():
+        for name in table.names:
+            prof = table.get(name)
             vecs = by_key.get((fmt, name), [])
             ok = [v["id"] for v in vecs if _reproduces(v)]
             failed = [v["id"] for v in vecs if v["id"] not in ok]

@@ -31,9 +31,9 @@ ADDRESSING = ("page = slot // page_size; row = slot % page_size; byte of a regio
 EXAMPLE_SLOT = 70
 
 # The element types' rounding rules, scale storage and bounds (kvformats.numerics.elements), by name.
-ELEMENT_RULES = {name: e.grid.rounding for name, e in ELEMENTS.items() if e.quantized}
+ELEMENT_RULES = {name: e.grid.rounding for name, e in ELEMENTS.items() if e.grid is not None}
 SCALE_STORAGE = {name: e.scale_storage for name, e in ELEMENTS.items() if e.scale_storage}
-ERROR_BOUNDS = {name: e.grid.error_bound for name, e in ELEMENTS.items() if e.quantized}
+ERROR_BOUNDS = {name: e.grid.error_bound for name, e in ELEMENTS.items() if e.grid is not None}
 
 
 def _region_dict(region) -> dict:

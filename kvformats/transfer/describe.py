@@ -53,9 +53,9 @@ class CacheDesc:
             raise HandshakeError(f"a peer's cache description must have the keys "
                                  f"{sorted(f.name for f in attrs.fields(cls))}, got {describe(d)}")
         for f in attrs.fields(cls):
-            kind = dict if f.name == "params" else int if f.type in ("int", int) else str
+            kind: type = dict if f.name == "params" else int if f.type in ("int", int) else str
             v = d[f.name]
-            if not isinstance(v, kind) or isinstance(v, bool) or (kind is int and v < 0):
+            if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, int) and v < 0):
                 raise HandshakeError(f"a peer's cache description has {f.name} = {v!r}, not a "
                                      f"{'non-negative int' if kind is int else kind.__name__}")
         return cls(**d)
@@ -78,7 +78,7 @@ def describe_cache(name: str, layout: Layout, cache: torch.Tensor, arena: str = 
     return CacheDesc(name=name, format=layout.name, params=params, profile=str(params.get("profile", "")),
                      fingerprint=fingerprint(layout), page_size=layout.page_size, page_bytes=width,
                      page_stride=stride if cache.shape[0] > 1 else max(stride, width),
-                     num_pages=cache.shape[0], offset=u8.storage_offset(),
+                     num_pages=cache.shape[0], offset=int(u8.storage_offset()),
                      storage_bytes=cache.untyped_storage().nbytes(), arena=arena or name)
 
 
@@ -86,7 +86,8 @@ def describe_caches(caches: Mapping[str, tuple[Layout, torch.Tensor]]) -> dict[s
     """``{name: (layout, cache)}`` -> ``{name: CacheDesc}``."""
     if not isinstance(caches, Mapping) or not caches:
         raise InputTypeError(f"caches must be a non-empty mapping {{name: (layout, cache)}}, got {describe(caches)}")
-    out, arenas = {}, {}
+    out: dict[str, CacheDesc] = {}
+    arenas: dict[tuple[torch.device, int], str] = {}
     for name, item in caches.items():
         if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor)):
             raise InputTypeError(f"caches[{name!r}] must be a (layout, cache) tuple, got {describe(item)}")

@@ -10,12 +10,14 @@ ENGINES = ("nixl", "mooncake")
 
 def _module(name: str):
     if name == "nixl":
-        from kvformats.transfer.engines import nixl as module
-    elif name == "mooncake":
-        from kvformats.transfer.engines import mooncake as module
-    else:
-        raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {name!r}")
-    return module
+        from kvformats.transfer.engines import nixl
+
+        return nixl
+    if name == "mooncake":
+        from kvformats.transfer.engines import mooncake
+
+        return mooncake
+    raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {name!r}")
 
 
 def available(name: str) -> bool:

@@ -19,8 +19,8 @@ class Engine:
     name = ""
     max_batch = 1024  # segments per posted batch (the engine's queue limit, or a bounded list)
 
-    def register(self, addr: int, nbytes: int) -> None:
-        """Make ``nbytes`` at ``addr`` (a cache's storage) reachable by peers."""
+    def register(self, addr: int, nbytes: int, device: torch.device | None = None) -> None:
+        """Make ``nbytes`` at ``addr`` (a cache's storage, on ``device``) reachable by peers."""
         raise NotImplementedError
 
     def metadata(self) -> bytes:

@@ -51,7 +51,7 @@ class MooncakeEngine(Engine):
         if rc != 0:
             raise TransferError(f"mooncake could not start on {host} over {protocol} (returned {rc})")
         self.host, self.max_batch = host, max_batch
-        self._registered = []
+        self._registered: list = []
 
     def register(self, addr: int, nbytes: int, device: torch.device | None = None) -> None:
         rc = self.engine.register_memory(addr, nbytes)

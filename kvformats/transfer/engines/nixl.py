@@ -51,7 +51,7 @@ class NixlEngine(Engine):
         self.agent = agent(self.agent_name, config(enable_prog_thread=progress_thread, enable_listen_thread=False,
                                                    backends=["UCX"]))
         self.max_batch = max_batch
-        self._registered = []
+        self._registered: list = []
 
     def _mem(self, device: torch.device | None = None) -> str:
         return "VRAM" if device is not None and device.type == "cuda" else "DRAM"
