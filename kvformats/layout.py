@@ -119,7 +119,8 @@ def storage_bytes(cache: torch.Tensor) -> torch.Tensor:
 @functools.lru_cache(maxsize=1024)
 def _page_bytes(layout) -> int:
     """``layout.page_bytes``, remembered per parameter set: construction checks it, and ops build
-    layouts per call (deriving the segments costs ~20 µs, a hash lookup ~1 µs)."""
+    layouts per call, and deriving the segments costs far more than a hash lookup
+    (docs/explanation/measured-choices.md)."""
     return layout.page_bytes
 
 

@@ -1,7 +1,7 @@
 """Launch compiled Triton kernels with little host work.
 
-``kernel[grid](*args, **constexprs)`` costs the host 11 µs for a kernel of one argument and 24 µs
-for one of twenty on the H200's host (benchmarks/bench_host_gpu.py): Triton binds and
+``kernel[grid](*args, **constexprs)`` costs the host more per argument than the kernel of a
+decode step takes on the GPU (docs/explanation/measured-choices.md): Triton binds and
 specializes every argument, builds a cache key string, checks its globals and asks the driver
 for the device and stream on each call. ``fast(kernel)[grid](...)`` does that work once per
 *specialization* and then calls the compiled kernel's launcher directly.
@@ -73,8 +73,8 @@ class FastKernel:
                 rec.refuse()
             return
         device = replay_plan.current_device()
-        # _arg_key inlined for tensors and ints (a function call per argument was a third of
-        # the direct path's host time on the H200's host)
+        # _arg_key inlined for tensors and ints: a function call per argument was a large share
+        # of the direct path's host time (docs/explanation/measured-choices.md)
         key = (device, tuple([(a.dtype, not a.data_ptr() & 15) if type(a) is torch.Tensor else
                               (-_INT32 <= a < _INT32, a == 1, not a & 15) if type(a) is int else _arg_key(a)
                               for a in args]), tuple(kwargs), tuple(kwargs.values()))

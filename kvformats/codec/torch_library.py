@@ -3,8 +3,8 @@
 The ops are defined through a ``torch.library.Library`` fragment rather than the
 ``torch.library.custom_op`` decorator. Both give the same dispatcher op (same schema, same
 ``torch.compile`` and ``opcheck`` behaviour), but ``custom_op`` also routes every eager call
-through Python autograd and in-place/view kernels of its own: about 36 µs per eager call of a
-mutating op against 4 µs for a ``Library`` kernel on a 2-core CPU. kvformats ops are not
+through Python autograd and in-place/view kernels of its own, several times the host cost of a
+``Library`` kernel per eager call of a mutating op (docs/explanation/measured-choices.md). kvformats ops are not
 differentiable, so those kernels bought nothing: the real implementation is registered for
 ``CompositeExplicitAutograd`` (every backend; autograd falls back to the dispatcher's default,
 which bumps the version counters of mutated arguments).

@@ -53,7 +53,7 @@ def layout_key(layout) -> tuple[str, str]:
     return _key(layout)
 
 
-@functools.lru_cache(maxsize=256)  # json.dumps costs ~10 µs: an eager wrapper call makes the key each time
+@functools.lru_cache(maxsize=256)  # json.dumps would dominate an eager wrapper call, which makes the key each time
 def _key(layout) -> tuple[str, str]:
     return layout.name, json.dumps(layout.params, sort_keys=True, separators=(",", ":"))
 
