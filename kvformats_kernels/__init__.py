@@ -28,17 +28,13 @@ if AVAILABLE:
     from kvformats.numerics.profiles import profile_table
     from kvformats_kernels import dsv4, fp8_ds_mla, indexer, state, v41
 
-    IMPLEMENTATIONS = {
-        "fp8_ds_mla": fp8_ds_mla,
-        "fp8_ds_mla_v32": fp8_ds_mla,  # the V3.2 656 B rows: the same kernels with float32 scales
-        "fp8_indexer": indexer,
-        "mxfp4_indexer": indexer,
-        "compressor_state": state,
-        "fp8_ds_mla_v41": v41,  # the V4.1 rows (528 B; 288 B fp4 extra cache)
-        "fp4_ds_mla_v41": v41,
-    }
-    # every numerics profile of these formats is a set of encode constexprs (_common.profile_constants)
-    PROFILED = ("fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer")
+    # Each format module names the layout classes it serves (SERVES) and whether its encode's
+    # constexprs implement every numerics profile of them (ENCODES_PROFILES); the tables below,
+    # keyed by format name as the registry reads them, are derived from those declarations.
+    MODULES = (fp8_ds_mla, indexer, state, v41)
+    IMPLEMENTATIONS = {cls.name: module for module in MODULES for cls in module.SERVES}  # format name -> module
+    PROFILED = tuple(cls.name for module in MODULES if getattr(module, "ENCODES_PROFILES", False)
+                     for cls in module.SERVES)
 
 
 def kernel_table() -> dict:

@@ -7,40 +7,32 @@ import functools
 
 import torch
 
+from kvformats.formats import Fp8DsMla, Fp8DsMlaV32
 from kvformats_kernels import _common as cm
 from kvformats_kernels import fp8_ds_mla_jit as jit
+from kvformats_kernels.geometry import nope_rope_constants, row_geometry
 from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
-
-@cm.per_layout
-def row_geometry(layout) -> dict:
-    """An fp8_ds_mla row as kernel constexprs: where its records lie (byte offsets inside a page,
-    strides between rows), its NoPE blocking, and the pad of its scale record, which writers
-    zero (none in a layout without one). The codec kernels and the SWA insert take it."""
-    nope_off, nope_stride, _ = cm.region(layout, "nope")
-    rope_off, rope_stride, _ = cm.region(layout, "rope")
-    scale_off, scale_stride, _ = cm.region(layout, "scale")
-    has_pad = any(r.name == "scale_pad" for r in layout.regions)
-    pad_off, pad_stride, pad_bytes = cm.region(layout, "scale_pad") if has_pad else (0, 0, 0)
-    qb = layout.nope_dim // layout.num_blocks  # NoPE quantization block (64)
-    return dict(NOPE_OFF=nope_off, NOPE_STRIDE=nope_stride, ROPE_OFF=rope_off, ROPE_STRIDE=rope_stride,
-                SCALE_OFF=scale_off, SCALE_STRIDE=scale_stride, PAD_OFF=pad_off, PAD_STRIDE=pad_stride,
-                PAD_BYTES=pad_bytes, PAD_P2=cm.next_pow2(pad_bytes), NB=layout.num_blocks,
-                NB_P2=cm.next_pow2(layout.num_blocks), QB=qb)
+# The V3.2 656 B rows take the same kernels, with float32 scales (SCALE_F32); the encode's
+# constexprs implement every numerics profile of both.
+SERVES = (Fp8DsMla, Fp8DsMlaV32)
+ENCODES_PROFILES = True
 
 
 @cm.per_layout
 def _geometry(layout) -> dict:
-    return dict(row_geometry(layout), ROPE=layout.rope_dim,
-                SCALE_F32=layout.region("scale").dtype == "float32")
+    """The row's constexprs (geometry.nope_rope_constants), its RoPE tail's length and whether
+    its scales are float32 multipliers (the V3.2 rows) rather than ue8m0 bytes."""
+    g = row_geometry(layout)
+    return dict(nope_rope_constants(layout), ROPE=g.tail.count, SCALE_F32=g.scale.dtype == "float32")
 
 
 def _rope_alias(layout, u8: torch.Tensor, stride: int) -> tuple[torch.Tensor, int, bool]:
     """An int16 alias of the cache for the RoPE tail (or the bytes), the page stride in int16
     words, and whether the tail is read as int16 words (every address even, a cache with pages)."""
-    r = layout.region("rope")
-    if u8.shape[0] > 0 and (u8.data_ptr() | stride | r.offset | r.row_stride) % 2 == 0:
+    tail = row_geometry(layout).tail
+    if u8.shape[0] > 0 and (u8.data_ptr() | stride | tail.offset | tail.stride) % 2 == 0:
         span = (u8.shape[0] - 1) * stride + layout.min_page_bytes
         span -= span % 2  # an odd row size makes the span odd; the last RoPE byte still ends at or before it
         return u8.as_strided((span,), (1,), u8.storage_offset()).view(torch.int16), stride // 2, True

@@ -6,32 +6,29 @@ import functools
 
 import torch
 
+from kvformats.formats import Fp8Indexer, Mxfp4Indexer
 from kvformats_kernels import _common as cm
 from kvformats_kernels import indexer_jit as jit
+from kvformats_kernels.geometry import block_constants, row_geometry
 from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
-_KERNELS = {  # element type of the values -> (encode kernel, decode body)
-    "float8_e4m3fn": (jit.fp8_encode_kernel, jit.fp8_decode_body),
-    "float4_e2m1fn_x2": (jit.mxfp4_encode_kernel, jit.mxfp4_decode_body),
+SERVES = (Fp8Indexer, Mxfp4Indexer)
+ENCODES_PROFILES = True  # the encodes' constexprs implement every numerics profile of both
+
+_KERNELS = {  # e2m1 values or not -> (encode kernel, decode body)
+    False: (jit.fp8_encode_kernel, jit.fp8_decode_body),
+    True: (jit.mxfp4_encode_kernel, jit.mxfp4_decode_body),
 }
 
 
 def _kernels(layout) -> tuple:
-    return _KERNELS[layout.region("values").dtype]
+    return _KERNELS[_mxfp4(layout)]
 
 
 def _mxfp4(layout) -> bool:
     """Whether the values are e2m1 nibbles (the MXFP4 kernels and constexprs)."""
-    return layout.region("values").dtype == "float4_e2m1fn_x2"
-
-
-@cm.per_layout
-def _geometry(layout) -> dict:
-    val_off, val_stride, _ = cm.region(layout, "values")
-    scale_off, scale_stride, _ = cm.region(layout, "scale")
-    return dict(VAL_OFF=val_off, VAL_STRIDE=val_stride, SCALE_OFF=scale_off, SCALE_STRIDE=scale_stride,
-                NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks), QB=layout.head_dim // layout.num_blocks)
+    return row_geometry(layout).fp4
 
 
 def _profile(layout, hw: bool) -> dict:
@@ -46,7 +43,7 @@ def _mxfp4_constants(layout, cfg: dict, hw: bool, words: bool) -> dict:
     """The MXFP4 encode's launch constexprs beyond geometry and profile: its layout (LANE), the
     GPU's f16-pair nibbles (HW) and whether they may be stored as int32 words (WORDS: every
     value address a multiple of 4)."""
-    return dict(LANE=_whole_blocks_per_lane(layout, cfg), HW=hw and _geometry(layout)["QB"] % 8 == 0, WORDS=words)
+    return dict(LANE=_whole_blocks_per_lane(layout, cfg), HW=hw and row_geometry(layout).block % 8 == 0, WORDS=words)
 
 
 def _whole_blocks_per_lane(layout, cfg: dict) -> bool:
@@ -67,7 +64,7 @@ def _encode_plan(layout, is_bf16: bool, cfg_items: tuple, hw: bool, words: bool)
     cfg = dict(cfg_items)
     tail = _mxfp4_constants(layout, cfg, hw, words) if _mxfp4(layout) else {}
     return cfg["block_m"], cm.frozen(dict(
-        G=cm.constants(_geometry(layout)), PAGE_SIZE=layout.page_size, **cm.rule_constants(layout.scale_rule),
+        G=cm.constants(block_constants(layout)), PAGE_SIZE=layout.page_size, **cm.rule_constants(layout.scale_rule),
         **_profile(layout, hw), IS_BF16=is_bf16,
         EXP_FLAT=bool(cfg.get("flat", 0)), BLOCK_M=cfg["block_m"], SITE=cm.SITES["encode"], **cm.launch_opts(cfg),
         **tail))
@@ -84,7 +81,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     u8, stride = cm.byte_cache(layout, cache)
     mxfp4 = _mxfp4(layout)
     cfg = cm.config("mxfp4" if mxfp4 else "indexer", "encode", n)
-    words = mxfp4 and cm.words_aligned(u8, stride, _geometry(layout))
+    words = mxfp4 and cm.words_aligned(u8, stride, block_constants(layout))
     block_m, consts = _encode_plan(layout, is_bf16, tuple(cfg.items()), cm.hw_cvt(cfg), words)
     fast(_kernels(layout)[0])[(cm.grid_rows(n, block_m),)](
         x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cache.shape[0] * layout.page_size,
@@ -96,7 +93,7 @@ def _decode_plan(layout, cfg_items: tuple, hw: bool, site: int):
     """(rows per program, the slot decode's constexprs and launch options); as _encode_plan."""
     cfg = dict(cfg_items)
     reads = cm.read_constants(layout) if _mxfp4(layout) else {}
-    body = dict(_geometry(layout), **reads, HW=hw, STREAM=False)
+    body = dict(block_constants(layout), **reads, HW=hw, STREAM=False)
     return cfg["block_m"], cm.decode_constants(_kernels(layout)[1], body, layout.page_size, cfg,
                                                ROW=layout.head_dim, SITE=site)
 
@@ -117,7 +114,8 @@ def _paged_plan(layout, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bo
     """(rows per program, dequantize_gather's constexprs and launch options); as _encode_plan."""
     cfg = dict(cfg_items)
     mxfp4 = _mxfp4(layout)
-    body = dict(_geometry(layout), **cm.read_constants(layout), HW=hw, STREAM=mxfp4 and bool(cfg["mxfp4_cs_stores"]))
+    body = dict(block_constants(layout), **cm.read_constants(layout), HW=hw,
+                STREAM=mxfp4 and bool(cfg["mxfp4_cs_stores"]))
     return cfg["block_m"], cm.paged_constants(_kernels(layout)[1], body, layout.page_size, has_glen, has_base,
                                               cfg)
 

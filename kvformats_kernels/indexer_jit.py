@@ -17,7 +17,7 @@ def fp8_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, sl
                       EXP_FLAT: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr, HW: tl.constexpr = False,
                       SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0, EM_CARRY: tl.constexpr = 0,
                       EM_FIELD: tl.constexpr = 0):
-    """G: the row's geometry (indexer._geometry, as the decode bodies). Default rule: e =
+    """G: the row's geometry (geometry.block_constants, as the decode bodies). Default rule: e =
     ceil_log2(max(amax / 448, 1e-10)); bytes e4m3(x * 2^-e); scale = float32 2^e (LE).
     POW2=False (a profile storing arbitrary scales): s = the rule's float32 quotient, bytes
     e4m3(x / s) with one correctly rounded division, as the reference. SHORT_E with bf16 input:
@@ -57,7 +57,7 @@ def fp8_decode_body(cache_ptr, aux_ptr, page, row, ok, out_row, live, page_strid
                     BLOCK_M: tl.constexpr):
     """The fp8_indexer decode body (rows_jit.decode_kernel): float32 rows ``out_row`` [BM
     pointers] (where live) = e4m3 value * float32 scale of the rows at (page, row); zeros where
-    not ok. G: the row's geometry (indexer._geometry) and HW, the GPU's e4m3 conversion."""
+    not ok. G: the row's geometry (geometry.block_constants) and HW, the GPU's e4m3 conversion."""
     base = page * page_stride
     blk = tl.arange(0, G.NB_P2)
     elem = blk[:, None] * G.QB + tl.arange(0, G.QB)[None, :]
@@ -109,7 +109,7 @@ def mxfp4_encode_kernel(x_ptr, slots_ptr, cache_ptr, err_ptr, n_rows, x_stride, 
                         BLOCK_M: tl.constexpr, SITE: tl.constexpr, LANE: tl.constexpr = False,
                         SHORT_E: tl.constexpr = False, E_FLOOR: tl.constexpr = 0, EM_CARRY: tl.constexpr = 0,
                         EM_FIELD: tl.constexpr = 0, HW: tl.constexpr = False, WORDS: tl.constexpr = False):
-    """G: the row's geometry (indexer._geometry, as the decode bodies). Default rule: e =
+    """G: the row's geometry (geometry.block_constants, as the decode bodies). Default rule: e =
     ceil_log2(max(amax, 1e-4) / 6); nibbles by threshold (element 2k low); scale e + 127. Other
     profiles: their exponent rule and e2m1 rounding (constexprs).
     LANE: each (row, block) pair of the program in one lane; else the [rows, blocks, values]
@@ -201,7 +201,7 @@ def mxfp4_decode_body(cache_ptr, aux_ptr, page, row, ok, out_row, live, page_str
                       BLOCK_M: tl.constexpr):
     """The mxfp4_indexer decode body (rows_jit.decode_kernel): float32 rows ``out_row`` (where
     live) = e2m1 value * 2^(s-127) of the rows at (page, row). G: the row's geometry
-    (indexer._geometry); FF_NAN: a scale byte 0xFF reads NaN, else +Inf (non-zero codes ±Inf,
+    (geometry.block_constants); FF_NAN: a scale byte 0xFF reads NaN, else +Inf (non-zero codes ±Inf,
     zero codes 0 * Inf = NaN in the product itself); STREAM: the rows are stored with the .cs
     (streaming, evict-first) cache hint."""
     HQ: tl.constexpr = G.QB // 2

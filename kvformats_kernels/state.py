@@ -6,9 +6,12 @@ import functools
 
 import torch
 
+from kvformats.formats import CompressorState
 from kvformats_kernels import _common as cm
 from kvformats_kernels import state_jit as jit
 from kvformats_kernels.launch import fast
+
+SERVES = (CompressorState,)
 
 _WORD = 4  # bytes per float32 element of the cache
 

@@ -1,8 +1,8 @@
 """Launchers of the DeepSeek V4.1 page formats (fp8_ds_mla_v41, fp4_ds_mla_v41): encode, decode,
 dequantize_gather, decode_topk; gather and gather_paged are the shared byte copies (rows.py).
 
-Which codec a launch takes is read off the layout's declaration (the element type of its data
-region), not its name.
+Which codec a launch takes is read off the layout's declaration (the element type of its scaled
+data region, geometry.row_geometry), not its name.
 """
 
 from __future__ import annotations
@@ -11,11 +11,15 @@ import functools
 
 import torch
 
+from kvformats.formats import Fp4DsMlaV41, Fp8DsMlaV41
 from kvformats_kernels import _common as cm
 from kvformats_kernels import settings
 from kvformats_kernels import v41_jit as jit
+from kvformats_kernels.geometry import block_constants, row_geometry
 from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
+
+SERVES = (Fp8DsMlaV41, Fp4DsMlaV41)
 
 # Rows per program and warps, by op, chosen by H200 sweeps of 2-16 rows per program and 2-8
 # warps (decodes: 2 warps). encode_lanes, the fp4 encode of aligned bf16 rows, keeps one (row,
@@ -30,19 +34,10 @@ CONFIG = settings.declare("v41", {
 })
 
 
-def _data_region(layout):
-    """The layout's scaled data region (the one whose elements carry a block scale)."""
-    return next(r for r in layout.regions if r.role == "data" and r.scale)
-
-
 @cm.per_layout
 def _geometry(layout) -> dict:
-    data = _data_region(layout)
-    val_off, val_stride, _ = cm.region(layout, data.name)
-    scale_off, scale_stride, _ = cm.region(layout, data.scale)
-    return dict(VAL_OFF=val_off, VAL_STRIDE=val_stride, SCALE_OFF=scale_off, SCALE_STRIDE=scale_stride,
-                NB=layout.num_blocks, NB_P2=cm.next_pow2(layout.num_blocks), QB=data.block,
-                FP4=data.dtype == "float4_e2m1fn_x2")
+    """The row's constexprs (geometry.block_constants) and whether its values are e2m1 nibbles."""
+    return dict(block_constants(layout), FP4=row_geometry(layout).fp4)
 
 
 @cm.per_layout

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 from kvformats.runtime import deferred
 from kvformats_kernels import _common as cm
 from kvformats_kernels import settings
 from kvformats_kernels import state
 from kvformats_kernels.dsv4 import compress_jit as jit
+from kvformats_kernels.geometry import row_geometry, target_constants
 from kvformats_kernels.launch import fast
 
 # Per (what, ratio): features per chunk (bd), tokens per program for large calls (block_t),
@@ -48,10 +50,15 @@ CONFIG = settings.declare("compress", {
 # one_token_max_t: calls with at most this many tokens run one token per program (decode);
 # split_max_t: ... and spread a token's feature chunks over programs (workspace T x HP float32)
 BOUNDS = settings.declare("compress_bounds", {"one_token_max_t": 2048, "split_max_t": 2048})
-MODES = {"pool": 0, "fp8_ds_mla": 1, "fp8_indexer": 2, "mxfp4_indexer": 3}
+# The layout classes the compress-inserts write (the reference validates which each takes).
+TARGETS = (Fp8DsMla, Fp8Indexer, Mxfp4Indexer)
+# compress_kernel's MODE: the pooled float32 rows themselves, or a target row, read off its
+# geometry: scaled values with an unscaled tail and a scale pad (store_ds_mla), or e4m3 / e2m1
+# values and their scales alone (store_indexer).
+POOL, TAILED, FP8_BLOCKS, FP4_BLOCKS = 0, 1, 2, 3
 _SITES = {"save": deferred.site("save_compressor_state", "slots"),
-          "fp8_ds_mla": (deferred.site("compress_kv_insert", "kv_slots"),
-                         deferred.site("compress_kv_insert", "rope positions")),
+          "kv": (deferred.site("compress_kv_insert", "kv_slots"),
+                 deferred.site("compress_kv_insert", "rope positions")),
           "index": (deferred.site("indexer_compress_insert", "index_slots"),
                     deferred.site("indexer_compress_insert", "rope positions"))}
 
@@ -78,27 +85,19 @@ def _plan(what: str, ratio: int, h: int, n: int) -> dict:
             "maxnreg": cfg.get("maxnreg", 0), "FAST_DIV": bool(cfg["fast_div"]), "EARLY_INPUTS": False}
 
 
+def _mode(layout) -> int:
+    """The MODE that writes rows of ``layout`` (geometry.row_geometry)."""
+    g = row_geometry(layout)
+    return TAILED if g.has_tail else FP4_BLOCKS if g.fp4 else FP8_BLOCKS
+
+
 @cm.per_layout
-def _target_geometry(layout) -> dict:
-    """Target-row constexprs: OFF0/STRIDE0 values (NoPE), OFF1/STRIDE1 the RoPE tail, scales,
-    the record pad, and the numerics profile."""
-    geo = dict(PAGE_SIZE=layout.page_size, NB=layout.num_blocks, **cm.rule_constants(layout.scale_rule),
-               **cm.profile_constants(layout), POW2=layout.scale_rule.power_of_two, E2M1_RNE=False,
-               E2M1_SIGNED_ZERO=False, OFF1=0, STRIDE1=0, PAD_OFF=0, PAD_STRIDE=0, PAD_BYTES=0, PAD_P2=1)
-    if any(r.name == "rope" for r in layout.regions):  # NoPE values, a RoPE tail, a scale pad
-        geo["OFF0"], geo["STRIDE0"], _ = cm.region(layout, "nope")
-        geo["OFF1"], geo["STRIDE1"], _ = cm.region(layout, "rope")
-        geo["SCALE_OFF"], geo["SCALE_STRIDE"], _ = cm.region(layout, "scale")
-        geo["PAD_OFF"], geo["PAD_STRIDE"], geo["PAD_BYTES"] = cm.region(layout, "scale_pad")
-        geo["PAD_P2"] = cm.next_pow2(geo["PAD_BYTES"])
-        geo["QB"] = layout.nope_dim // layout.num_blocks
-    else:
-        geo["OFF0"], geo["STRIDE0"], _ = cm.region(layout, "values")
-        geo["SCALE_OFF"], geo["SCALE_STRIDE"], _ = cm.region(layout, "scale")
-        geo["QB"] = layout.head_dim // layout.num_blocks
-        if layout.region("values").dtype == "float4_e2m1fn_x2":
-            geo.update(cm.profile_constants(layout, e2m1=True))
-    return geo
+def _target_constants(layout) -> dict:
+    """Target-row constexprs: the row's geometry (geometry.target_constants) and the numerics
+    profile (for e2m1 values, its rounding and sign of zero)."""
+    rule = layout.scale_rule
+    return {**target_constants(layout), **cm.rule_constants(rule), "POW2": rule.power_of_two, "E2M1_RNE": False,
+            "E2M1_SIGNED_ZERO": False, **cm.profile_constants(layout, e2m1=row_geometry(layout).fp4)}
 
 
 _NO_TARGET = {  # the pool mode writes float32 rows: target constexprs unused
@@ -109,12 +108,12 @@ _NO_TARGET = {  # the pool mode writes float32 rows: target constexprs unused
 }
 
 
-def _launch(mode: str, what: str, state_cache, ratio, positions, req, table, base, weight, eps, *,
+def _launch(mode: int, what: str, state_cache, ratio, positions, req, table, base, weight, eps, *,
             state_slots=None, target_slots=None, cos_sin=None, target=None, layout=None) -> torch.Tensor | None:
-    """One compress_kernel launch; returns the float32 pooled rows for mode "pool". Arguments a
+    """One compress_kernel launch; returns the float32 pooled rows for mode POOL. Arguments a
     mode does not use are passed as stand-ins the kernel never reads."""
     h, n, dev = weight.shape[0], positions.shape[0], state_cache.device
-    out = torch.empty((n, h), dtype=torch.float32, device=dev) if mode == "pool" else None
+    out = torch.empty((n, h), dtype=torch.float32, device=dev) if mode == POOL else None
     if n == 0:
         return out
     plan, cfg = _plan(what, ratio, h, n), CONFIG[(what, ratio)]
@@ -122,19 +121,19 @@ def _launch(mode: str, what: str, state_cache, ratio, positions, req, table, bas
     if plan["NSPLIT"] > 1:
         ws = torch.empty((n, plan["NCHUNK"] * plan["BD"]), dtype=torch.float32, device=dev)
         cnt = torch.zeros(n, dtype=torch.int32, device=dev)
-    if mode == "pool":
+    if mode == POOL:
         dst, dst_stride, capacity, geo = out, h, 0, dict(_NO_TARGET)
     else:
         dst, dst_stride = cm.byte_cache(layout, target)
-        capacity, geo = cm.capacity(layout, target), _target_geometry(layout)
+        capacity, geo = cm.capacity(layout, target), _target_constants(layout)
     if cos_sin is None:
         cs, rope = state_cache, 0
     else:
         cs, rope = (cos_sin if cos_sin.stride(1) == 1 else cos_sin.contiguous()), cos_sin.shape[1]
     sslot = positions if state_slots is None else state_slots
     tslot = positions if target_slots is None else target_slots
-    sites = _SITES["fp8_ds_mla" if mode == "fp8_ds_mla" else "index"] if mode != "pool" else (0, 0)
-    err = cnt if mode == "pool" else deferred.error_record(dev)  # pool mode records nothing
+    sites = (0, 0) if mode == POOL else _SITES[what]
+    err = cnt if mode == POOL else deferred.error_record(dev)  # pool mode records nothing
     fast(jit.compress_kernel)[(cm.grid_rows(n, plan["BLOCK_T"]), plan["NSPLIT"])](
         state_cache, table, table if base is None else base, positions, req, sslot, tslot,
         weight.view(torch.int16) if weight.dtype == torch.bfloat16 else weight, cs, dst, ws, cnt, err,
@@ -142,7 +141,7 @@ def _launch(mode: str, what: str, state_cache, ratio, positions, req, table, bas
         table.shape[1], 0 if base is None else base.stride(0), positions.stride(0), req.stride(0), sslot.stride(0),
         tslot.stride(0), weight.stride(0), cs.stride(0), cs.shape[0] if rope else 0, dst_stride, capacity,
         float(eps), cm.f32(h ** -0.5),
-        MODE=MODES[mode], RATIO=ratio, H=h, W=state_cache.shape[2] // 2, ROWS=state_cache.shape[1],
+        MODE=mode, RATIO=ratio, H=h, W=state_cache.shape[2] // 2, ROWS=state_cache.shape[1],
         BD=plan["BD"], NCHUNK=plan["NCHUNK"], NSPLIT=plan["NSPLIT"], BLOCK_T=plan["BLOCK_T"],
         HAS_BASE=base is not None, W_BF16=weight.dtype == torch.bfloat16, GPU=dev.type == "cuda",
         FAST_DIV=plan["FAST_DIV"], ROPE=rope, HW=dev.type == "cuda" and cm.hw_cvt(cfg),
@@ -154,22 +153,21 @@ def _launch(mode: str, what: str, state_cache, ratio, positions, req, table, bas
 def pool_compressor_state(state_cache, ratio, positions, req_indices, block_table, base_offsets, weight,
                           eps) -> torch.Tensor:
     """float32 ``[T, h]``: pooled and RMS-normed windows ending at each position."""
-    return _launch("pool", "kv" if ratio == 128 or weight.shape[0] > 128 else "index", state_cache, ratio,
+    return _launch(POOL, "kv" if ratio == 128 or weight.shape[0] > 128 else "index", state_cache, ratio,
                    positions, req_indices, block_table, base_offsets, weight, eps)
 
 
 def compress_kv_insert(state_cache, kv_cache, kv_layout, ratio, positions, req_indices, state_slots,
                        block_table, base, weight, eps, cos_sin, kv_slots) -> None:
     """fp8_ds_mla rows of the group-ending tokens at ``kv_slots`` (see the reference)."""
-    _launch("fp8_ds_mla", "kv", state_cache, ratio, positions, req_indices, block_table, base, weight, eps,
+    _launch(_mode(kv_layout), "kv", state_cache, ratio, positions, req_indices, block_table, base, weight, eps,
             state_slots=state_slots, target_slots=kv_slots, cos_sin=cos_sin, target=kv_cache, layout=kv_layout)
 
 
 def indexer_compress_insert(state_cache, index_cache, layout, positions, req_indices, state_slots, block_table,
                             base, weight, eps, cos_sin, index_slots) -> None:
     """fp8_indexer / mxfp4_indexer rows of the group-ending tokens at ``index_slots``."""
-    mode = "mxfp4_indexer" if layout.region("values").dtype == "float4_e2m1fn_x2" else "fp8_indexer"
-    _launch(mode, "index", state_cache, 4, positions, req_indices, block_table, base, weight, eps,
+    _launch(_mode(layout), "index", state_cache, 4, positions, req_indices, block_table, base, weight, eps,
             state_slots=state_slots, target_slots=index_slots, cos_sin=cos_sin, target=index_cache, layout=layout)
 
 

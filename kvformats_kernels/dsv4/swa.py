@@ -11,7 +11,7 @@ from kvformats_kernels import _common as cm
 from kvformats_kernels import settings
 from kvformats_kernels.dsv4 import swa_jit as jit
 from kvformats_kernels.dsv4.query import bf16_words
-from kvformats_kernels.fp8_ds_mla import row_geometry
+from kvformats_kernels.geometry import nope_rope_constants
 from kvformats_kernels.launch import fast
 
 # q: heads per program (a [BLOCK_H, D] tile); kv: rows per program. Benchmarks may override.
@@ -45,7 +45,7 @@ def swa_insert(q, kv, kv_cache, layout, slots, positions, cos_sin, eps) -> None:
         qk.stride(0), qk.stride(1), cm.row_stride(kvk), slots.stride(0), positions.stride(0), cs.stride(0), cs.shape[0],
         cm.capacity(layout, kv_cache),
         page_stride, cm.f32(eps), D=d, DT=cm.next_pow2(d), ROPE=rope, RT=cm.next_pow2(rope), PAGE_SIZE=layout.page_size,
-        **row_geometry(layout), **cm.rule_constants(layout.scale_rule), Q_BF16=q_bf16, Q_PAIRS=words is not None,
+        **nope_rope_constants(layout), **cm.rule_constants(layout.scale_rule), Q_BF16=q_bf16, Q_PAIRS=words is not None,
         KV_BF16=kv_bf16, BLOCK_H=cfg["block_h"], BLOCK_KV=cfg["block_kv"], SITE=_SITE, **cm.launch_opts(cfg),
         enable_fp_fusion=False)
 
