@@ -25,7 +25,7 @@ else:
 CODEC_OPS = ("encode", "decode", "gather", "dequantize_gather", "gather_paged", "decode_topk")
 
 if AVAILABLE:
-    from kvformats.numerics.profiles import profile_table
+    from kvformats.numerics.profiles import profile_tables
     from kvformats_kernels import dsv4, fp8_ds_mla, indexer, state, v41
 
     # Each format module names the layout classes it serves (SERVES) and whether its encode's
@@ -52,4 +52,4 @@ def kernel_profiles() -> dict:
     their default only)."""
     if not AVAILABLE:
         return {}
-    return {fmt: profile_table(fmt).names for fmt in PROFILED}
+    return {fmt: profile_tables()[fmt].names for fmt in PROFILED}

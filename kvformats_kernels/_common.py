@@ -8,6 +8,7 @@ import collections
 import functools
 import struct
 import types
+from typing import Mapping
 
 import torch
 import triton.language as tl
@@ -21,14 +22,13 @@ from kvformats_kernels.launch import fast
 # entries; tests run whatever is here.
 # The shapes are a sweep's fastest (bench_kernels_gpu.py --sweep, one- and two-warp shapes
 # included). They depend on the kernel bodies: re-sweep a family after changing its kernels.
-CONFIG = settings.declare("config", {  # fastest at 131,072 rows on an H200 (benchmarks/)
+CONFIG = settings.declare("config", {  # the fastest shapes of large calls (benchmarks/)
     ("fp8_ds_mla", "encode"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
     ("fp8_ds_mla", "decode"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1},
     ("fp8_ds_mla", "paged"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
     # evict_first_rows: the slot gather of rows of at most this many bytes marks its loads
-    # evict-first in L2 (chosen by measurement, the cause is not known: on an H200 it speeds up
-    # the indexers' 68 / 132-byte rows and slows fp8_ds_mla's 584-byte rows); max_unit: the
-    # widest unit of the byte copies (rows.py)
+    # evict-first in L2 (chosen by measurement: short rows gain, fp8_ds_mla's lose; the figures
+    # are in docs/explanation/measured-choices.md); max_unit: the widest unit of the byte copies (rows.py)
     ("gather", "bytes"): {"tile_bytes": 4096, "num_warps": 1, "max_unit": 8, "evict_first_rows": 256},
     # cu_scan_max: gather_paged finds the request of a row by one compare against all of
     # cu_seq_lens up to this many requests, by binary search beyond
@@ -37,8 +37,8 @@ CONFIG = settings.declare("config", {  # fastest at 131,072 rows on an H200 (ben
     ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1, "lane": 1, "hw_cvt": 1},
     ("indexer", "decode"): {"block_m": 8, "num_warps": 2, "hw_cvt": 1},
     # mxfp4_cs_stores: the MXFP4 dequantize_gather stores its float32 rows with the streaming
-    # hint (chosen by measurement on an H200; the FP8 rows and the slot decodes gain nothing
-    # from it, so they store plainly)
+    # hint (chosen by measurement; the FP8 rows and the slot decodes gain nothing from it, so
+    # they store plainly: docs/explanation/measured-choices.md)
     ("indexer", "paged"): {"block_m": 8, "num_warps": 2, "hw_cvt": 1, "mxfp4_cs_stores": 1},
     ("state", "copy"): {"block_m": 1, "block_w": 2048, "num_warps": 4},
 })
@@ -46,9 +46,9 @@ CONFIG = settings.declare("config", {  # fastest at 131,072 rows on an H200 (ben
 
 # The row counts up to which calls take SMALL's and FEW's overrides (below).
 BOUNDS = settings.declare("bounds", {"small_rows": 512, "few_rows": 128})
-# Calls of at most BOUNDS["small_rows"] rows (decode steps) take these overrides: at 64 rows the time is
-# one program's chain of dependent loads and instructions, which is shorter in programs of a
-# few rows and one warp.
+# Calls of at most BOUNDS["small_rows"] rows (decode steps) take these overrides: a decode step's
+# time is one program's chain of dependent loads and instructions, which is shorter in programs
+# of a few rows and one warp.
 SMALL = settings.declare("small", {
     ("fp8_ds_mla", "encode"): {"block_m": 1, "num_warps": 1},
     ("fp8_ds_mla", "decode"): {"block_m": 2, "num_warps": 1},
@@ -60,9 +60,9 @@ SMALL = settings.declare("small", {
 })
 # Calls of at most BOUNDS["few_rows"] rows (and within "small_rows") take FEW's overrides on top of SMALL's:
 # one row per program, so that every row has a program of its own while the grid still fits
-# on the H200's 132 SMs. That shortens the fp8_ds_mla decode, the MXFP4 encode and the FP8
-# indexer decode at 64 rows and lengthens them at 512, hence the bound of 128 (the MXFP4 encode
-# then takes its layout without a block per lane, indexer.py).
+# on the GPU's SMs; beyond the bound it lengthens the calls it shortens below it
+# (docs/explanation/measured-choices.md). The MXFP4 encode then takes its layout without a
+# block per lane (indexer.py).
 FEW = settings.declare("few", {
     ("fp8_ds_mla", "decode"): {"block_m": 1, "num_warps": 2},
     ("mxfp4", "encode"): {"block_m": 1, "num_warps": 1},
@@ -85,7 +85,7 @@ def config(family: str, op: str, rows: int | None = None) -> dict[str, int]:
     return cfg
 
 
-def launch_opts(cfg: dict) -> dict:
+def launch_opts(cfg: Mapping) -> dict:
     """Triton launch options of a config: ``num_warps`` and, where the config sets a nonzero
     ``maxnreg``, that cap on registers per thread (more programs fit on an SM, but spills cost
     instructions, so a sweep on the GPU decides per kernel)."""
@@ -238,8 +238,8 @@ def _constants_type(names: tuple[str, ...]) -> type:
     """A named tuple of ``names`` whose fields read as tl.constexpr (Triton 3.6 wants one where a
     value makes a shape: tl.zeros) while the tuple holds the plain values, so that hashing it
     for a launch's key stays one C call, not a Python call per field."""
-    base = collections.namedtuple("Constants", names)
-    fields = {name: property(lambda self, i=i: tl.constexpr(tuple.__getitem__(self, i)))
+    base = collections.namedtuple("Constants", names)  # type: ignore[misc]  # names known at run time
+    fields = {name: property(lambda self, i=i: tl.constexpr(tuple.__getitem__(self, i)))  # type: ignore[misc]
               for i, name in enumerate(names)}
     return type("Constants", (base,), {"__slots__": (), **fields})
 

@@ -532,7 +532,7 @@ def block_exponent(amax, FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_S
         NORMAL: tl.constexpr = FLOOR >= 1.1754943508222875e-38
     else:
         q = tl.math.div_rn(max_nan(amax, FLOOR), tl.full(amax.shape, ELEM_MAX, tl.float32))
-        NORMAL: tl.constexpr = FLOOR / ELEM_MAX >= 1.2e-38  # the quotient of the floor stays normal
+        NORMAL: tl.constexpr = FLOOR / ELEM_MAX >= 1.2e-38  # type: ignore[no-redef]  # a constexpr per branch
     return tl.minimum(tl.maximum(ceil_log2(q, NORMAL), E_MIN), E_MAX)
 
 

@@ -48,7 +48,7 @@ def _segment_constants(layout, unit: torch.dtype) -> dict:
         raise LayoutError(f"the Triton byte kernels handle layouts of at most 2 segments; "
                           f"{layout.name} has {len(segs)}")
     w = unit.itemsize
-    out = {}
+    out: dict = {}
     for i in range(2):
         if i < len(segs):
             rec = segs[i].record_bytes // w

@@ -19,6 +19,8 @@ import threading
 
 import torch
 
+from kvformats.runtime.replay_plan import no_streams
+
 VERIFIED = ("3.6",)  # Triton releases (major.minor) whose launcher ABI was verified on a GPU
 
 
@@ -57,7 +59,7 @@ class TritonLauncher:
 
     # -- what a plan needs at replay time ---------------------------------------------------
     current_device = staticmethod(torch.cuda.current_device)
-    current_stream = staticmethod(getattr(torch._C, "_cuda_getCurrentRawStream", None))
+    current_stream = staticmethod(getattr(torch._C, "_cuda_getCurrentRawStream", no_streams))
 
     def _knobs(self):
         if self._runtime is None:

@@ -21,11 +21,10 @@ from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-expor
 
 SERVES = (Fp8DsMlaV41, Fp4DsMlaV41)
 
-# Rows per program and warps, by op, chosen by H200 sweeps of 2-16 rows per program and 2-8
-# warps (decodes: 2 warps). encode_lanes, the fp4 encode of aligned bf16 rows, keeps one (row,
-# block) pair per lane: 16 rows of 4 warps (four pairs a lane) ran in 54 against 60 µs but
-# wrote wrong bytes on the H200 for rows of wide magnitudes (see _lanes). hw_cvt: the GPU's
-# float8 / bf16 conversions (cm.hw_cvt).
+# Rows per program and warps, by op, chosen by sweeps (docs/explanation/measured-choices.md).
+# encode_lanes, the fp4 encode of aligned bf16 rows, keeps one (row, block) pair per lane: a
+# faster shape with several pairs a lane wrote wrong bytes for rows of wide magnitudes (see
+# _lanes). hw_cvt: the GPU's float8 / bf16 conversions (cm.hw_cvt).
 CONFIG = settings.declare("v41", {
     "encode": {"block_m": 4, "num_warps": 4, "hw_cvt": 1},
     "encode_lanes": {"block_m": 4, "num_warps": 4, "hw_cvt": 1},

@@ -43,11 +43,16 @@ class Launcher(Protocol):
     def watch(self, on: bool) -> None: ...  # refuse recordings that launch outside the launcher
 
 
+def no_streams(device: int) -> int:
+    """What ``current_stream`` is on a torch built without CUDA: no stream exists to launch on."""
+    raise RuntimeError("this torch build has no CUDA streams")
+
+
 class _NoLauncher:
     """Before the kernel package is loaded no call launches anything, so nothing is recorded."""
 
     current_device = staticmethod(torch.cuda.current_device)
-    current_stream = staticmethod(getattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0))
+    current_stream = staticmethod(getattr(torch._C, "_cuda_getCurrentRawStream", no_streams))
 
     def hooks_set(self) -> bool:
         return False

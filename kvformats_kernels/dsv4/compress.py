@@ -8,6 +8,8 @@ with no host synchronisation: which tokens write is decided on the device.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 
 from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
@@ -29,15 +31,12 @@ from kvformats_kernels.launch import fast
 # early_inputs 1 loads the RMSNorm weight, cos / sin and the target slot of a decode program
 # before its window loads rather than after (compress_jit.compress_kernel); split_fast_div is
 # fast_div for decode-sized calls; calls of at most few_rows tokens take few_warps (fewer
-# programs than SMs: more warps shorten each program's dependent chain, while at 512 tokens
-# fewer warps fit more programs per SM; docs/performance.md has the CSA figures). The values are
-# the fastest of sweeps on an H200: narrow chunks with few warps keep more programs in flight;
-# the caps of 96 (CSA) and 80 (indexer) registers fit more programs without spilling; div_by
-# speeds up HCA and the indexer but slows the one-warp CSA programs. The HCA decode split is
-# left uncapped (a cap that fits one more program per SM without spilling made it no faster);
-# the unsplit HCA programs (prefill) are capped at 128 registers, which does not spill and fits
-# four programs per SM instead of three. Benchmarks may override entries (--sweep); tests run
-# whatever is here.
+# programs than SMs: more warps shorten each program's dependent chain, while large calls fit
+# more programs per SM with fewer warps). The values are the fastest of sweeps: narrow chunks
+# with few warps keep more programs in flight, the register caps fit more programs per SM
+# without spilling, div_by speeds up HCA and the indexer but slows the one-warp CSA programs;
+# the figures are in docs/explanation/measured-choices.md. Benchmarks may override entries
+# (--sweep); tests run whatever is here.
 CONFIG = settings.declare("compress", {
     ("kv", 4): {"bd": 64, "block_t": 4, "num_warps": 1, "split_bd": 512, "split_warps": 2, "maxnreg": 96,
                  "fast_div": 0, "split_fast_div": 1, "hw_cvt": 1, "early_inputs": 1, "few_rows": 128,
@@ -56,7 +55,7 @@ TARGETS = (Fp8DsMla, Fp8Indexer, Mxfp4Indexer)
 # geometry: scaled values with an unscaled tail and a scale pad (store_ds_mla), or e4m3 / e2m1
 # values and their scales alone (store_indexer).
 POOL, TAILED, FP8_BLOCKS, FP4_BLOCKS = 0, 1, 2, 3
-_SITES = {"save": deferred.site("save_compressor_state", "slots"),
+_SITES: dict[str, Any] = {"save": deferred.site("save_compressor_state", "slots"),
           "kv": (deferred.site("compress_kv_insert", "kv_slots"),
                  deferred.site("compress_kv_insert", "rope positions")),
           "index": (deferred.site("indexer_compress_insert", "index_slots"),
@@ -153,8 +152,9 @@ def _launch(mode: int, what: str, state_cache, ratio, positions, req, table, bas
 def pool_compressor_state(state_cache, ratio, positions, req_indices, block_table, base_offsets, weight,
                           eps) -> torch.Tensor:
     """float32 ``[T, h]``: pooled and RMS-normed windows ending at each position."""
-    return _launch(POOL, "kv" if ratio == 128 or weight.shape[0] > 128 else "index", state_cache, ratio,
-                   positions, req_indices, block_table, base_offsets, weight, eps)
+    pooled = _launch(POOL, "kv" if ratio == 128 or weight.shape[0] > 128 else "index", state_cache, ratio,
+                     positions, req_indices, block_table, base_offsets, weight, eps)
+    return cast(torch.Tensor, pooled)  # mode POOL returns its rows
 
 
 def compress_kv_insert(state_cache, kv_cache, kv_layout, ratio, positions, req_indices, state_slots,

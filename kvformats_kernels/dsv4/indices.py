@@ -56,7 +56,7 @@ def _rows(op: str, n: int, width: int | None = None) -> tuple[tuple[int], dict]:
     block_m, block_j = cfg["block_m"], cfg["block_j"]
     if n <= cfg["few_rows"]:
         block_m, block_j = 1, cfg["few_block_j"]
-    block_j = min(block_j, max(16, cm.next_pow2(width)))
+    block_j = min(block_j, max(16, cm.next_pow2(width or 0)))
     return (cm.grid_rows(n, block_m),), {"BLOCK_M": block_m, "BLOCK_J": block_j, "num_warps": cfg["num_warps"]}
 
 

@@ -24,11 +24,10 @@ from kvformats_kernels.launch import fast
 # lane_load / lane_store: rows loaded / stored one per lane (query_jit.thread_rows, store_rows),
 # else in the layouts Triton picks; bit-identical either way, only the speed differs. All three
 # load a row per lane (the row's arithmetic then needs no other lane: query_jit's docstring) and
-# store plainly (coalesced), the fastest pair on an H200; one-row-per-lane stores were no faster.
-# indexer_q maxnreg: a cap of 160 registers per thread (uncapped the compiler takes 253 and
-# spills none) spills a little but fits 12 instead of 8 one-warp programs per SM, which speeds
-# up both preps; the fastest cap of a sweep over 128-224 (128 is slower than no cap, 176 and
-# up lose the gain). Re-sweep it when the prep's body changes.
+# store plainly (coalesced), the fastest pair; one-row-per-lane stores were no faster.
+# indexer_q maxnreg: a register cap that spills a little but fits more one-warp programs per
+# SM, which speeds up both preps; the fastest cap of a sweep (docs/explanation/measured-choices.md).
+# Re-sweep it when the prep's body changes.
 CONFIG = settings.declare("query", {
     "indexer_q": {"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "maxnreg": 160},
     "hadamard": {"num_warps": 1, "tile": 4096, "lane_load": 1, "lane_store": 0, "maxnreg": 0},
@@ -207,8 +206,8 @@ def hadamard_transform(x, scale):
 
 # The public functions (kvformats.deepseek_v4) ask a launcher's ``unsupported(*args)`` before
 # running it: a reason string means another backend must serve these shapes.
-inv_rope_fp8_quant.unsupported = _inv_rope_unsupported
-hadamard_transform.unsupported = _hadamard_unsupported
+inv_rope_fp8_quant.unsupported = _inv_rope_unsupported  # type: ignore[attr-defined]  # read by the dispatcher
+hadamard_transform.unsupported = _hadamard_unsupported  # type: ignore[attr-defined]
 
 LAUNCHERS = {
     "prepare_indexer_q_mxfp4": prepare_indexer_q_mxfp4,
