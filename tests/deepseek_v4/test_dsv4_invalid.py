@@ -9,7 +9,7 @@ import torch
 
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
-from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache
+from tests.harness.dsv4_scenarios import make_batch, sentinel_cache
 from kvformats.testing.strategies import storage_bytes
 
 IE, TE, LE = kvf.InputError, kvf.InputTypeError, kvf.LayoutError

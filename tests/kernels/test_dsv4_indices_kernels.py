@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from kvformats import deepseek_v4 as dsv4
 from kvformats.codec import registry
-from kvformats.testing.dsv4_scenarios import make_batch
-from kvformats.testing.index_batches import batches
+from tests.harness.dsv4_scenarios import make_batch
+from tests.harness.index_batches import batches
 
 triton = pytest.importorskip("triton")
 
