@@ -127,6 +127,24 @@ def test_nothing_imports_an_old_path():
     assert used == []
 
 
+def test_the_library_reaches_the_kernels_only_through_the_registry():
+    """No module of kvformats imports kvformats_kernels (nor names it for importlib); the registry
+    finds the package by its KERNEL_PACKAGE name and reads its kernel table."""
+    def library(m):
+        return m == "kvformats" or m.startswith("kvformats.")
+
+    def kernels(m):
+        return m == "kvformats_kernels" or m.startswith("kvformats_kernels.")
+
+    imports = [f"{m} imports {t}" for m, targets in GRAPH.items() if library(m) for t in sorted(targets) if kernels(t)]
+    assert imports == []
+    named = [m for m, path in MODULES.items() if library(m) and m != "kvformats.codec.registry"
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and kernels(node.value)
+             and node.value.replace(".", "").replace("_", "").isalnum()]
+    assert named == []
+
+
 def test_kernels_import_only_what_lies_below_dispatch():
     bad = [f"{m} imports {t} ({_layer(t)})" for m, targets in GRAPH.items() if _layer(m) == "kernels"
            for t in sorted(targets) if _layer(t) != "kernels" and _layer(t) not in KERNELS_MAY_IMPORT]

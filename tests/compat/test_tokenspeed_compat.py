@@ -49,7 +49,7 @@ def backend(request, monkeypatch):
         monkeypatch.setattr(deferred, "HOST_CHECKED", set())
     registry._RESOLVED.clear()
     if request.param == "triton" and not torch.cuda.is_available():  # the kernels really run
-        assert registry.is_kernel(registry.resolve("deepseek_v4", "swa_insert", "auto", torch.device("cpu")))
+        assert registry.is_kernel(registry.resolve_model_op("deepseek_v4", "swa_insert", "auto", torch.device("cpu")))
     yield request.param
     registry._RESOLVED.clear()
 

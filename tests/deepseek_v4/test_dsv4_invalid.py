@@ -171,7 +171,7 @@ def test_ops_are_registered_for_kernels():
     from kvformats.codec import registry
 
     for op in dsv4.MODEL_OPS:
-        impl = registry.resolve(dsv4.FAMILY, op, "auto", torch.device("cpu"))
+        impl = registry.resolve_model_op(dsv4.FAMILY, op, "auto", torch.device("cpu"))
         assert impl.__module__.startswith("kvformats.deepseek_v4.")
     with pytest.raises(kvf.BackendUnavailableError):
         dsv4.hadamard_transform(torch.ones(1, 128), backend="triton")
