@@ -33,6 +33,7 @@ LAYERS = (
     ("codec", ("kvformats.codec",)),  # registry, dispatch, row I/O, paged ops, torch ops
     ("front", ("kvformats",)),
     ("model ops", ("kvformats.deepseek_v4",)),
+    ("layer step", ("kvformats.dsv4_layer",)),  # the model ops' clients: layer-step reference, quality, inputs
     ("compat", ("kvformats.compat",)),  # other libraries' names over the model ops and the codec
     ("spec", ("kvformats.spec",)),  # spec JSON, golden vectors, generated docs
     ("caches", ("kvformats.caches",)),  # cache files, regions, hexdumps, diff, check

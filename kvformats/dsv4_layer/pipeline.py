@@ -28,10 +28,10 @@ import attrs
 import torch
 
 from kvformats import deepseek_v4 as dsv4
-from kvformats.deepseek_v4.pipeline_attention import sparse_attention
-from kvformats.deepseek_v4.pipeline_caches import LayerCaches
-from kvformats.deepseek_v4.pipeline_config import CSA_RATIO, HCA_RATIO, LayerConfig
-from kvformats.deepseek_v4.pipeline_weights import LayerWeights
+from kvformats.dsv4_layer.pipeline_attention import sparse_attention
+from kvformats.dsv4_layer.pipeline_caches import LayerCaches
+from kvformats.dsv4_layer.pipeline_config import CSA_RATIO, HCA_RATIO, LayerConfig
+from kvformats.dsv4_layer.pipeline_weights import LayerWeights
 from kvformats.errors import InputError
 from kvformats.numerics.codes import e2m1_decode, unpack_nibbles
 
