@@ -48,7 +48,8 @@ KERNELS_MAY_IMPORT = ("errors", "runtime", "validation", "numerics", "declaratio
 # Old import paths kept for one release; each is the new module under its old name.
 COMPAT = ("kvformats.convert", "kvformats.deferred", "kvformats.fsck", "kvformats.io", "kvformats.ops",
           "kvformats.paged", "kvformats.profiles", "kvformats.registry", "kvformats.rope", "kvformats.strategies",
-          "kvformats.tolerance", "kvformats.torch_ops", "kvformats.vectors")
+          "kvformats.tolerance", "kvformats.torch_ops", "kvformats.vectors", "kvformats.deepseek_v4.pipeline",
+          "kvformats.deepseek_v4.pipeline_config", "kvformats.deepseek_v4.synthetic")
 
 
 def _modules() -> dict[str, Path]:
