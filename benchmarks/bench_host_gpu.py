@@ -3,7 +3,7 @@
     python3 -m benchmarks host_gpu [--rows 64,131072] [--calls 50] [--rounds 5] [--json out.json]
     python3 -m benchmarks host_gpu --compat [--rows 64]   # native call vs its tokenspeed drop-in
 
-For each prepared call of ``kvformats.testing.calls.public_calls`` (through the API and through the
+For each prepared call of ``tests.harness.calls.public_calls`` (through the API and through the
 ``torch.library`` custom ops), the wall-clock µs per call of ``--calls`` back-to-back calls with
 no synchronization between them (the GPU work overlaps unless the launch queue fills; the
 queue is drained before each round), median of ``--rounds`` rounds; in the default check mode
@@ -26,7 +26,7 @@ import torch
 import kvformats as kvf
 from benchmarks.gpu_timing import graph_per_call_us, host_per_call_us
 from kvformats.runtime import replay
-from kvformats.testing.calls import public_calls
+from tests.harness.calls import public_calls
 
 
 def floors(calls: int, rounds: int) -> dict:
@@ -125,9 +125,9 @@ def _best(fn, args) -> float | None:
 
 def compat_main(args) -> int:
     """Host µs per call of each native kvformats call and its kvformats.compat.tokenspeed drop-in on
-    the same inputs (``kvformats.testing.compat_calls``), default check mode; with tokenspeed's files
+    the same inputs (``tests.harness.compat_calls``), default check mode; with tokenspeed's files
     (``$TOKENSPEED_SRC``, ``$TOKENSPEED_SHIMS``) also tokenspeed's own function by the same name."""
-    from kvformats.testing.compat_calls import compat_call_pairs
+    from tests.harness.compat_calls import compat_call_pairs
 
     keep = [s for s in args.only.split(",") if s]
     api = _tokenspeed_api()

@@ -1,4 +1,4 @@
-"""Step time of the DeepSeek V4 layer-step reference (kvformats.deepseek_v4.pipeline) on a GPU.
+"""Step time of the DeepSeek V4 layer-step reference (kvformats.dsv4_layer.pipeline) on a GPU.
 
 Cases: prefill of 8k, 64k and 128k tokens (one request, chunks of --chunk tokens, one step
 each; eager only: a prefill step's shapes change with the chunk), and decode batches of 1, 64
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from kvformats.deepseek_v4.pipeline import LayerStep
-from kvformats.deepseek_v4.pipeline_config import LayerConfig
+from kvformats.dsv4_layer.pipeline import LayerStep
+from kvformats.dsv4_layer.pipeline_config import LayerConfig
 
 PHASES = ("projections", "slots", "swa_insert", "save_state", "compress", "indexer", "reads", "attention",
           "out_quant")

@@ -31,7 +31,7 @@ def implementation(op: str, backend: str):
     from kvformats.codec import registry
     from kvformats.deepseek_v4 import FAMILY
 
-    return registry.resolve(FAMILY, op, backend, torch.device("cuda"))
+    return registry.resolve_model_op(FAMILY, op, backend, torch.device("cuda"))
 
 
 def registered_case(op: str, label: str, rows: int, min_bytes: int, how: str, args: tuple) -> Case:

@@ -4,8 +4,8 @@ validation, dispatch, launchers and replay, with the kernel launch itself stubbe
     python3 -m benchmarks host_overhead_cpu [--calls 2000] [--rows 64] [--only encode,dsv4]
     python3 -m benchmarks host_overhead_cpu --compat --calls 200   # native vs its tokenspeed drop-in
 
-The prepared calls of ``kvformats.testing.calls.public_calls`` run on CPU tensors inside
-``kvformats.testing.launch_stub.stubbed_launches`` (the path CUDA tensors take, each launch logged
+The prepared calls of ``tests.harness.calls.public_calls`` run on CPU tensors inside
+``tests.harness.launch_stub.stubbed_launches`` (the path CUDA tensors take, each launch logged
 instead of run), back to back. Two columns: the full path (``KVFORMATS_REPLAY=0``: checks,
 dispatch, launcher) and a replayed call (``kvformats.runtime.replay``: the metadata key, the
 allocations, the launch arguments). Triton's C launcher and the driver come on top on a GPU
@@ -23,8 +23,8 @@ os.environ.pop("TRITON_INTERPRET", None)  # the stub replaces the launch; nothin
 import torch
 
 from kvformats.runtime import replay
-from kvformats.testing.calls import public_calls
-from kvformats.testing.launch_stub import stubbed_launches
+from tests.harness.calls import public_calls
+from tests.harness.launch_stub import stubbed_launches
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -79,7 +79,7 @@ def _round_us(fn, calls: int) -> float:
 def compat_table(args, only) -> None:
     """Native call and its tokenspeed drop-in on the same inputs, replayed (the path an engine's
     steady state takes) and on the full path; the ratio compat / native."""
-    from kvformats.testing.compat_calls import compat_call_pairs
+    from tests.harness.compat_calls import compat_call_pairs
 
     print(f"host µs per call, {args.rows} rows, kernel launch stubbed (torch {torch.__version__}): native kvformats "
           f"call vs its kvformats.compat.tokenspeed drop-in")

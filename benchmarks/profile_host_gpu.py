@@ -2,7 +2,7 @@
 
     python3 -m benchmarks profile_host_gpu --only csa_compress,dequantize_gather [--rows 64] [--calls 400]
 
-For each prepared call of ``kvformats.testing.calls.public_calls`` whose name contains one of ``--only``
+For each prepared call of ``tests.harness.calls.public_calls`` whose name contains one of ``--only``
 (default mode), prints the µs per call without the profiler, then the functions with the most
 own time per call under it (the profiler's overhead inflates small functions; read the ranking,
 not the sums). Also reports whether each Triton kernel launched took the direct path
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from kvformats.testing.calls import public_calls
+from tests.harness.calls import public_calls
 
 
 def per_call_us(fn, calls: int) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from kvformats.numerics import codes as nx
 from kvformats.runtime import deferred
 
-FAMILY = "deepseek_v4"  # the registry's name for the model ops (where a codec op has its format)
+FAMILY = "deepseek_v4"  # the model ops' family: the registry keys them under OpFamily(FAMILY)
 
 ALIGN = 128  # index rows are padded to a multiple of 128 entries (sparse-prefill alignment)
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1

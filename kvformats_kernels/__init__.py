@@ -26,7 +26,7 @@ CODEC_OPS = ("encode", "decode", "gather", "dequantize_gather", "gather_paged", 
 
 if AVAILABLE:
     from kvformats.numerics.profiles import profile_tables
-    from kvformats_kernels import dsv4, fp8_ds_mla, indexer, state, v41
+    from kvformats_kernels import dsv4, fp8_ds_mla, indexer, state, transfer, v41
 
     # Each format module names the layout classes it serves (SERVES) and whether its encode's
     # constexprs implement every numerics profile of them (ENCODES_PROFILES); the tables below,
@@ -38,12 +38,15 @@ if AVAILABLE:
 
 
 def kernel_table() -> dict:
-    """(format or operation family, op) -> Triton implementation."""
+    """Key -> Triton implementation: (format, op); ("model op", family, op) for a model op;
+    ("library", module, name) for a launcher a library module calls (kvformats.codec.registry
+    reads these keys: MODEL_OP, LIBRARY)."""
     if not AVAILABLE:
         return {}
     table = {(fmt, op): getattr(module, op) for fmt, module in IMPLEMENTATIONS.items()
              for op in CODEC_OPS if hasattr(module, op)}
-    table.update({(dsv4.FAMILY, op): fn for op, fn in dsv4.LAUNCHERS.items()})
+    table.update({("model op", dsv4.FAMILY, op): fn for op, fn in dsv4.LAUNCHERS.items()})
+    table[("library", "transfer", "page_checksums")] = transfer.page_checksums
     return table
 
 

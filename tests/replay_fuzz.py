@@ -1,6 +1,6 @@
 """The pieces of the replay differential fuzzer (tests/test_replay_fuzz.py): prepared public calls
 rebuilt with other tensors, storage offsets, dtypes, aliased arguments and signed zeros, and the
-comparison of two launch logs of the stand-in launcher (kvformats.testing.launch_stub)."""
+comparison of two launch logs of the stand-in launcher (tests.harness.launch_stub)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import types
 import torch
 
 from kvformats.runtime import replay
-from kvformats.testing.calls import public_calls
-from kvformats.testing.launch_stub import Address, stubbed_launches
+from tests.harness.calls import public_calls
+from tests.harness.launch_stub import Address, stubbed_launches
 
 FLOAT_NAMES = ("sm", "hs", "rms_eps")  # float arguments a call may take as 0.0 or -0.0
 

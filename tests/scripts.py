@@ -1,6 +1,6 @@
 """Load a script of tools/ as a module, for the tests that test that script: from
 its file, without putting its folder on sys.path. Scripts are not a library; what tests and
-tools share lives in kvformats.testing. (benchmarks/ is a package: its tests import it.)"""
+tools share lives in tests/harness/ (imported as tests.harness). (benchmarks/ is a package: its tests import it.)"""
 
 from __future__ import annotations
 

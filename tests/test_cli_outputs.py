@@ -64,7 +64,7 @@ def test_a_directory_that_refuses_new_files_is_found_up_front(capsys, tmp_path, 
 
 
 def test_quality_out_refused_before_the_report(capsys, tmp_path, monkeypatch):
-    import kvformats.deepseek_v4.quality as quality
+    import kvformats.dsv4_layer.quality as quality
 
     monkeypatch.setattr(quality, "report", lambda *a, **k: pytest.fail("the report ran"))
     for target in unwritable(tmp_path):

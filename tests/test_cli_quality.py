@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvformats.cli import main
-from kvformats.deepseek_v4.quality import recall
+from kvformats.dsv4_layer.quality import recall
 
 
 def _run(argv, capsys):

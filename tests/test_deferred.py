@@ -323,10 +323,10 @@ def test_decreasing_query_start_loc_is_recorded_off_the_host(op, device_mode):
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "reference"])
 def test_no_public_call_reads_values_on_the_host_by_default(kernel, monkeypatch):
-    """Every prepared call of kvformats.testing.calls (each codec and paged op of every format, each
+    """Every prepared call of tests.harness.calls (each codec and paged op of every format, each
     deepseek_v4 operation) on meta tensors: any host read of a value would raise, so the
     default mode's checks on a device read none."""
-    from kvformats.testing.calls import public_calls
+    from tests.harness.calls import public_calls
 
     noop = _NoOps(monkeypatch, kernel)
     calls = public_calls("meta", rows=8)

@@ -1,6 +1,6 @@
-"""Every exception the package raises is a class of kvformats/errors.py (a scan of the source).
-kvformats/testing/ is left out, but for its public strategies and tolerance: its checks fail with AssertionError, as tests do, and its fuzz
-harness stops a run with its own OutOfTime."""
+"""Every exception the package raises is a class of kvformats/errors.py (a scan of the source),
+kvformats.testing's public strategies and tolerance included. The suite's harness (tests/harness/)
+is not the package: its checks fail with AssertionError, as tests do."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from kvformats import errors
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("kvformats", "kvformats_kernels")
 ERRORS = ROOT / "kvformats" / "errors.py"
-TESTING = ROOT / "kvformats" / "testing"
-PUBLIC_TESTING = ("strategies.py", "tolerance.py")  # public API: raise errors.py classes
 
 
 def _error_classes() -> set[str]:
@@ -26,7 +24,7 @@ def _error_classes() -> set[str]:
 
 def _sources():
     for package in PACKAGES:
-        yield from sorted(p for p in (ROOT / package).rglob("*.py") if TESTING not in p.parents or p.name in PUBLIC_TESTING)
+        yield from sorted((ROOT / package).rglob("*.py"))
 
 
 def _functions_and_raises(tree: ast.AST):

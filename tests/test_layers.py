@@ -33,6 +33,7 @@ LAYERS = (
     ("codec", ("kvformats.codec",)),  # registry, dispatch, row I/O, paged ops, torch ops
     ("front", ("kvformats",)),
     ("model ops", ("kvformats.deepseek_v4",)),
+    ("layer step", ("kvformats.dsv4_layer",)),  # the model ops' clients: layer-step reference, quality, inputs
     ("compat", ("kvformats.compat",)),  # other libraries' names over the model ops and the codec
     ("spec", ("kvformats.spec",)),  # spec JSON, golden vectors, generated docs
     ("caches", ("kvformats.caches",)),  # cache files, regions, hexdumps, diff, check
@@ -47,7 +48,8 @@ KERNELS_MAY_IMPORT = ("errors", "runtime", "validation", "numerics", "declaratio
 # Old import paths kept for one release; each is the new module under its old name.
 COMPAT = ("kvformats.convert", "kvformats.deferred", "kvformats.fsck", "kvformats.io", "kvformats.ops",
           "kvformats.paged", "kvformats.profiles", "kvformats.registry", "kvformats.rope", "kvformats.strategies",
-          "kvformats.tolerance", "kvformats.torch_ops", "kvformats.vectors")
+          "kvformats.tolerance", "kvformats.torch_ops", "kvformats.vectors", "kvformats.deepseek_v4.pipeline",
+          "kvformats.deepseek_v4.pipeline_config", "kvformats.deepseek_v4.synthetic")
 
 
 def _modules() -> dict[str, Path]:
@@ -125,6 +127,24 @@ def test_no_import_points_up():
 def test_nothing_imports_an_old_path():
     used = [f"{m} imports {t}" for m, targets in GRAPH.items() for t in sorted(targets) if t in COMPAT and m != t]
     assert used == []
+
+
+def test_the_library_reaches_the_kernels_only_through_the_registry():
+    """No module of kvformats imports kvformats_kernels (nor names it for importlib); the registry
+    finds the package by its KERNEL_PACKAGE name and reads its kernel table."""
+    def library(m):
+        return m == "kvformats" or m.startswith("kvformats.")
+
+    def kernels(m):
+        return m == "kvformats_kernels" or m.startswith("kvformats_kernels.")
+
+    imports = [f"{m} imports {t}" for m, targets in GRAPH.items() if library(m) for t in sorted(targets) if kernels(t)]
+    assert imports == []
+    named = [m for m, path in MODULES.items() if library(m) and m != "kvformats.codec.registry"
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and kernels(node.value)
+             and node.value.replace(".", "").replace("_", "").isalnum()]
+    assert named == []
 
 
 def test_kernels_import_only_what_lies_below_dispatch():

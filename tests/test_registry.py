@@ -119,3 +119,51 @@ def test_every_error_class_is_exported():
     # exported by kvformats.testing.strategies instead
     classes.discard(getattr(errors, "StrategyArgumentError", None))
     assert classes <= {getattr(kvf, n) for n in kvf.__all__}
+
+
+def test_a_format_named_like_the_model_ops_family_does_not_collide_with_them():
+    """The model ops register under OpFamily("deepseek_v4"), a key no format name equals: a format
+    of that name gets its own ops, lists as a format, and unregistering it leaves the model ops."""
+    import attrs
+
+    from kvformats import deepseek_v4 as dsv4
+
+    cpu = torch.device("cpu")
+    model_op = registry.resolve_model_op(dsv4.FAMILY, "swa_insert", "reference", cpu)
+    assert model_op.__module__ == "kvformats.deepseek_v4.swa"
+    assert dsv4.FAMILY not in kvf.list_formats()
+    assert registry.model_ops(dsv4.FAMILY) == sorted(dsv4.MODEL_OPS)
+
+    @registry.register_format
+    @attrs.frozen
+    class Clash:
+        name = dsv4.FAMILY  # a class attribute, as a layout's name is
+
+    def clash_op(*a):
+        return "the format's"
+
+    try:
+        registry.register_op(dsv4.FAMILY, "swa_insert", "reference")(clash_op)
+        assert dsv4.FAMILY in kvf.list_formats() and type(kvf.get_format(dsv4.FAMILY)) is Clash
+        assert registry.resolve(dsv4.FAMILY, "swa_insert", "auto", cpu) is clash_op
+        assert registry.resolve_model_op(dsv4.FAMILY, "swa_insert", "auto", cpu) is model_op
+    finally:
+        registry.unregister_format(dsv4.FAMILY)
+    assert dsv4.FAMILY not in kvf.list_formats()
+    assert registry.resolve_model_op(dsv4.FAMILY, "swa_insert", "reference", cpu) is model_op
+    assert registry.model_ops(dsv4.FAMILY) == sorted(dsv4.MODEL_OPS)
+
+
+def test_every_key_of_the_kernel_table_is_one_the_registry_reads():
+    pytest.importorskip("triton")
+    import kvformats_kernels as kk
+    from kvformats_kernels import dsv4 as kernels_dsv4
+
+    table = kk.kernel_table()
+    assert all(len(k) == 2 or k[0] in (registry.MODEL_OP, registry.LIBRARY) for k in table)
+    registry._load_kernels()
+    for op, fn in kernels_dsv4.LAUNCHERS.items():
+        assert registry._OPS[(registry.OpFamily(kernels_dsv4.FAMILY), op)]["triton"] is fn
+        assert (kernels_dsv4.FAMILY, op) not in registry._OPS  # not in the formats' key space
+    assert registry.library_kernel("transfer", "page_checksums") is table[(registry.LIBRARY, "transfer",
+                                                                             "page_checksums")]

@@ -1,7 +1,7 @@
 """kvformats.runtime.replay: a replayed call launches exactly what its full path launches, and every
 case the full path must see (errors, strict checks, new metadata) still goes through it.
 
-The launches are logged instead of run (kvformats.testing.launch_stub), so this runs on a CPU; the GPU
+The launches are logged instead of run (tests.harness.launch_stub), so this runs on a CPU; the GPU
 tests compare a replayed call's bytes with the reference (tests/kernels/test_replay_gpu.py).
 """
 
@@ -19,8 +19,8 @@ import kvformats as kvf  # noqa: E402
 from kvformats.codec import slot_ops  # noqa: E402
 from kvformats.errors import InputError, InputTypeError  # noqa: E402
 from kvformats.runtime import replay, replay_plan  # noqa: E402
-from kvformats.testing.calls import public_calls  # noqa: E402
-from kvformats.testing.launch_stub import Address  # noqa: E402
+from tests.harness.calls import public_calls  # noqa: E402
+from tests.harness.launch_stub import Address  # noqa: E402
 from replay_fuzz import normalized, stub_with_replay  # noqa: E402  (tests/, as conftest's folder)
 
 NAMES = sorted(public_calls("meta", 64))
@@ -57,7 +57,7 @@ def _tensors_in(fn) -> list[torch.Tensor]:
             stack += list(o.values())
         elif isinstance(o, (list, tuple)):
             stack += list(o)
-        elif type(o).__name__ == "Ops":  # kvformats.testing.calls' custom-op bundle
+        elif type(o).__name__ == "Ops":  # tests.harness.calls' custom-op bundle
             stack += list(vars(o).values())
     return found
 

@@ -4,7 +4,7 @@ dtypes, one tensor passed for two arguments, signed zeros, check modes and launc
 and every call's launches with replay on must equal its launches with replay off (kernels,
 grids, scalars by their bits, each input address), as must its result and its error.
 
-Runs on a CPU through the stand-in launcher (kvformats.testing.launch_stub). Each of the fixes it
+Runs on a CPU through the stand-in launcher (tests.harness.launch_stub). Each of the fixes it
 holds in place was checked to make it fail when reverted (the closing note of issue 34 lists
 them): argument aliasing in the key, floats keyed by their bits, launch settings dropping the
 plans, and the refusal of kernels launched outside kvformats_kernels.launch.
@@ -30,7 +30,7 @@ import kvformats as kvf  # noqa: E402
 from kvformats.codec import slot_ops  # noqa: E402
 from kvformats.errors import SettingsError  # noqa: E402
 from kvformats.runtime import deferred, replay, replay_plan  # noqa: E402
-from kvformats.testing.launch_stub import stubbed_launches  # noqa: E402
+from tests.harness.launch_stub import stubbed_launches  # noqa: E402
 from kvformats_kernels import _common as cm  # noqa: E402
 from kvformats_kernels import settings as ks  # noqa: E402
 from kvformats_kernels import triton_abi  # noqa: E402
@@ -318,7 +318,7 @@ import torch
 import kvformats as kvf
 from kvformats.codec import registry, slot_ops
 from kvformats.runtime import replay, replay_plan
-from kvformats.testing.launch_stub import stubbed_launches
+from tests.harness.launch_stub import stubbed_launches
 assert not registry._kernels_loaded
 lay, x = kvf.get_format("fp8_indexer"), torch.randn(8, 128, dtype=torch.bfloat16)
 cache, slots = lay.allocate(2), torch.arange(8)

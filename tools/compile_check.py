@@ -20,7 +20,7 @@ figures come from ``cuobjdump`` in Triton's wheel. Relies on Triton internals
 
 "loads after a store" counts the global loads (LDG) that follow a global store (STG) in the
 SASS text, within stretches that end at an unpredicated EXIT, RET or BRA (so one branch's loads
-are not counted after another branch's stores; kvformats/testing/sass_text.py). A load cannot move above a
+are not counted after another branch's stores; tests/harness/sass_text.py). A load cannot move above a
 store that may alias it, so in straight-line code each such load can cost a wait on memory after
 the store; at decode sizes, where a call is one program's dependent chain, such waits are a
 visible part of its time. In
@@ -54,7 +54,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import jit as triton_jit  # noqa: E402
 from triton.runtime.driver import driver as triton_driver  # noqa: E402
 
-from kvformats.testing import sass_text  # noqa: E402
+from tests.harness import sass_text  # noqa: E402
 
 # Text of a compile failure in the traceback. An op that fails MLIR verification (e.g. "ptr type
 # matches cmp type": a compare-and-swap operand of another type than the pointer's) prints its
@@ -134,9 +134,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from kvformats.testing import reliability_harness as harness
+    from tests.harness import reliability_harness as harness
     import sanitize_driver as sd
-    from kvformats.testing.reliability_harness import kernel_routing
+    from tests.harness.reliability_harness import kernel_routing
 
     from kvformats_kernels.dsv4 import query
 

@@ -62,7 +62,7 @@ def fuzz(machines, args, counts, started: float) -> dict:
     """Round-robin batches of hypothesis runs until each machine has its share of ``--examples``
     operations or ``--seconds`` is spent (a batch running OVERRUN_SECONDS past it is cut short).
     Returns {(name, backend): {done, runs, seconds}}."""
-    from kvformats.testing.reliability_harness import OutOfTime
+    from tests.harness.reliability_harness import OutOfTime
 
     share = max(1, args.examples // max(1, len(machines)))
     state = {(name, b): dict(done=0, runs=0, seconds=0.0, batch=1, share=share) for name, b, _ in machines}
@@ -233,10 +233,10 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     sys.path.insert(0, str(ROOT))  # the repository's kvformats, installed or not
     import kvformats as kvf
-    from kvformats.testing.codec_machine import make_codec_machine
-    from kvformats.testing.compress_machine import make_compress_machine
-    from kvformats.testing.launch_count import LaunchCounter
-    from kvformats.testing.reliability_harness import (ARENA_BYTES_CHECKED, COUNTS, MISMATCHED, POOLED_APART,
+    from tests.harness.codec_machine import make_codec_machine
+    from tests.harness.compress_machine import make_compress_machine
+    from tests.harness.launch_count import LaunchCounter
+    from tests.harness.reliability_harness import (ARENA_BYTES_CHECKED, COUNTS, MISMATCHED, POOLED_APART,
                                                        backend_has, family_kernel, triton_available)
 
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1":

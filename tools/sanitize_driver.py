@@ -13,7 +13,7 @@ Run by ``tools/sanitize.py`` under each compute-sanitizer tool, as a process of 
   Triton kernel are skipped (listed with ``--list``).
 * Every public ``kvformats.deepseek_v4`` operation through its public function with
   ``backend="auto"`` (the Triton kernel on CUDA once one is registered, else the reference),
-  on the paged batches of ``kvformats/testing/dsv4_scenarios.py`` (missing pages, −1 slots).
+  on the paged batches of ``tests/harness/dsv4_scenarios.py`` (missing pages, −1 slots).
 
 Every call is made even if an earlier one raised; the last line is
 ``SANITIZE-DRIVER-DONE calls=.. failures=.. triton_launches=.. kernels=..`` (compiled Triton
@@ -39,8 +39,8 @@ import torch  # noqa: E402
 import kvformats as kvf  # noqa: E402
 from kvformats import deepseek_v4 as dsv4  # noqa: E402
 from kvformats.codec import paged_ops as paged, registry  # noqa: E402
-from kvformats.testing.launch_count import LaunchCounter  # noqa: E402
-from kvformats.testing.sanitize_dsv4_cases import dsv4_cases  # noqa: E402,F401  (also used by the tests)
+from tests.harness.launch_count import LaunchCounter  # noqa: E402
+from tests.harness.sanitize_dsv4_cases import dsv4_cases  # noqa: E402,F401  (also used by the tests)
 
 CODEC_OPS = ("encode", "decode", "gather", *paged.PAGED_OPS)
 SENTINEL = 0xA5
@@ -114,7 +114,7 @@ def codec_backend(fmt: str, op: str, device: torch.device) -> str | None:
     """"triton" where that op has a Triton kernel on CUDA (or a launcher, with --interpreter);
     "reference" on the CPU; None: skip."""
     if device.type != "cuda" and INTERPRETER[0]:
-        from kvformats.testing.reliability_harness import kernel_impl
+        from tests.harness.reliability_harness import kernel_impl
 
         return "triton" if kernel_impl(fmt, op) is not None else None
     if device.type != "cuda":
@@ -275,7 +275,7 @@ def dsv4_backend(op: str) -> str:
     """"auto" (the Triton kernel on CUDA once registered); with --interpreter, "triton" where a
     kernel is registered, so the launchers see these inputs on the CPU too."""
     if INTERPRETER[0]:
-        from kvformats.testing.reliability_harness import family_kernel
+        from tests.harness.reliability_harness import family_kernel
 
         if family_kernel(dsv4.FAMILY, op) is not None:
             return "triton"
@@ -318,7 +318,7 @@ def main(argv=None) -> int:
     counted = counter.install()
     t0 = time.time()
     if INTERPRETER[0]:
-        from kvformats.testing.reliability_harness import kernel_routing
+        from tests.harness.reliability_harness import kernel_routing
 
         with kernel_routing():
             failures = d.run()

@@ -1,8 +1,8 @@
-"""``kvformats quality``: the accuracy report of the DeepSeek V4 cache formats (kvformats.deepseek_v4.quality).
+"""``kvformats quality``: the accuracy report of the DeepSeek V4 cache formats (kvformats.dsv4_layer.quality).
 
     kvformats quality [--json] [--out FILE] [--activations FILE.safetensors] [--topk K] [--tiny]
 
-Inputs: synthetic activations (kvformats.deepseek_v4.synthetic) by default, or a safetensors
+Inputs: synthetic activations (kvformats.dsv4_layer.synthetic) by default, or a safetensors
 file holding one float tensor ``x`` of shape ``[requests, tokens, hidden]`` (a layer's input
 activations per request); the layer's weights are random with that ``hidden``. Each request is
 prefilled with its first ``tokens - decode`` tokens, then decoded one token at a time; the
@@ -16,7 +16,7 @@ from typing import Any
 from pathlib import Path
 
 from kvformats.cli.args import check_output, write_output
-from kvformats.deepseek_v4.pipeline_config import HCA_RATIO, LayerConfig
+from kvformats.dsv4_layer.pipeline_config import HCA_RATIO, LayerConfig
 from kvformats.errors import KVFormatError, UsageError
 
 DEFAULTS = dict(heads=4, head_dim=512, rope_dim=64, index_heads=8, index_dim=128, window=128, page_size=64,
@@ -54,8 +54,8 @@ def _load(path: Path):
 def cmd_quality(args, out) -> int:
     import torch
 
-    from kvformats.deepseek_v4.quality import report
-    from kvformats.deepseek_v4.synthetic import activations
+    from kvformats.dsv4_layer.quality import report
+    from kvformats.dsv4_layer.synthetic import activations
 
     shapes: dict[str, Any] = dict(DEFAULTS)
     if args.tiny:

@@ -1,7 +1,9 @@
 """Format registry and backend dispatch.
 
-Formats register their class; each (format, op) registers an implementation per backend.
-``backend="auto"`` picks the Triton kernel for CUDA tensors when that op has one, and the
+Formats register their class; each (format, op) registers an implementation per backend. A
+family of model operations (DeepSeek V4's) registers under its ``OpFamily`` key, a key space of
+its own: no format name equals it, so a format named like a family neither sees nor replaces the
+family's ops. ``backend="auto"`` picks the Triton kernel for CUDA tensors when that op has one, and the
 reference otherwise. A named backend that cannot run raises BackendUnavailableError; nothing
 falls back silently.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import attrs
 
@@ -18,8 +20,22 @@ from kvformats.errors import BackendUnavailableError, InputError, LayoutError
 from kvformats.runtime import replay
 
 BACKENDS = ("reference", "triton")
+
+
+class OpFamily(NamedTuple):
+    """The registry's key of a family of model operations (``OpFamily("deepseek_v4")``), where a
+    codec op has its format's name. It is a tuple, never equal to a name, so the family's ops and
+    the formats' ops cannot collide; as a tuple it hashes as fast as a name on the call path."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
 _FORMATS: dict[str, type] = {}
-_OPS: dict[tuple[str, str], dict[str, Callable]] = {}
+_OPS: dict[tuple[str | OpFamily, str], dict[str, Callable]] = {}
+_LIBRARY_KERNELS: dict[tuple[str, str], Callable] = {}  # (module, name) -> launcher; see library_kernel
 _kernels_loaded = False
 # (format, op, backend, device) -> implementation: what resolve() chose, so that an eager
 # call does not redo the choice (its checks are a noticeable part of a small call's host time).
@@ -101,8 +117,9 @@ def get_format(name: str, **params):
     return cls(**params)
 
 
-def register_op(fmt: str, op: str, backend: str):
-    """Decorator: register ``fn(layout, ...)`` as ``backend``'s implementation of ``fmt.op``."""
+def register_op(fmt: str | OpFamily, op: str, backend: str):
+    """Decorator: register ``fn(layout, ...)`` as ``backend``'s implementation of ``fmt.op``
+    (``fmt`` a format's name, or the OpFamily of model ops: ``register_model_op``)."""
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}")
 
@@ -114,7 +131,25 @@ def register_op(fmt: str, op: str, backend: str):
     return deco
 
 
-def _register(fmt: str, op: str, backend: str, fn: Callable) -> None:
+def register_model_op(family: str, op: str, backend: str):
+    """Decorator: register ``fn`` as ``backend``'s implementation of the model op ``op`` of
+    ``family`` (e.g. "deepseek_v4"), under ``OpFamily(family)``; ``fn`` takes the validated
+    arguments the public op passes."""
+    return register_op(OpFamily(family), op, backend)
+
+
+def resolve_model_op(family: str, op: str, backend: str, device) -> Callable:
+    """The implementation of the model op ``op`` of ``family`` that ``backend`` selects for
+    tensors on ``device`` (``resolve`` under the family's key)."""
+    return resolve(OpFamily(family), op, backend, device)
+
+
+def model_ops(family: str) -> list[str]:
+    """Sorted names of the ops registered for ``family``."""
+    return sorted(op for key, op in _OPS if key == OpFamily(family))
+
+
+def _register(fmt: str | OpFamily, op: str, backend: str, fn: Callable) -> None:
     _OPS.setdefault((fmt, op), {})[backend] = fn
     if backend == "triton":
         _KERNEL_FNS.add(fn)
@@ -123,7 +158,13 @@ def _register(fmt: str, op: str, backend: str, fn: Callable) -> None:
 
 # The kernel package is a plugin: found by name on the first CUDA call, it hands over a table
 # of its launchers and imports nothing of this layer back, so kernels and dispatch form no cycle.
+# It is the only way the library reaches the kernels. The table's keys, by their first item:
+#   (format, op)                  a format's codec or paged op
+#   (MODEL_OP, family, op)        a model op, registered under OpFamily(family)
+#   (LIBRARY, module, name)       a launcher a library module calls itself (library_kernel)
 KERNEL_PACKAGE = "kvformats_kernels"
+MODEL_OP = "model op"
+LIBRARY = "library"
 
 
 def _load_kernels() -> None:
@@ -135,10 +176,26 @@ def _load_kernels() -> None:
         kernels = importlib.import_module(KERNEL_PACKAGE)
         # No plan can exist before the kernels are loaded (only their launches are recorded), so
         # loading them keeps the replay counts: the call that loads them counts as a first call.
-        for (fmt, op), fn in kernels.kernel_table().items():
-            _register(fmt, op, "triton", fn)
+        for key, fn in kernels.kernel_table().items():
+            if len(key) == 2:
+                _register(key[0], key[1], "triton", fn)
+            elif key[0] == MODEL_OP:
+                _register(OpFamily(key[1]), key[2], "triton", fn)
+            elif key[0] == LIBRARY:
+                _LIBRARY_KERNELS[key[1:]] = fn
+            else:
+                raise BackendUnavailableError(f"{KERNEL_PACKAGE}'s kernel table has a key this version of "
+                                              f"kvformats does not read: {key!r}")
         for fmt, profiles in kernels.kernel_profiles().items():
             _KERNEL_PROFILES[fmt] = tuple(profiles)
+
+
+def library_kernel(module: str, name: str) -> Callable | None:
+    """The kernel package's launcher ``name`` for the library module ``module`` (one that serves
+    no format and no model op, e.g. ("transfer", "page_checksums")), importing the package on
+    first use; None where it has none (Triton does not import). The caller picks the device."""
+    _load_kernels()
+    return _LIBRARY_KERNELS.get((module, name))
 
 
 # Ops whose bytes depend on the numerics profile. Reads (decode, gather, the paged ops) multiply
@@ -174,8 +231,9 @@ def resolve_for(layout, op: str, backend: str, device) -> Callable:
     return resolve(layout.name, op, "reference" if backend == "auto" else backend, device)
 
 
-def resolve(fmt: str, op: str, backend: str, device) -> Callable:
-    """The implementation of ``fmt.op`` that ``backend`` selects for tensors on ``device``."""
+def resolve(fmt: str | OpFamily, op: str, backend: str, device) -> Callable:
+    """The implementation of ``fmt.op`` that ``backend`` selects for tensors on ``device``
+    (``fmt`` a format's name, or a model-op family's OpFamily)."""
     key = (fmt, op, backend, device)  # the device itself: hashing it is cheap, reading .type is not
     fn = _RESOLVED.get(key)
     if fn is None:  # errors are raised each time, never stored
@@ -183,7 +241,7 @@ def resolve(fmt: str, op: str, backend: str, device) -> Callable:
     return fn
 
 
-def _resolve(fmt: str, op: str, backend: str, device) -> Callable:
+def _resolve(fmt: str | OpFamily, op: str, backend: str, device) -> Callable:
     if backend not in ("auto", *BACKENDS):
         raise InputError(f"backend must be 'auto', 'reference' or 'triton', got {backend!r}")
     impls = _OPS.get((fmt, op), {})

@@ -8,7 +8,7 @@
                                 cos_sin_cache=cs, kv_slots=kv_slots, kv_page_size=64)
 
 Every public function validates its arguments first (typed errors, nothing written) and then
-calls the implementation registered for its backend under ``("deepseek_v4", op)`` in
+calls the implementation registered for its backend under the model op ``("deepseek_v4", op)`` in
 ``kvformats.codec.registry``; the reference implementations take the validated tensors. A mapping
 from every tokenspeed function is in docs/porting-from-tokenspeed.md.
 """

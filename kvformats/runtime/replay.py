@@ -44,7 +44,7 @@ from kvformats.runtime import replay_plan as rp
 from kvformats.runtime.replay_plan import persistent, recording  # noqa: F401  (the launcher's entry points)
 
 ENABLED = [os.environ.get("KVFORMATS_REPLAY", "1") not in ("", "0")]
-ANY_DEVICE = [False]  # CUDA tensors only, unless a stand-in launcher (kvformats.testing.launch_stub) runs
+ANY_DEVICE = [False]  # CUDA tensors only, unless a stand-in launcher (tests.harness.launch_stub) runs
 # Non-tensor argument types keyed by identity (layouts: frozen, and kept alive by the plan, so
 # an id is never reused while its plan exists).
 BY_ID: tuple[type, ...] = ()

@@ -10,7 +10,7 @@ allocations, one ``data_ptr`` per argument and the launches, and nothing per arg
 
 What this module knows of the kernel launcher comes through one registered object
 (``register_launcher``; kvformats_kernels registers ``triton_abi.TritonLauncher``, the CPU stand-in
-of ``kvformats.testing.launch_stub`` its own): the current device and stream, whether a launch
+of ``tests.harness.launch_stub`` its own): the current device and stream, whether a launch
 hook is set, the direct launch function behind a compiled kernel, and the watch that refuses a
 recording when a kernel is launched any other way than through ``kvformats_kernels.launch``.
 """

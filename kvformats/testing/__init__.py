@@ -1,6 +1,9 @@
-"""Helpers shared by the test suite (tests/) and the scripts in tools/: the reliability harness
-and its state machines, the DeepSeek V4 scenarios and their oracle, the sanitizer's cases, a
-kernel-launch counter and a SASS reader. ``import kvformats`` does not import them; the state
-machines need hypothesis. They check, rather than serve: failures are AssertionErrors. Two modules here are public
-API: ``strategies`` (hypothesis strategies for fuzzing a kernel against the reference) and
-``tolerance`` (the bar for rows that are not bit-exact by design)."""
+"""What a user imports to test code against kvformats (hypothesis is needed for ``strategies``
+only; ``import kvformats`` imports neither module):
+
+* ``strategies``: hypothesis strategies of layouts, rows and caches, for fuzzing a kernel or a
+  serving engine's cache code against the reference;
+* ``tolerance``: the bar for rows that are not bit-exact by design (the softmax-pooled compress).
+
+The test suite's own harness (state machines, oracles, the stand-in launcher) lives in the
+repository's ``tests/harness/``, not here."""

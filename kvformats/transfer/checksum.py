@@ -7,9 +7,10 @@ order (j = (row - a) * nbytes + byte) and form
 
 Any single changed byte changes s1; a moved or swapped byte changes s2 (j + 1 < 2**24 for any
 page a layout allows in practice). It is a transfer check, not a cryptographic hash. The value
-is defined by ``reference_checksums`` (torch, any device); the Triton kernel
-(``kvformats_kernels.transfer``) computes the same integers on the GPU. Neither reads a value
-back to the host, so a sender can checksum right after its prefill without a synchronization.
+is defined by ``reference_checksums`` (torch, any device); the Triton kernel (the kernel
+package's ("transfer", "page_checksums"), read through the registry) computes the same integers
+on the GPU. Neither reads a value back to the host, so a sender can checksum right after its
+prefill without a synchronization.
 
 The page pad (a per-page region) counts only when whole pages move (``include_pad``).
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from kvformats.caches.regions import region_nbytes
+from kvformats.codec import registry
 from kvformats.errors import BackendUnavailableError, InputError
 from kvformats.layout import Layout, storage_bytes
 
@@ -78,23 +80,20 @@ def page_checksums(layout: Layout, cache: torch.Tensor, pages: torch.Tensor, row
     pages = pages.to(cache.device, torch.int64)
     rows = rows.to(cache.device, torch.int64)
     if backend == "auto":
-        backend = "triton" if cache.is_cuda and _kernels_available() else "torch"
+        backend = "triton" if cache.is_cuda and _kernel() is not None else "torch"
     if backend == "torch":
         return reference_checksums(layout, cache, pages, rows, include_pad=include_pad)
-    if not _kernels_available():
+    kernel = _kernel()
+    if kernel is None:
         raise BackendUnavailableError("the Triton checksum needs triton: pip install 'kvformats[triton]'")
-    from kvformats_kernels import transfer as kernel
 
     u8, stride = layout.byte_pages(cache)
     geometry = tuple((offset + u8.storage_offset(), row_stride, nbytes, n_rows, r.per_page)
                      for r, (offset, row_stride, nbytes, n_rows) in zip(layout.regions,
                                                                         region_geometry(layout, cache)))
-    return kernel.page_checksums(storage_bytes(cache), pages, rows, stride, geometry, include_pad)
+    return kernel(storage_bytes(cache), pages, rows, stride, geometry, include_pad)
 
 
-def _kernels_available() -> bool:
-    try:
-        import kvformats_kernels
-    except ImportError:  # pragma: no cover - the kernel package ships with kvformats
-        return False
-    return kvformats_kernels.AVAILABLE
+def _kernel():
+    """The Triton launcher, from the kernel package's table; None where Triton does not import."""
+    return registry.library_kernel("transfer", "page_checksums")

@@ -22,8 +22,8 @@ from kvformats.errors import InputError, InputTypeError, KVFormatError, LayoutEr
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 from kvformats.layout import storage_bytes
 from kvformats.runtime import deferred
-from kvformats.testing.compat_calls import compat_call_pairs
-from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache
+from tests.harness.compat_calls import compat_call_pairs
+from tests.harness.dsv4_scenarios import make_batch, sentinel_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 SIGS = json.loads((ROOT / "spec" / "tokenspeed-signatures.json").read_text())
@@ -49,7 +49,7 @@ def backend(request, monkeypatch):
         monkeypatch.setattr(deferred, "HOST_CHECKED", set())
     registry._RESOLVED.clear()
     if request.param == "triton" and not torch.cuda.is_available():  # the kernels really run
-        assert registry.is_kernel(registry.resolve("deepseek_v4", "swa_insert", "auto", torch.device("cpu")))
+        assert registry.is_kernel(registry.resolve_model_op("deepseek_v4", "swa_insert", "auto", torch.device("cpu")))
     yield request.param
     registry._RESOLVED.clear()
 
@@ -544,7 +544,7 @@ HOST_READ = {"fp8_indexer.gather_paged"}  # sized from cu_seq_lens[-1] on the ho
 
 
 def test_every_drop_in_runs_like_the_native_call_and_records_nothing(device_mode):
-    """The benchmark pairs (kvformats.testing.compat_calls) on the GPU's default check path: each
+    """The benchmark pairs (tests.harness.compat_calls) on the GPU's default check path: each
     drop-in returns what the native call returns, and neither records a violation."""
     pairs = compat_call_pairs("cpu", rows=8)
     assert len(pairs) >= 25

@@ -59,7 +59,7 @@ from kvformats import deepseek_v4 as dsv4  # noqa: E402
 from kvformats.compat import tokenspeed as ts  # noqa: E402
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer  # noqa: E402
 from kvformats.layout import storage_bytes  # noqa: E402
-from kvformats.testing.dsv4_scenarios import make_batch  # noqa: E402
+from tests.harness.dsv4_scenarios import make_batch  # noqa: E402
 from kvformats.testing.tolerance import code_distance  # noqa: E402
 
 CUDA = torch.cuda.is_available()

@@ -1,4 +1,4 @@
-"""An independent recomputation of the layer step (kvformats.deepseek_v4.pipeline) for its tests.
+"""An independent recomputation of the layer step (kvformats.dsv4_layer.pipeline) for its tests.
 
 It shares only the format codecs with the library (``layout.encode`` / ``layout.decode``, used
 to quantize rows the way a cache stores them); everything else is written here, plainly, in

@@ -9,8 +9,8 @@ import torch
 
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
-from kvformats.testing import dsv4_oracle as orc
-from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache, writers
+from tests.harness import dsv4_oracle as orc
+from tests.harness.dsv4_scenarios import make_batch, sentinel_cache, writers
 from kvformats.testing.strategies import storage_bytes
 
 CASES = {  # id: (ratio, head_dim, target page size)

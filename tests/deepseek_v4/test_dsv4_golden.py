@@ -10,7 +10,7 @@ import torch
 
 from kvformats import deepseek_v4 as dsv4
 from kvformats.spec.vectors import load_vector, run_vector, tensor_from_spec
-from kvformats.testing.dsv4_scenarios import state_c
+from tests.harness.dsv4_scenarios import state_c
 
 ROOT = Path(__file__).resolve().parents[2]
 F_PATH = ROOT / "spec" / "vectors" / "F.json"

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
-from kvformats.testing import dsv4_oracle as orc
-from kvformats.testing.index_batches import batches
+from tests.harness import dsv4_oracle as orc
+from tests.harness.index_batches import batches
 
 
 def _tokens(b):

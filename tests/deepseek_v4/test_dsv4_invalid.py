@@ -9,7 +9,7 @@ import torch
 
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
-from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache
+from tests.harness.dsv4_scenarios import make_batch, sentinel_cache
 from kvformats.testing.strategies import storage_bytes
 
 IE, TE, LE = kvf.InputError, kvf.InputTypeError, kvf.LayoutError
@@ -171,7 +171,7 @@ def test_ops_are_registered_for_kernels():
     from kvformats.codec import registry
 
     for op in dsv4.MODEL_OPS:
-        impl = registry.resolve(dsv4.FAMILY, op, "auto", torch.device("cpu"))
+        impl = registry.resolve_model_op(dsv4.FAMILY, op, "auto", torch.device("cpu"))
         assert impl.__module__.startswith("kvformats.deepseek_v4.")
     with pytest.raises(kvf.BackendUnavailableError):
         dsv4.hadamard_transform(torch.ones(1, 128), backend="triton")

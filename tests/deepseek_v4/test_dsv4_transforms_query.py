@@ -15,8 +15,8 @@ import torch
 import kvformats as kvf
 import kvformats.deepseek_v4.rope
 from kvformats import deepseek_v4 as dsv4
-from kvformats.testing import dsv4_oracle as orc
-from kvformats.testing.dsv4_scenarios import SENTINEL, sentinel_cache
+from tests.harness import dsv4_oracle as orc
+from tests.harness.dsv4_scenarios import SENTINEL, sentinel_cache
 from kvformats.testing.strategies import storage_bytes
 
 _spec = importlib.util.spec_from_file_location(

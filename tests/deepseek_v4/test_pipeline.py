@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from kvformats import deepseek_v4 as dsv4
-from kvformats.deepseek_v4.pipeline import LayerStep, visible_rows
-from kvformats.deepseek_v4.pipeline_attention import sparse_attention
-from kvformats.deepseek_v4.pipeline_config import LayerConfig, tiny_config
+from kvformats.dsv4_layer.pipeline import LayerStep, visible_rows
+from kvformats.dsv4_layer.pipeline_attention import sparse_attention
+from kvformats.dsv4_layer.pipeline_config import LayerConfig, tiny_config
 from kvformats.errors import InputError
 
 LENS = (150, 37)  # request 0 passes one HCA group (128), request 1 does not
@@ -182,8 +182,8 @@ def test_every_path_matches_unquantized_recomputation():
     """SWA, CSA, HCA and the layer against bf16 rows from the same float32 states (no fp8),
     attending the rows the step's indexer chose: only the fp8_ds_mla row error remains, within
     the same 0.1 bound as the SWA test (measured 0.02-0.03 here)."""
-    from kvformats.deepseek_v4.quality import PATHS, Exact, Run, _queries, attention, rel
-    from kvformats.deepseek_v4.synthetic import activations
+    from kvformats.dsv4_layer.quality import PATHS, Exact, Run, _queries, attention, rel
+    from kvformats.dsv4_layer.synthetic import activations
 
     cfg = tiny_config(requests=1, max_context=384)
     run = Run(cfg, activations(cfg.hidden, [300], seed=1), 296, 4)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvformats.deepseek_v4.pipeline import LayerStep
-from kvformats.deepseek_v4.pipeline_config import LayerConfig
+from kvformats.dsv4_layer.pipeline import LayerStep
+from kvformats.dsv4_layer.pipeline_config import LayerConfig
 from kvformats.testing.tolerance import code_distance
 
 CUDA = torch.cuda.is_available()

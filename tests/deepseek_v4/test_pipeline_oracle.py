@@ -13,8 +13,8 @@ import pytest
 import torch
 from dsv4_layer_oracle import F64, Oracle, roundtrip
 
-from kvformats.deepseek_v4.pipeline import LayerStep
-from kvformats.deepseek_v4.pipeline_config import tiny_config
+from kvformats.dsv4_layer.pipeline import LayerStep
+from kvformats.dsv4_layer.pipeline_config import tiny_config
 from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 
 LENS = (300, 150)

@@ -11,7 +11,7 @@ import torch
 import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 from kvformats.deepseek_v4 import torch_ops as dops
-from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache
+from tests.harness.dsv4_scenarios import make_batch, sentinel_cache
 from kvformats.testing.strategies import storage_bytes
 
 T = torch.tensor

@@ -17,7 +17,7 @@ import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 from kvformats.deepseek_v4.pooling import pool_reference
 from kvformats.formats import CompressorState
-from kvformats.testing.dsv4_scenarios import SENTINEL, make_batch, state_c, writers
+from tests.harness.dsv4_scenarios import SENTINEL, make_batch, state_c, writers
 from kvformats.testing.strategies import storage_bytes
 from kvformats.testing.tolerance import code_distance
 

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from kvformats import deepseek_v4 as dsv4
 from kvformats.codec import registry
-from kvformats.testing.dsv4_scenarios import make_batch
-from kvformats.testing.index_batches import batches
+from tests.harness.dsv4_scenarios import make_batch
+from tests.harness.index_batches import batches
 
 triton = pytest.importorskip("triton")
 
@@ -72,7 +72,7 @@ def compare(op: str, build, small: bool = True):
     with blocks(small):
         got = K.LAUNCHERS[op](*args)
     ref_args, ref_watched = build()
-    want = registry.resolve("deepseek_v4", op, "reference", DEV)(*ref_args)
+    want = registry.resolve_model_op("deepseek_v4", op, "reference", DEV)(*ref_args)
     assert_same(got, want)
     assert_same(watched, ref_watched)
     return got
@@ -101,7 +101,7 @@ def test_every_index_op_has_a_launcher():
             "dense_prefill_local_compressed_indices"}
     assert set(K.LAUNCHERS) == refs and refs <= set(dsv4.MODEL_OPS)
     for op in refs:  # what backend="triton" (and "auto" on CUDA tensors) runs
-        assert registry.resolve("deepseek_v4", op, "triton", torch.device("cuda")) is K.LAUNCHERS[op]
+        assert registry.resolve_model_op("deepseek_v4", op, "triton", torch.device("cuda")) is K.LAUNCHERS[op]
 
 
 # ----------------------------------------------------------------------------- hypothesis: kernel == reference

@@ -17,7 +17,7 @@ import kvformats as kvf
 from kvformats import deepseek_v4 as dsv4
 from kvformats.formats import CompressorState, Fp8DsMla
 from kvformats.runtime import deferred
-from kvformats.testing.dsv4_scenarios import make_batch, sentinel_cache, writers
+from tests.harness.dsv4_scenarios import make_batch, sentinel_cache, writers
 
 pytest.importorskip("triton")
 import kvformats_kernels.dsv4  # noqa: E402,F401  (registers the kernels)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvformats.testing.compress_machine import make_compress_machine
-from kvformats.testing.reliability_harness import family_kernel, triton_available
+from tests.harness.compress_machine import make_compress_machine
+from tests.harness.reliability_harness import family_kernel, triton_available
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default")
 EXAMPLES, STEPS = (120, 30) if PROFILE == "thorough" else (25, 15)

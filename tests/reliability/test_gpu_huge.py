@@ -21,7 +21,7 @@ import torch
 
 import kvformats as kvf
 from kvformats.codec import registry
-from kvformats.testing.reliability_harness import CUDA, DEVICE, run_op, triton_available
+from tests.harness.reliability_harness import CUDA, DEVICE, run_op, triton_available
 from kvformats.testing.strategies import storage_bytes
 
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -47,7 +47,7 @@ def has_triton(fmt: str, op: str) -> bool:
     if CUDA:
         registry._load_kernels()
         return "triton" in registry._OPS.get((fmt, op), {})
-    from kvformats.testing.reliability_harness import kernel_impl
+    from tests.harness.reliability_harness import kernel_impl
 
     return kernel_impl(fmt, op) is not None
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats.testing.reliability_harness import CUDA, DEVICE, run_op, triton_available
+from tests.harness.reliability_harness import CUDA, DEVICE, run_op, triton_available
 from kvformats.testing.strategies import storage_bytes
 
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import kvformats as kvf
-from kvformats.testing.reliability_harness import DEVICE, Arena, run_op, same_values
+from tests.harness.reliability_harness import DEVICE, Arena, run_op, same_values
 
 
 def test_fp8_ds_mla_decode_odd_page_width():

@@ -11,7 +11,7 @@ import torch
 import kvformats as kvf
 from kvformats.codec.rows import write_rows
 from kvformats.numerics import codes as nx
-from kvformats.testing.reliability_harness import DEVICE, Arena, backend_has, run_op, same_values, triton_available
+from tests.harness.reliability_harness import DEVICE, Arena, backend_has, run_op, same_values, triton_available
 
 NAN, INF = float("nan"), float("inf")
 NEG_NAN = -float("nan")  # sign bit set

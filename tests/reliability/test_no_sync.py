@@ -1,6 +1,6 @@
 """No host synchronization in the default mode of any public op (issue: serving-grade hot path).
 
-On a GPU every prepared call of ``kvformats.testing.calls.public_calls`` runs under
+On a GPU every prepared call of ``tests.harness.calls.public_calls`` runs under
 ``torch.cuda.set_sync_debug_mode("error")``, eagerly and captured in a CUDA graph, through the
 public functions and through the ``torch.library`` custom ops. On the CPU (CI) the same calls
 run with the GPU's default check path (``device_mode``) and must leave the error record clear;
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kvformats as kvf
-from kvformats.testing.calls import public_calls
+from tests.harness.calls import public_calls
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

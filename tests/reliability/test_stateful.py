@@ -12,8 +12,8 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 import kvformats as kvf
-from kvformats.testing.codec_machine import make_codec_machine
-from kvformats.testing.reliability_harness import backend_has, triton_available
+from tests.harness.codec_machine import make_codec_machine
+from tests.harness.reliability_harness import backend_has, triton_available
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default")
 # (max_examples, stateful_step_count) per backend; thorough: ~10x more.

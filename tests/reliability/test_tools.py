@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvformats.testing.launch_count import LaunchCounter
+from tests.harness.launch_count import LaunchCounter
 from scripts import ROOT, load_script
 
 sanitize = load_script("tools/sanitize.py")
@@ -293,7 +293,7 @@ SASS = """
 
 
 def test_sass_late_loads_count_per_stretch_between_exits():
-    from kvformats.testing import sass_text
+    from tests.harness import sass_text
 
     found = sass_text.instructions(SASS)
     assert [op for _, op in found] == ["LDG", "BRA", "STG", "LDG", "STG", "EXIT", "LDG", "STG", "EXIT", "LDG", "BRA"]

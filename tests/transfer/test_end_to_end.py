@@ -1,5 +1,5 @@
 """Prefill on one process, decode on another, the request's pages moved by a real engine over
-127.0.0.1 (kvformats.testing.transfer_pd): B's decode equals A's bit for bit; a byte changed
+127.0.0.1 (tests.harness.transfer_pd): B's decode equals A's bit for bit; a byte changed
 in flight is caught by the checksums, another layout by the handshake. Each engine runs when
 installed (.ci/run installs both); the scenario moves two requests of a tiny layer."""
 
@@ -10,7 +10,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from kvformats.testing import transfer_pd as pd
+from tests.harness import transfer_pd as pd
 from kvformats.transfer.engines import available
 
 WAIT_S = 240  # the whole scenario, both processes (spawn + torch import + two layer steps each)

@@ -1,6 +1,6 @@
 """Each installed engine behind the interface: batches land byte for byte, a segment beyond the
 peer's registered memory is a typed TransferError, a plan for other caches is refused before
-the engine sees it (kvformats.testing.transfer_pd.engine_checks, in a spawned process). The
+the engine sees it (tests.harness.transfer_pd.engine_checks, in a spawned process). The
 batching, deadline and error paths of Endpoint are also checked with a scripted engine."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from kvformats.errors import InputError, TransferError
 from kvformats.formats import Fp8DsMla
-from kvformats.testing import transfer_pd as pd
+from tests.harness import transfer_pd as pd
 from kvformats.transfer import plan_transfer
 from kvformats.transfer.endpoint import Endpoint
 from kvformats.transfer.engines import available, make_engine

@@ -1,5 +1,5 @@
 """The deepseek_v4 calls of tools/sanitize_driver.py: every public operation, on the paged
-batches of kvformats/testing/dsv4_scenarios.py (missing pages, −1 slots, base offsets) and
+batches of tests/harness/dsv4_scenarios.py (missing pages, −1 slots, base offsets) and
 sentinel-filled target caches, built on the driver's device (``d.t``, ``d.randn``, ``d.cache``)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from kvformats import deepseek_v4 as dsv4
 def _batch(d, ratio: int, head_dim: int, target_ps: int, **kw):
     """A dsv4_scenarios paged batch (missing pages, −1 slots, base offsets) on the driver's device."""
     import attrs
-    from kvformats.testing.dsv4_scenarios import make_batch
+    from tests.harness.dsv4_scenarios import make_batch
 
     b = make_batch(ratio, head_dim, target_ps, **kw)
     return attrs.evolve(b, **{f.name: getattr(b, f.name).to(d.device) for f in attrs.fields(type(b))

@@ -24,7 +24,7 @@ from kvformats import deepseek_v4 as dsv4
 from kvformats.deepseek_v4.pooling import pool_reference
 from kvformats.deepseek_v4.rope import cos_sin_cache
 from kvformats.deepseek_v4.transforms import rope_tail
-from kvformats.testing.reliability_harness import COUNTS, DEVICE, POOLED_APART, SENTINELS, Arena, run_op, table_slot
+from tests.harness.reliability_harness import COUNTS, DEVICE, POOLED_APART, SENTINELS, Arena, run_op, table_slot
 from kvformats.testing.tolerance import code_distance
 
 RMS_EPS = 1e-6

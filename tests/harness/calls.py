@@ -1,7 +1,7 @@
 """One valid call of every public operation, on prepared inputs: for smoke tests, host-cost
 benchmarks and the guard that the default checks never synchronize.
 
-    for name, call in kvformats.testing.calls.public_calls("cuda", rows=64).items():
+    for name, call in tests.harness.calls.public_calls("cuda", rows=64).items():
         call()        # the same inputs every time, so a call can be captured in a CUDA graph
 
 ``rows`` is the tokens of one engine step: up to ``DECODE_MAX`` a decode step (one token per

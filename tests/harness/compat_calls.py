@@ -7,7 +7,7 @@ is held to 1.1x the native call's).
 
 The native call is what an engine writes against kvformats' own API for the same effect (for the
 slot-addressed MXFP4 gather into two workspaces: ``gather`` and the two copies). Shapes are
-DeepSeek V4's, as in ``kvformats.testing.calls``; a decode step up to ``DECODE_MAX`` rows.
+DeepSeek V4's, as in ``tests.harness.calls``; a decode step up to ``DECODE_MAX`` rows.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from kvformats import deepseek_v4 as dsv4
 from kvformats.compat import tokenspeed as _compat
 from kvformats.deepseek_v4.rope import cos_sin_cache
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
-from kvformats.testing.calls import HEAD, HEADS, INDEX_HEAD, PAGE, ROPE, WINDOW, _randn, _step, _table, index_inputs
+from tests.harness.calls import HEAD, HEADS, INDEX_HEAD, PAGE, ROPE, WINDOW, _randn, _step, _table, index_inputs
 
 Pair = tuple[Callable[[], object], Callable[[], object]]
 

@@ -7,7 +7,7 @@ import math
 import attrs
 import torch
 
-from kvformats.deepseek_v4.pipeline_config import CSA_RATIO, HCA_RATIO, LayerConfig
+from kvformats.dsv4_layer.pipeline_config import CSA_RATIO, HCA_RATIO, LayerConfig
 
 
 @attrs.define

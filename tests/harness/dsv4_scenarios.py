@@ -9,7 +9,7 @@ import torch
 
 from kvformats import deepseek_v4 as dsv4
 from kvformats.formats import CompressorState
-from kvformats.testing import dsv4_oracle as orc
+from tests.harness import dsv4_oracle as orc
 from kvformats.testing.strategies import storage_bytes
 
 SENTINEL = 0xA5

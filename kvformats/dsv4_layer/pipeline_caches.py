@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kvformats import deepseek_v4 as dsv4
-from kvformats.deepseek_v4.pipeline_config import CSA_RATIO, HCA_RATIO, LayerConfig
+from kvformats.dsv4_layer.pipeline_config import CSA_RATIO, HCA_RATIO, LayerConfig
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 
 

@@ -22,9 +22,9 @@ import attrs
 import torch
 
 from kvformats import deepseek_v4 as dsv4
-from kvformats.deepseek_v4.pipeline import LayerStep, _mxfp4_query, index_scores, top_k, visible_rows
-from kvformats.deepseek_v4.pipeline_attention import sparse_attention
-from kvformats.deepseek_v4.pipeline_config import CSA_RATIO, HCA_RATIO, LayerConfig
+from kvformats.dsv4_layer.pipeline import LayerStep, _mxfp4_query, index_scores, top_k, visible_rows
+from kvformats.dsv4_layer.pipeline_attention import sparse_attention
+from kvformats.dsv4_layer.pipeline_config import CSA_RATIO, HCA_RATIO, LayerConfig
 from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 from kvformats.numerics.profiles import supported_profiles
 

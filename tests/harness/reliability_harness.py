@@ -70,21 +70,22 @@ def triton_available() -> bool:
     return bool(getattr(kk, "AVAILABLE", False))
 
 
-def kernel_impl(fmt: str, op: str):
-    """The Triton implementation of ``(fmt, op)`` (a format's codec or paged op, or a
-    deepseek_v4 operation under its family name), read from the kernel package's table as the
-    registry reads it; None where there is none or Triton does not import."""
+def kernel_impl(fmt, op: str):
+    """The Triton implementation of ``(fmt, op)`` (a format's codec or paged op, or a model op
+    under its registry.OpFamily), read from the kernel package's table as the registry reads it;
+    None where there is none or Triton does not import."""
     try:
         import kvformats_kernels as kk
     except ImportError:
         return None
-    return kk.kernel_table().get((fmt, op))
+    key = (registry.MODEL_OP, fmt.name, op) if isinstance(fmt, registry.OpFamily) else (fmt, op)
+    return kk.kernel_table().get(key)
 
 
 def family_kernel(family: str, op: str):
     """A Triton implementation of the deepseek_v4 op ``op`` (``family`` "deepseek_v4") where
     kernels can run (CUDA, or the interpreter), else None."""
-    return kernel_impl(family, op) if triton_available() else None
+    return kernel_impl(registry.OpFamily(family), op) if triton_available() else None
 
 
 @contextlib.contextmanager

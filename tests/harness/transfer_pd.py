@@ -20,9 +20,9 @@ import traceback
 
 import torch
 
-from kvformats.deepseek_v4.pipeline import LayerStep
-from kvformats.deepseek_v4.pipeline_config import CSA_RATIO, HCA_RATIO, tiny_config
-from kvformats.deepseek_v4.pipeline_weights import LayerWeights
+from kvformats.dsv4_layer.pipeline import LayerStep
+from kvformats.dsv4_layer.pipeline_config import CSA_RATIO, HCA_RATIO, tiny_config
+from kvformats.dsv4_layer.pipeline_weights import LayerWeights
 from kvformats.errors import TransferError
 
 WAIT_S = 120.0  # every wait on the other process

@@ -14,7 +14,7 @@ from kvformats.codec import paged_ops as paged
 from kvformats.errors import InputError
 from kvformats.runtime import deferred
 from kvformats.testing import strategies as kst
-from kvformats.testing.reliability_harness import (COUNTS, DEVICE, SENTINELS, Arena, backend_has, row_alone,
+from tests.harness.reliability_harness import (COUNTS, DEVICE, SENTINELS, Arena, backend_has, row_alone,
                                                    run_op, same_values, strided, table_slot)
 
 PAGE_SIZES = (1, 2, 3, 4, 5, 8, 16, 64)
