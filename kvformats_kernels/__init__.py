@@ -43,7 +43,7 @@ def kernel_table() -> dict:
     reads these keys: MODEL_OP, LIBRARY)."""
     if not AVAILABLE:
         return {}
-    table = {(fmt, op): getattr(module, op) for fmt, module in IMPLEMENTATIONS.items()
+    table: dict[tuple, object] = {(fmt, op): getattr(module, op) for fmt, module in IMPLEMENTATIONS.items()
              for op in CODEC_OPS if hasattr(module, op)}
     table.update({("model op", dsv4.FAMILY, op): fn for op, fn in dsv4.LAUNCHERS.items()})
     table[("library", "transfer", "page_checksums")] = transfer.page_checksums

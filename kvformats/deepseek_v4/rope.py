@@ -72,11 +72,12 @@ def _check_rope_args(x, positions, cos_sin, check, site) -> bool:
         return False
     if positions.numel() == 0:
         return True
-    lo, hi = torch.aminmax(positions)
-    lo, hi = int(lo), int(hi)
+    low, high = torch.aminmax(positions)
+    lo, hi = int(low), int(high)
     if lo < 0 or hi >= cos_sin.shape[0]:
         raise InputError(f"positions must lie in [0, {cos_sin.shape[0]}) (the rows of cos_sin), got values in "
                          f"[{lo}, {hi}]; build a longer table with kvformats.deepseek_v4.rope.cos_sin_cache")
+    return True
 
 
 def rope_tail(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, *,

@@ -182,7 +182,7 @@ for _name, (_args, _returns) in SCHEMAS.items():
 
 
 # ----- wrappers with the signatures of kvformats.deepseek_v4 ---------------------------------------
-_PY_TYPES = {"Tensor": torch.Tensor, "int": int, "float": (int, float), "str": str}
+_PY_TYPES: dict[str, type | tuple[type, ...]] = {"Tensor": torch.Tensor, "int": int, "float": (int, float), "str": str}
 _TYPE_NAMES = {"Tensor": "a tensor", "int": "an int", "float": "a float", "str": "a string"}
 
 

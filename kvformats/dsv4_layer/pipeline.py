@@ -23,6 +23,7 @@ attention over all rows together ("layer"). The decode step has static shapes an
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import attrs
 import torch
@@ -47,7 +48,7 @@ class StepOutput:
     hca: torch.Tensor
     layer: torch.Tensor
     topk: torch.Tensor
-    index_scores: torch.Tensor
+    index_scores: torch.Tensor | None  # kept only with keep_scores
     out_fp8: tuple
     reads: dict
 
@@ -100,9 +101,9 @@ class LayerStep:
         cfg, ps, ring = self.cfg, self.cfg.page_size, self.cfg.state_ring_pages
         lo = torch.full((cfg.requests,), cfg.max_context, dtype=torch.int64, device=positions.device)
         hi = torch.full((cfg.requests,), -1, dtype=torch.int64, device=positions.device)
-        lo = lo.scatter_reduce(0, req, positions, "amin").tolist()
-        hi = hi.scatter_reduce(0, req, positions, "amax").tolist()
-        for r, (first, last) in enumerate(zip(lo, hi)):
+        firsts = lo.scatter_reduce(0, req, positions, "amin").tolist()
+        lasts = hi.scatter_reduce(0, req, positions, "amax").tolist()
+        for r, (first, last) in enumerate(zip(firsts, lasts)):
             if last < 0:
                 continue  # request r has no token in this step
             # oldest position a window of this chunk reads: its HCA group's start, or the older
@@ -163,7 +164,8 @@ class LayerStep:
         parts = [self.read_attend(q[i:i + cfg.query_chunk], xf[i:i + cfg.query_chunk],
                                   positions[i:i + cfg.query_chunk], req[i:i + cfg.query_chunk])
                  for i in range(0, t, cfg.query_chunk)]
-        o = {k: torch.cat([p_[k] for p_ in parts]) if parts[0][k] is not None else None for k in parts[0]}
+        o: dict[str, Any] = {k: torch.cat([p_[k] for p_ in parts]) if parts[0][k] is not None else None
+                             for k in parts[0]}
         o_all = o["layer"]
         out = dsv4.inv_rope_fp8_quant(o_all.to(torch.bfloat16), positions, cs, n_groups=cfg.out_groups,
                                       heads_per_group=cfg.heads // cfg.out_groups,

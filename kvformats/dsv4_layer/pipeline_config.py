@@ -6,6 +6,8 @@ allocated or written, so a bad configuration never leaves half-written state beh
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from kvformats.errors import InputError
@@ -83,7 +85,7 @@ class LayerConfig:
 
 def tiny_config(**overrides) -> LayerConfig:
     """Small shapes for CPU tests and the quality report."""
-    base = dict(heads=4, head_dim=128, rope_dim=64, index_heads=4, index_dim=128, window=16, topk=8,
+    base: dict[str, Any] = dict(heads=4, head_dim=128, rope_dim=64, index_heads=4, index_dim=128, window=16, topk=8,
                 page_size=16, requests=2, max_context=256, hidden=64, out_groups=2)
     base.update(overrides)
     return LayerConfig(**base)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 
+from typing import cast
+
 import attrs
 import torch
 
@@ -168,7 +170,7 @@ def report(cfg: LayerConfig, x: torch.Tensor, prefill: int, decode: int) -> dict
             want = attention(run, q, exact.swa, exact.csa, exact.hca, want_topk)
         rows.append({"run": f"pipeline, {fmt} (default profiles)",
                      **{p: rel(run.out[p], want[p]) for p in PATHS}, "recall": recall(run.out["topk"], want_topk)})
-    run = base
+    run = cast(Run, base)  # the first format's run: the loop above always sets it
     ds = supported_profiles()
     for prof in ds["fp8_ds_mla"]:
         lay = Fp8DsMla(head_dim=cfg.head_dim, rope_dim=cfg.rope_dim, page_size=cfg.page_size, profile=prof)
