@@ -166,6 +166,13 @@ def test_list_show_spec_and_docs_derive_it(tiny, capsys, tmp_path):
     docs = expected_docs(REPO, build_parser())
     assert f"| `tail` | bfloat16 | [16] |" in docs[f"reference/formats/{NAME}.md"]
     assert docs[f"diagrams/{NAME}.svg"].startswith("<svg")
+    from kvformats.spec.format_lists import expected_lists
+
+    lists = expected_lists(REPO)  # the index table, the site's nav and the spec's list gain it
+    assert f"- {NAME}: reference/formats/{NAME}.md" in lists["mkdocs.yml"]
+    assert (f"| [{NAME}](reference/formats/{NAME}.md) | 68 B | 544 B (8) | e4m3 values, bf16 tail, "
+            f"ue8m0 scale per 16 |") in lists["docs/index.md"]
+    assert f"* `{NAME}`: [formats/{NAME}.md](formats/{NAME}.md), 68 B rows" in lists["spec/README.md"]
 
 
 def test_check_and_dump_read_a_cache_file_of_it(tiny, capsys, tmp_path):
