@@ -24,7 +24,7 @@ from kvformats.runtime import deferred  # noqa: E402  (after the interpreter cho
 def _add_extra_formats() -> None:
     """Register the formats named in ``KVFORMATS_EXTRA_FORMATS`` (``module:Class`` separated by
     commas) before any test module is collected, so every list of formats the suite
-    parametrizes over includes them: how tests/test_new_format.py runs the suite on a format
+    parametrizes over includes them: how tests/test_new_format_suite.py runs the suite on a format
     declared outside the package."""
     import importlib
 
