@@ -87,6 +87,17 @@ def routed(monkeypatch):
 
 
 @pytest.fixture
+def published_only(monkeypatch):
+    """The registry holding only the package's formats (kvformats.formats.FORMATS) for one test:
+    for the tests of files committed for them (spec JSON, generated docs, the format lists),
+    which a format registered from KVFORMATS_EXTRA_FORMATS has none of."""
+    from kvformats.codec import registry
+    from kvformats.formats import FORMATS
+
+    monkeypatch.setattr(registry, "_FORMATS", {n: c for n, c in registry._FORMATS.items() if c in FORMATS})
+
+
+@pytest.fixture
 def launch_settings():
     """``change(table, key, value)``: a launch setting of kvformats_kernels for one test, through
     the settings' own function (which drops recorded replay plans); every table is restored after

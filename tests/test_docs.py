@@ -15,7 +15,7 @@ from kvformats.testing.capabilities import require
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_generated_docs_match_the_declarations():
+def test_generated_docs_match_the_declarations(published_only):
     assert check_docs(REPO, build_parser()) == []
 
 
@@ -45,7 +45,7 @@ def test_site_builds_strict(tmp_path):
     assert (tmp_path / "site" / "reference" / "formats" / "fp8_ds_mla" / "index.html").is_file()
 
 
-def test_format_lists_are_generated_and_drift_names_the_command(tmp_path):
+def test_format_lists_are_generated_and_drift_names_the_command(tmp_path, published_only):
     """docs/index.md's table, mkdocs.yml's format nav and spec/README.md's list are regenerated
     between their marker lines from the registered formats (kvformats.spec.format_lists)."""
     from kvformats.spec.format_lists import MARKED, expected_lists
