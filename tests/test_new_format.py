@@ -236,3 +236,19 @@ def test_strategies_draw_its_declared_parameters_and_blocks(tiny):
 
     round_trip()
     assert seen <= {(p["head_dim"], p["tail"]) for p in TinyRows.example_params} and seen
+
+
+def test_its_capabilities_are_read_from_the_declaration_and_the_registry(tiny):
+    from kvformats.errors import InputError
+    from kvformats.testing.capabilities import has
+
+    assert registry.has_backend(NAME, "encode", "reference") and not registry.has_backend(NAME, "encode", "triton")
+    assert has(NAME, "paged_reads") and not has(NAME, "published") and not has(NAME, "one_block")
+    assert not has(NAME, "kernels", op="decode")
+    assert has("fp8_ds_mla", "published") and has("fp8_ds_mla", "one_block") and has("fp8_ds_mla", "kernels")
+    assert not has("compressor_state", "paged_reads")
+    assert tiny.decode_dtypes == (torch.bfloat16,) and tiny.small_params == {"page_size": 4}
+    with pytest.raises(InputError, match="wings"):
+        has(NAME, "wings")
+    with pytest.raises(kvf.InputError, match="cuda"):
+        registry.has_backend(NAME, "encode", "cuda")

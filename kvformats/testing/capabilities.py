@@ -19,6 +19,7 @@ Capabilities:
 from __future__ import annotations
 
 from kvformats.codec import registry
+from kvformats.errors import InputError
 from kvformats.formats import FORMATS
 
 CAPABILITIES = ("kernels", "published", "paged_reads", "one_block")
@@ -35,7 +36,7 @@ def has(name: str, capability: str, op: str = "encode") -> bool:
         return layout.paged_reads
     if capability == "one_block":
         return type(layout).one_block_params is not None
-    raise ValueError(f"unknown capability {capability!r}; capabilities: {', '.join(CAPABILITIES)}")
+    raise InputError(f"unknown capability {capability!r}; capabilities: {', '.join(CAPABILITIES)}")
 
 
 REASONS = {
