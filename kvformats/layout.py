@@ -215,6 +215,13 @@ class Layout:
     # Whether decode(encode(decode(encode(x)))) == decode(encode(x)) is a stated property of the
     # format's default numerics (spec/README.md §5); the codec state machine checks it where so.
     value_idempotent: ClassVar[bool] = False
+    # A small valid parameter set for tests and examples that look at every byte of a few pages
+    # (cache files, dumps, diffs): keyword arguments for get_format.
+    small_params: ClassVar[dict] = {"page_size": 4}
+    # The parameters (keyword arguments for get_format) that give every scaled region exactly one
+    # quantization block, the narrowest geometry, where reductions over a block see one block;
+    # None when the format does not name one (the tests of that geometry then skip it).
+    one_block_params: ClassVar[dict | None] = None
 
     page_size: int = attrs.field(default=64, validator=positive)
 
@@ -431,6 +438,18 @@ class Layout:
         """dtype of the rows ``decode`` returns (None when it returns several tensors)."""
         return torch.float32
 
+    @property
+    def decode_dtypes(self) -> tuple[torch.dtype, ...]:
+        """dtypes of the tensors ``decode`` returns, in order (one, ``decode_dtype``, unless the
+        format decodes to several tensors and says so by overriding this)."""
+        return (self.decode_dtype,)
+
+    @property
+    def paged_reads(self) -> bool:
+        """Whether ``dequantize_gather`` can serve this format: its rows decode to one tensor of
+        ``decode_dtype`` (a format decoding to several tensors has no single output to fill)."""
+        return self.decode_dtype is not None
+
     def dequantize_gather(self, cache: torch.Tensor, out: torch.Tensor, *, block_table: torch.Tensor,
                           seq_lens: torch.Tensor, gather_lens: torch.Tensor | None = None,
                           block_table_base_offsets: torch.Tensor | None = None, offset: int = 0,
@@ -465,6 +484,12 @@ class Layout:
         if kwargs:
             raise InputError(f"{self.name}.encode takes no keyword arguments, got {sorted(kwargs)}")
         return check_float_rows("x", x, self.head_dim, device), {}
+
+    def decoded_reference(self, x, **kwargs) -> torch.Tensor:
+        """The float32 ``[N, D]`` values that ``decode`` (its outputs side by side) gives back,
+        within the bound of the format's element types, for ``encode(x, **kwargs)``: here ``x``
+        rounded to ``quant_input_dtype``. A format whose encode takes other inputs overrides this."""
+        return x.to(self.quant_input_dtype).float()
 
     def example_encode_args(self, n: int, values, gen: torch.Generator) -> tuple[object, dict, torch.Tensor]:
         """Valid ``encode`` arguments for ``n`` rows and the float32 ``[n, D]`` values that

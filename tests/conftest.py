@@ -21,6 +21,26 @@ os.environ.setdefault("KVFORMATS_STRICT_CALL_SITES", "1")  # kvformats_kernels.l
 from kvformats.runtime import deferred  # noqa: E402  (after the interpreter choice)
 
 
+def _add_extra_formats() -> None:
+    """Register the formats named in ``KVFORMATS_EXTRA_FORMATS`` (``module:Class`` separated by
+    commas) before any test module is collected, so every list of formats the suite
+    parametrizes over includes them: how tests/test_new_format_suite.py runs the suite on a format
+    declared outside the package."""
+    import importlib
+
+    from kvformats.codec import registry
+    from kvformats.codec.slot_ops import register_reference_ops
+
+    for spec in filter(None, os.environ.get("KVFORMATS_EXTRA_FORMATS", "").split(",")):
+        module, _, cls_name = spec.strip().partition(":")
+        cls = getattr(importlib.import_module(module), cls_name)
+        registry.register_format(cls)
+        register_reference_ops(cls.name)
+
+
+_add_extra_formats()
+
+
 settings.register_profile("default", max_examples=40, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True,
@@ -64,6 +84,17 @@ def routed(monkeypatch):
             return real(fmt, op, backend, device)
 
         monkeypatch.setattr(registry, "resolve", resolve)
+
+
+@pytest.fixture
+def published_only(monkeypatch):
+    """The registry holding only the package's formats (kvformats.formats.FORMATS) for one test:
+    for the tests of files committed for them (spec JSON, generated docs, the format lists),
+    which a format registered from KVFORMATS_EXTRA_FORMATS has none of."""
+    from kvformats.codec import registry
+    from kvformats.formats import FORMATS
+
+    monkeypatch.setattr(registry, "_FORMATS", {n: c for n, c in registry._FORMATS.items() if c in FORMATS})
 
 
 @pytest.fixture

@@ -31,7 +31,8 @@ def test_list_names_every_format_with_row_and_page_bytes(capsys):
         assert line.split()[1:3] == [str(layout.row_bytes), str(layout.page_bytes)]
 
 
-def test_python_dash_m_lists_every_format():
+def test_python_dash_m_lists_every_format(published_only):
+    """A fresh process lists the package's formats (a test-registered one is not in it)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "kvformats", "list"], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=120)
@@ -215,7 +216,7 @@ def test_list_json_matches_the_table(capsys):
                (layout.row_bytes, layout.page_bytes, layout.min_page_bytes, layout.params)
 
 
-def test_docs_check_says_ok_and_writes_refuse_unwritable_places(capsys, tmp_path):
+def test_docs_check_says_ok_and_writes_refuse_unwritable_places(capsys, tmp_path, published_only):
     code, out, err = run(capsys, "docs", "--check", "--root", str(ROOT))
     assert code == 0 and err == "" and out.strip().endswith("every generated page is up to date")
     (tmp_path / "afile").write_text("x")

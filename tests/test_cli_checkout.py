@@ -40,7 +40,7 @@ def test_another_projects_tree_is_not_a_checkout(capsys, tmp_path, monkeypatch):
     assert list((tmp_path / "spec").iterdir()) == []
 
 
-def test_the_repository_is_a_checkout(capsys, monkeypatch):
+def test_the_repository_is_a_checkout(capsys, monkeypatch, published_only):
     assert is_checkout(ROOT)
     monkeypatch.chdir(ROOT)
     code, out, err = run(capsys, "spec", "--check")

@@ -14,6 +14,7 @@ from kvformats.codec import torch_ops as kops
 from kvformats.codec.convert import convert_rows, convert_slots, pack_ue8m0, unpack_ue8m0
 from kvformats.deepseek_v4 import rope
 from kvformats.numerics.profiles import supported_profiles
+from tests.harness.capabilities import require
 from kvformats.testing.strategies import storage_bytes
 
 INT_PARAMS = [(name, field) for name in kvf.list_formats()
@@ -121,12 +122,9 @@ def test_rope_argument_errors_are_typed(call, err, words):
 
 
 # ----- item 5: empty batches, every format x profile ---------------------------------------------
-# one-block geometries too: a reduction over an empty batch there leaves a [0, 1] tensor with a
-# zero stride, which a byte view refuses (fp8_indexer deepgemm-ref, fp8_ds_mla_v32 head 192)
-ONE_BLOCK = {"compressor_state": dict(head_dim=1), "fp8_ds_mla": dict(head_dim=128, rope_dim=64),
-             "fp8_ds_mla_v32": dict(head_dim=192, rope_dim=64), "fp8_indexer": dict(head_dim=128),
-             "mxfp4_indexer": dict(head_dim=32), "fp8_ds_mla_v41": dict(head_dim=32),
-             "fp4_ds_mla_v41": dict(head_dim=16)}
+# one-block geometries too (each format's Layout.one_block_params): a reduction over an empty
+# batch there leaves a [0, 1] tensor with a zero stride, which a byte view refuses (fp8_indexer
+# deepgemm-ref, fp8_ds_mla_v32 head 192)
 EMPTY_CASES = [pytest.param(name, profile, geometry, id=f"{name}-{profile}-{geometry}")
                for name in kvf.list_formats()
                for profile in (supported_profiles().get(name) or (None,))
@@ -134,7 +132,9 @@ EMPTY_CASES = [pytest.param(name, profile, geometry, id=f"{name}-{profile}-{geom
 
 
 def _layout(name, profile, geometry):
-    params = dict(ONE_BLOCK[name] if geometry == "one-block" else {}, page_size=4)
+    if geometry == "one-block":
+        require(name, "one_block")
+    params = dict(type(kvf.get_format(name)).one_block_params if geometry == "one-block" else {}, page_size=4)
     return kvf.get_format(name, **params, **({} if profile is None else {"profile": profile}))
 
 

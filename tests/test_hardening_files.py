@@ -388,7 +388,7 @@ def test_diff_of_caches_with_different_page_widths_is_refused(tmp_path, capsys):
 
 
 # ----- items 17 and 21: the docs name every format and the io extra ---------------------------
-def test_docs_index_links_every_format_and_the_tutorial_installs_the_io_extra():
+def test_docs_index_links_every_format_and_the_tutorial_installs_the_io_extra(published_only):
     from pathlib import Path
 
     docs = Path(__file__).resolve().parents[1] / "docs"

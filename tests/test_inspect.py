@@ -9,9 +9,9 @@ from kvformats.caches.diff import diff_caches
 from kvformats.caches.hexdump import hexdump_page, json_number, page_lines, slot_record
 from kvformats.spec.diagram import layout_svg
 
-SMALL = {"fp8_ds_mla_v41": {"head_dim": 64, "page_size": 4}, "fp4_ds_mla_v41": {"head_dim": 64, "page_size": 4},
-         "fp8_ds_mla": {"page_size": 4}, "fp8_ds_mla_v32": {"page_size": 4}, "fp8_indexer": {"page_size": 4}, "mxfp4_indexer": {"page_size": 4},
-         "compressor_state": {"head_dim": 8, "page_size": 4}}
+def small(name):
+    """The format's declared small layout (``Layout.small_params``)."""
+    return kvf.get_format(name, **type(kvf.get_format(name)).small_params)
 
 
 def filled(layout, pages=3, scale=1.0, seed=0):
@@ -34,7 +34,7 @@ def raw_bytes(cache):
 
 @pytest.mark.parametrize("name", kvf.list_formats())
 def test_hexdump_covers_every_page_byte_once(name):
-    layout = kvf.get_format(name, **SMALL[name])
+    layout = small(name)
     cache, _ = filled(layout)
     lines = page_lines(layout, cache, 1)
     covered = []
@@ -50,7 +50,7 @@ def test_hexdump_covers_every_page_byte_once(name):
 
 @pytest.mark.parametrize("name", kvf.list_formats())
 def test_slot_record_matches_decode_and_gather(name):
-    layout = kvf.get_format(name, **SMALL[name])
+    layout = small(name)
     cache, slots = filled(layout)
     slot = int(slots[3])
     rec = slot_record(layout, cache, slot)
@@ -79,7 +79,7 @@ def test_slot_record_reads_scale_ff_as_the_profile(profile):
 
 @pytest.mark.parametrize("name", kvf.list_formats())
 def test_check_passes_written_caches_and_flags_each_rule(name):
-    layout = kvf.get_format(name, **SMALL[name])
+    layout = small(name)
     cache, _ = filled(layout, scale=1e30)
     assert check(layout, cache)["ok"]
     pristine = cache.clone()
@@ -117,7 +117,7 @@ def test_check_extreme_finite_inputs_stay_in_range():
 
 @pytest.mark.parametrize("name", kvf.list_formats())
 def test_diff_counts_and_locates(name):
-    layout = kvf.get_format(name, **SMALL[name])
+    layout = small(name)
     a, _ = filled(layout)
     assert diff_caches(layout, a, a.clone())["equal"]
     b = a.clone()

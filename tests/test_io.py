@@ -10,6 +10,11 @@ import kvformats as kvf
 from kvformats.caches.files import CacheFileError, load_cache, load_caches, read_metadata, save_cache, save_caches
 
 
+def small(name):
+    """The format's declared small layout (``Layout.small_params``)."""
+    return kvf.get_format(name, **type(kvf.get_format(name)).small_params)
+
+
 def filled(layout, pages=3, page_stride=None, seed=0):
     g = torch.Generator().manual_seed(seed)
     cache = layout.allocate(pages, page_stride=page_stride)
@@ -24,15 +29,10 @@ def filled(layout, pages=3, page_stride=None, seed=0):
     return cache
 
 
-SMALL = {"fp8_ds_mla_v41": {"head_dim": 64, "page_size": 4}, "fp4_ds_mla_v41": {"head_dim": 64, "page_size": 4},
-         "fp8_ds_mla": {"page_size": 4}, "fp8_ds_mla_v32": {"page_size": 4}, "fp8_indexer": {"page_size": 4}, "mxfp4_indexer": {"page_size": 4},
-         "compressor_state": {"head_dim": 8, "page_size": 4}}
-
-
 @pytest.mark.parametrize("name", kvf.list_formats())
 @pytest.mark.parametrize("padded", [False, True])
 def test_round_trip_keeps_bytes_and_page_stride(tmp_path, name, padded):
-    layout = kvf.get_format(name, **SMALL[name])
+    layout = small(name)
     page = layout.cache_shape(1)[1:]
     elems = page[0] if len(page) == 1 else page[0] * page[1]
     stride = elems + 24 if padded else None

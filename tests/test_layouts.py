@@ -20,6 +20,11 @@ GEOMETRY = [  # (layout, row_bytes, page_bytes, {region: (offset, nbytes)})
     (kvf.CompressorState(head_dim=128), 2048, 8192, {"kv": (0, 1024), "score": (1024, 1024)}),
 ]
 IDS = [f"{lay.name}-{i}" for i, (lay, *_) in enumerate(GEOMETRY)]
+# The derived-geometry invariants hold for every layout: those above and, for each registered
+# format they lack, its declared small one (Layout.small_params).
+LAYOUTS = [g[0] for g in GEOMETRY] + [kvf.get_format(n, **type(kvf.get_format(n)).small_params)
+                                      for n in kvf.list_formats() if n not in {g[0].name for g in GEOMETRY}]
+LAYOUT_IDS = IDS + [lay.name for lay in LAYOUTS[len(GEOMETRY):]]
 
 
 @pytest.mark.parametrize("layout, row_bytes, page_bytes, regions", GEOMETRY, ids=IDS)
@@ -39,7 +44,7 @@ def test_fp8_ds_mla_scale_dim_and_padding_rule():
         assert lay.page_bytes == -(-rows * 584 // 576) * 576
 
 
-@pytest.mark.parametrize("layout", [g[0] for g in GEOMETRY], ids=IDS)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_regions_tile_the_page(layout):
     """Every byte of [0, page_bytes) belongs to exactly one (region, row); gathered rows are the
     per-row fields in page order, data before scale."""
@@ -68,7 +73,7 @@ def test_slot_offsets_worked_examples():
     assert kvf.Fp8DsMla().slot_offsets(70, page_stride=40000)["scale"] == 40000 + 36864 + 6 * 8
 
 
-@pytest.mark.parametrize("layout", [g[0] for g in GEOMETRY], ids=IDS)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_views_shapes_dtypes_and_aliasing(layout):
     cache = layout.allocate(3, page_stride=layout.allocate(1).stride(0) + 64)
     assert cache.stride(0) == layout.allocate(1).stride(0) + 64
@@ -96,7 +101,7 @@ def test_views_shapes_dtypes_and_aliasing(layout):
     assert int(layout.gather(cache, torch.tensor([slot - 1]))[0].count_nonzero()) == 0
 
 
-@pytest.mark.parametrize("layout", [g[0] for g in GEOMETRY], ids=IDS)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_allocate_honours_page_stride(layout):
     page_elems = layout.allocate(1).stride(0)
     plain = layout.allocate(2)
@@ -112,7 +117,7 @@ def test_allocate_honours_page_stride(layout):
     assert tuple(layout.allocate(0).shape) == layout.cache_shape(0)
 
 
-@pytest.mark.parametrize("layout", [g[0] for g in GEOMETRY], ids=IDS)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_describe_mentions_every_region(layout):
     text = layout.describe()
     assert layout.name in text and str(layout.row_bytes) in text and str(layout.page_bytes) in text

@@ -166,6 +166,13 @@ def test_list_show_spec_and_docs_derive_it(tiny, capsys, tmp_path):
     docs = expected_docs(REPO, build_parser())
     assert f"| `tail` | bfloat16 | [16] |" in docs[f"reference/formats/{NAME}.md"]
     assert docs[f"diagrams/{NAME}.svg"].startswith("<svg")
+    from kvformats.spec.format_lists import expected_lists
+
+    lists = expected_lists(REPO)  # the index table, the site's nav and the spec's list gain it
+    assert f"- {NAME}: reference/formats/{NAME}.md" in lists["mkdocs.yml"]
+    assert (f"| [{NAME}](reference/formats/{NAME}.md) | 68 B | 544 B (8) | e4m3 values, bf16 tail, "
+            f"ue8m0 scale per 16 |") in lists["docs/index.md"]
+    assert f"* `{NAME}`: [formats/{NAME}.md](formats/{NAME}.md), 68 B rows" in lists["spec/README.md"]
 
 
 def test_check_and_dump_read_a_cache_file_of_it(tiny, capsys, tmp_path):
@@ -229,3 +236,19 @@ def test_strategies_draw_its_declared_parameters_and_blocks(tiny):
 
     round_trip()
     assert seen <= {(p["head_dim"], p["tail"]) for p in TinyRows.example_params} and seen
+
+
+def test_its_capabilities_are_read_from_the_declaration_and_the_registry(tiny):
+    from kvformats.errors import InputError
+    from tests.harness.capabilities import has
+
+    assert registry.has_backend(NAME, "encode", "reference") and not registry.has_backend(NAME, "encode", "triton")
+    assert has(NAME, "paged_reads") and not has(NAME, "published") and not has(NAME, "one_block")
+    assert not has(NAME, "kernels", op="decode")
+    assert has("fp8_ds_mla", "published") and has("fp8_ds_mla", "one_block") and has("fp8_ds_mla", "kernels")
+    assert not has("compressor_state", "paged_reads")
+    assert tiny.decode_dtypes == (torch.bfloat16,) and tiny.small_params == {"page_size": 4}
+    with pytest.raises(InputError, match="wings"):
+        has(NAME, "wings")
+    with pytest.raises(kvf.InputError, match="cuda"):
+        registry.has_backend(NAME, "encode", "cuda")

@@ -31,6 +31,10 @@ def loop_slot(layout, cache, table, r, pos, base=0):
 
 
 LAYOUTS = [kvf.Fp8DsMla(page_size=4), kvf.Fp8Indexer(page_size=4), kvf.Mxfp4Indexer(page_size=8)]
+# ... and every other registered format whose rows decode to one tensor, at its declared small
+# parameters (Layout.small_params, Layout.paged_reads)
+LAYOUTS += [kvf.get_format(name, **type(kvf.get_format(name)).small_params) for name in kvf.list_formats()
+            if kvf.get_format(name).paged_reads and name not in {lay.name for lay in LAYOUTS}]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: l.name)
@@ -74,9 +78,9 @@ def test_gather_paged_matches_a_loop(layout):
     cache, g = filled(layout, pages=6)
     table = torch.randint(-1, 7, (3, 4), generator=g)
     cu = torch.tensor([0, 5, 5, 17])
-    values, scales = layout.gather_paged(cache, block_table=table, cu_seq_lens=cu)
-    assert values.shape[0] == scales.shape[0] == 17
-    rows = torch.cat([values, scales], dim=1)
+    workspaces = layout.gather_paged(cache, block_table=table, cu_seq_lens=cu)  # one per segment
+    assert [tuple(w.shape) for w in workspaces] == [(17, s.record_bytes) for s in layout.segments]
+    rows = torch.cat(workspaces, dim=1)
     for t in range(17):
         r = int(torch.searchsorted(cu[1:], torch.tensor(t), right=True))
         slot = loop_slot(layout, cache, table, r, t - int(cu[r]))
@@ -98,7 +102,7 @@ def test_gather_paged_into_workspaces_leaves_the_tail_untouched():
 
 @pytest.mark.parametrize("name", kvf.list_formats())
 def test_decode_topk_is_decode_reshaped(name):
-    layout = kvf.get_format(name, page_size=4, **({"head_dim": 8} if name == "compressor_state" else {}))
+    layout = kvf.get_format(name, **type(kvf.get_format(name)).small_params)
     cache = layout.allocate(3)
     topk = torch.tensor([[0, -1, 5], [11, 2, -1]])
     got = layout.decode_topk(cache, topk)

@@ -11,6 +11,7 @@ import pytest
 import kvformats as kvf
 from kvformats.spec.examples import BEGIN, END, check_examples, write_examples
 from kvformats.spec.formats import check_specs
+from tests.harness.capabilities import require
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_DIR = ROOT / "spec" / "formats"
@@ -23,6 +24,7 @@ def test_committed_examples_are_current():
 @pytest.mark.parametrize("name", kvf.list_formats())
 def test_prose_and_docs_state_the_declared_slot_offsets(name):
     """Issue 35 item 14: the V4.1 page once said scale 66368 where the layout says 66656."""
+    require(name, "published")
     layout = kvf.get_format(name)
     row = "| " + " | ".join(str(v) for v in layout.slot_offsets(70).values()) + " |"
     for path in (SPEC_DIR / f"{name}.md", ROOT / "docs" / "reference" / "formats" / f"{name}.md"):

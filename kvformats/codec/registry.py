@@ -117,6 +117,17 @@ def get_format(name: str, **params):
     return cls(**params)
 
 
+def has_backend(fmt: str, op: str, backend: str) -> bool:
+    """Whether ``backend`` has an implementation of ``fmt.op`` registered: for "triton", what the
+    kernel package's table registered (loaded here if it was not yet; empty without Triton).
+    The declared capability the tests skip a format's kernel cases by."""
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}")
+    if backend == "triton":
+        _load_kernels()
+    return backend in _OPS.get((fmt, op), {})
+
+
 def register_op(fmt: str | OpFamily, op: str, backend: str):
     """Decorator: register ``fn(layout, ...)`` as ``backend``'s implementation of ``fmt.op``
     (``fmt`` a format's name, or the OpFamily of model ops: ``register_model_op``)."""

@@ -86,6 +86,7 @@ class V41Rows(BlockScaledRows, ProfiledLayout, Layout):
     first, decoded to bf16."""
 
     quant_input_dtype = torch.bfloat16  # the same bf16 KV rows for the 528 B and the 288 B caches
+    small_params = {"head_dim": 64, "page_size": 4}
 
     head_dim: int = attrs.field(default=512, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)

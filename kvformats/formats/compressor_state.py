@@ -38,6 +38,9 @@ class CompressorState(Layout):
     example_params = tuple(dict(ratio=r, head_dim=h) for r in RATIOS for h in (1, 2, 3, 8, 16))
     page_size_range = (1, 8)
     value_idempotent = True
+    small_params = {"head_dim": 8, "page_size": 4}
+    one_block_params = {"head_dim": 1}  # no quantization blocks: the narrowest state
+
 
     head_dim: int = attrs.field(default=512, validator=positive)
     ratio: int = attrs.field(default=4, validator=one_of(*RATIOS))
@@ -51,6 +54,10 @@ class CompressorState(Layout):
     @property
     def decode_dtype(self) -> None:
         return None  # decode returns (kv, score_state)
+
+    @property
+    def decode_dtypes(self) -> tuple[torch.dtype, ...]:
+        return (torch.float32, torch.float32)
 
     @property
     def width(self) -> int:
@@ -91,7 +98,12 @@ class CompressorState(Layout):
         score = torch.randn(n, w, generator=gen)
         ape = torch.randn(self.ratio, w, generator=gen)
         pos = torch.randint(0, 1 << 20, (n,), generator=gen)
-        return (kv, score), {"positions": pos, "ape": ape}, torch.cat([kv, score + ape[pos % self.ratio]], dim=1)
+        return (kv, score), {"positions": pos, "ape": ape}, self.decoded_reference((kv, score), positions=pos, ape=ape)
+
+    def decoded_reference(self, x, *, positions: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+        """``[kv | score + ape[p % ratio]]`` in float32, what decode gives back exactly."""
+        kv, score = x
+        return torch.cat([kv.float(), score.float() + ape.float()[positions.long() % self.ratio]], dim=1)
 
     def encode_rows(self, x, *, positions: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
         # A cache write is not differentiable: inputs that require grad are read as plain values

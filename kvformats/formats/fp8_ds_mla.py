@@ -50,6 +50,7 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
     value_idempotent = True
     example_params = (dict(head_dim=512, rope_dim=64), dict(head_dim=192, rope_dim=64), dict(head_dim=128, rope_dim=64),
                       dict(head_dim=96, rope_dim=32), dict(head_dim=66, rope_dim=2))
+    one_block_params = dict(head_dim=128, rope_dim=64)
 
     head_dim: int = attrs.field(default=512, validator=positive)
     rope_dim: int = attrs.field(default=64, validator=positive)

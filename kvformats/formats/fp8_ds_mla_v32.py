@@ -59,6 +59,7 @@ class Fp8DsMlaV32(NopeRopeRows, ProfiledLayout, Layout):
     PROFILES = PROFILES
     quant_block = QUANT_BLOCK
     quant_input_dtype = torch.bfloat16
+    one_block_params = dict(head_dim=192, rope_dim=64)
 
     head_dim: int = attrs.field(default=576, validator=positive)
     rope_dim: int = attrs.field(default=64, validator=positive)

@@ -49,6 +49,7 @@ class Fp8Indexer(IndexerRows):
     PROFILES = PROFILES
     example_params = (dict(head_dim=128), dict(head_dim=256))
     QUANT_BLOCK = QUANT_BLOCK
+    one_block_params = dict(head_dim=QUANT_BLOCK)
     VALUES = ("float8_e4m3fn", "x / scale")
     SCALES = ("float32", "power-of-two multiplier per 128 dims")
 

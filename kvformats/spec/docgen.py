@@ -1,6 +1,7 @@
 """Generated documentation: one reference page per format (from its spec JSON, with its SVG
 byte map and the normative prose of spec/formats/<name>.md), the diagrams, and the CLI page
-(from the argparse parser). ``write_docs`` regenerates them; ``check_docs`` reports drift."""
+(from the argparse parser), and the format lists of docs/index.md, mkdocs.yml and spec/README.md
+(``kvformats.spec.format_lists``). ``write_docs`` regenerates them; ``check_docs`` reports drift."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from kvformats.codec.registry import get_format, list_formats
 from kvformats.errors import OutputError
 from kvformats.spec.diagram import layout_svg
+from kvformats.spec.format_lists import expected_lists
 from kvformats.spec.formats import format_spec
 
 
@@ -70,12 +72,22 @@ def expected_docs(repo: Path, parser) -> dict[str, str]:
     return out
 
 
+def _expected_files(repo: Path, parser) -> dict[Path, str | None]:
+    """Every generated file: the pages under docs/ and the files holding a format list (None
+    for one whose markers are missing)."""
+    out: dict[Path, str | None] = {repo / "docs" / rel: text for rel, text in expected_docs(repo, parser).items()}
+    out.update({repo / rel: text for rel, text in expected_lists(repo).items()})
+    return out
+
+
 def write_docs(repo: Path, parser) -> list[Path]:
-    """Regenerate every generated page under ``repo/docs``; OutputError (naming the path) if one
-    cannot be written."""
+    """Regenerate every generated page under ``repo/docs`` and the format lists; OutputError
+    (naming the path) if one cannot be written or a format list lacks its markers."""
     written = []
-    for rel, text in expected_docs(repo, parser).items():
-        path = repo / "docs" / rel
+    for path, text in _expected_files(repo, parser).items():
+        if text is None:
+            raise OutputError(f"{path} cannot be read or lacks the marker lines of its generated "
+                              f"format list (kvformats.spec.format_lists.MARKED)")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
@@ -87,10 +99,13 @@ def write_docs(repo: Path, parser) -> list[Path]:
 
 def check_docs(repo: Path, parser) -> list[str]:
     problems = []
-    for rel, text in expected_docs(repo, parser).items():
-        path = repo / "docs" / rel
-        if not path.is_file():
-            problems.append(f"docs/{rel} is missing (run: kvformats docs --write)")
+    for path, text in _expected_files(repo, parser).items():
+        rel = path.relative_to(repo)
+        if text is None:
+            problems.append(f"{rel} is missing or lacks the marker lines of its generated "
+                            f"format list (kvformats.spec.format_lists.MARKED)")
+        elif not path.is_file():
+            problems.append(f"{rel} is missing (run: kvformats docs --write)")
         elif path.read_text() != text:
-            problems.append(f"docs/{rel} is stale (run: kvformats docs --write)")
+            problems.append(f"{rel} is stale (run: kvformats docs --write)")
     return problems

@@ -25,10 +25,6 @@ from kvformats.formats.compressor_state import halves
 DECODE_MAX = 4096
 HEAD, ROPE, INDEX_HEAD, HEADS, PAGE = 512, 64, 128, 64, 64
 WINDOW = 128
-_LAYOUT_ARGS = {"fp8_ds_mla": {"head_dim": HEAD, "rope_dim": ROPE}, "fp8_ds_mla_v32": {},
-                "fp8_indexer": {"head_dim": INDEX_HEAD}, "mxfp4_indexer": {"head_dim": INDEX_HEAD},
-                "compressor_state": {"head_dim": HEAD, "ratio": 4},
-                "fp8_ds_mla_v41": {"head_dim": HEAD}, "fp4_ds_mla_v41": {"head_dim": HEAD}}
 
 
 _NORMAL: dict[str, torch.Generator] = {}
@@ -90,9 +86,10 @@ def _dsv4(custom: bool):
 
 def codec_calls(fmt: str, rows: int, device, g: torch.Generator, check=True,
                 custom: bool = False) -> dict[str, Callable[[], object]]:
-    """encode, decode, gather, decode_topk and (byte formats) the paged reads of ``fmt`` (through
-    the ``torch.library`` ops when ``custom``)."""
-    lay = get_format(fmt, page_size=4 if fmt == "compressor_state" else PAGE, **_LAYOUT_ARGS[fmt])
+    """encode, decode, decode_topk and, where rows decode to one tensor (``Layout.paged_reads``),
+    gather and the paged reads of ``fmt`` (through the ``torch.library`` ops when ``custom``), on
+    the format's default parameters: each format declares its deployed shape as its defaults."""
+    lay = get_format(fmt)
     pages = -(-rows // lay.page_size) + 1
     cache = lay.allocate(pages, device=device)
     slots = torch.randperm(pages * lay.page_size, generator=g)[:rows].to(device)
@@ -106,7 +103,7 @@ def codec_calls(fmt: str, rows: int, device, g: torch.Generator, check=True,
     calls = {f"{name}.encode": lambda: ops.encode(x, cache, slots, check=check, **kw),
              f"{name}.decode": lambda: ops.decode(cache, slots, check=check),
              f"{name}.decode_topk": lambda: ops.decode_topk(cache, slots.reshape(1, rows), check=check)}
-    if isinstance(lay, CompressorState):
+    if not lay.paged_reads:
         return calls
     calls[f"{name}.gather"] = lambda: ops.gather(cache, slots, check=check)
     requests = 1 if rows <= DECODE_MAX else 4

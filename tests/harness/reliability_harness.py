@@ -122,12 +122,11 @@ def run_op(backend: str, fn, *args, **kwargs):
 
 def backend_has(backend: str, fmt: str, op: str) -> bool:
     if backend == "reference":
-        return "reference" in registry._OPS.get((fmt, op), {})
+        return registry.has_backend(fmt, op, "reference")
     if not triton_available():
         return False
     if CUDA:  # what the registry serves on the GPU
-        registry._load_kernels()
-        return "triton" in registry._OPS.get((fmt, op), {})
+        return registry.has_backend(fmt, op, "triton")
     return kernel_impl(fmt, op) is not None
 
 

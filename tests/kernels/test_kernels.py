@@ -19,6 +19,7 @@ import kvformats as kvf
 from kvformats.codec import registry
 from kvformats.codec import slot_ops as ops
 from kvformats.numerics import codes as nx
+from tests.harness.capabilities import require
 
 triton = pytest.importorskip("triton")
 
@@ -203,8 +204,18 @@ def test_import_kvformats_does_not_import_triton():
 @pytest.mark.parametrize("fmt", kvf.list_formats())
 @pytest.mark.parametrize("op", ["encode", "decode", "gather"])
 def test_triton_backend_registered(fmt, op):
+    require(fmt, "kernels", op=op)
     fn = registry.resolve(fmt, op, "triton", torch.device("cuda"))
     assert fn is getattr(kk.IMPLEMENTATIONS[fmt], op)
+
+
+def test_every_shipped_format_has_triton_kernels():
+    """The kernel skips above are for formats added outside the package, never a shipped one."""
+    from kvformats.formats import FORMATS
+
+    missing = [(cls.name, op) for cls in FORMATS for op in ("encode", "decode", "gather")
+               if not registry.has_backend(cls.name, op, "triton")]
+    assert not missing
 
 
 # ----------------------------------------------------------------------------- element helpers

@@ -18,6 +18,7 @@ import kvformats as kvf
 from kvformats.codec import paged_ops as paged
 from kvformats.codec import slot_ops as ops
 from kvformats.codec.rows import write_rows
+from tests.harness.capabilities import require
 
 triton = pytest.importorskip("triton")
 
@@ -109,6 +110,7 @@ def test_every_ue8m0_format_kernel_reads_ff_as_its_reference(fmt):
     """Every registered format with ue8m0 scales (found from its regions, so a new one is covered
     without an edit here): a kernel decode of rows whose scale bytes are partly 0xFF equals the
     reference decode, NaN at the same positions and every other value bit for bit."""
+    require(fmt, "kernels", op="decode")
     layout = kvf.get_format(fmt)
     n = 2 * layout.page_size
     cache = layout.allocate(2, device=DEV)
