@@ -222,6 +222,9 @@ class Layout:
     # quantization block, the narrowest geometry, where reductions over a block see one block;
     # None when the format does not name one (the tests of that geometry then skip it).
     one_block_params: ClassVar[dict | None] = None
+    # The rows the spec's worked example shows: (non-default parameters, slot) each
+    # (kvformats.spec.examples).
+    worked_examples: ClassVar[tuple[tuple[dict, int], ...]] = (({}, 70),)
 
     page_size: int = attrs.field(default=64, validator=positive)
 
@@ -439,7 +442,7 @@ class Layout:
         return torch.float32
 
     @property
-    def decode_dtypes(self) -> tuple[torch.dtype, ...]:
+    def decode_dtypes(self) -> tuple[torch.dtype | None, ...]:
         """dtypes of the tensors ``decode`` returns, in order (one, ``decode_dtype``, unless the
         format decodes to several tensors and says so by overriding this)."""
         return (self.decode_dtype,)
@@ -500,7 +503,7 @@ class Layout:
         return x, {}, x.float()
 
     # ----- codec (implemented per format) --------------------------------------------------
-    def encode_rows(self, x, **kwargs) -> torch.Tensor:  # pragma: no cover - abstract
+    def encode_rows(self, x) -> torch.Tensor:  # pragma: no cover - abstract
         """Quantize rows -> uint8 ``[N, row_bytes]`` (the gather order)."""
         raise NotImplementedError
 

@@ -5,7 +5,7 @@ fp4_ds_mla_v41: e2m1 and e4m3)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import torch
@@ -15,7 +15,13 @@ from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.numerics.profiles import ProfiledLayout, profile_field
 
 
-class BlockScaledRows:
+if TYPE_CHECKING:  # the mixin is only ever a base of a Layout: checked as one
+    _LayoutBase = Layout
+else:
+    _LayoutBase = object
+
+
+class BlockScaledRows(_LayoutBase):
     """Mixin of the block-scaled layouts; a subclass sets QUANT_BLOCK, the name of its data
     segment and the (dtype, doc) of its values and of its scales. Encode takes its input in
     ``quant_input_dtype`` and decode returns that dtype."""

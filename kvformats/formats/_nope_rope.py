@@ -3,17 +3,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from kvformats.errors import LayoutError
 
+if TYPE_CHECKING:  # the mixin is only ever a base of a Layout: checked as one
+    from kvformats.layout import Layout as _LayoutBase
+else:
+    _LayoutBase = object
 
-class NopeRopeRows:
+
+class NopeRopeRows(_LayoutBase):
     """Mixin for attrs layouts with ``head_dim`` and ``rope_dim`` fields and a ``quant_block``
     class attribute: validates the dims and derives ``nope_dim``, ``num_blocks``, ``decode_dtype``."""
 
     __slots__ = ()
     quant_block: int
+    rope_dim: int
 
     def _check_geometry(self) -> None:
         nope = self.head_dim - self.rope_dim

@@ -100,12 +100,14 @@ class CompressorState(Layout):
         pos = torch.randint(0, 1 << 20, (n,), generator=gen)
         return (kv, score), {"positions": pos, "ape": ape}, self.decoded_reference((kv, score), positions=pos, ape=ape)
 
-    def decoded_reference(self, x, *, positions: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+    # encode takes the positions and APE rows as well (check_encode_input hands them over)
+    def decoded_reference(self, x, *, positions: torch.Tensor,  # type: ignore[override]
+                          ape: torch.Tensor) -> torch.Tensor:
         """``[kv | score + ape[p % ratio]]`` in float32, what decode gives back exactly."""
         kv, score = x
         return torch.cat([kv.float(), score.float() + ape.float()[positions.long() % self.ratio]], dim=1)
 
-    def encode_rows(self, x, *, positions: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+    def encode_rows(self, x, *, positions: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         # A cache write is not differentiable: inputs that require grad are read as plain values
         # (torch.add(out=) refuses them, and the byte formats accept them).
         kv, score = (t.detach() for t in x)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from kvformats.errors import LayoutError
 from kvformats.formats._blocks import V41Rows
 from kvformats.numerics import codes as nx
 from kvformats.numerics.profiles import Profile, declare
@@ -74,7 +75,10 @@ class Fp4DsMlaV41(V41Rows):
 
     def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
         blocks, prof = self._blocks(x), self.numerics
-        sbytes = prof.scale_rule.scale_bytes(nx.absmax(blocks))
+        rule = prof.scale_rule
+        if not isinstance(rule, E4m3ScaleRule):  # every profile of this format stores e4m3 scales
+            raise LayoutError(f"{self.name} profile {prof.name!r} needs an E4m3ScaleRule, got {type(rule).__name__}")
+        sbytes = rule.scale_bytes(nx.absmax(blocks))
         y = blocks / nx.e4m3_decode(sbytes).unsqueeze(-1)
         codes = nx.e2m1_encode(y, prof.e2m1_rounding, prof.e2m1_signed_zero)
         codes = codes.masked_fill_(torch.isnan(y), 0)  # NaN has no e2m1 code: 0, whatever its sign bit

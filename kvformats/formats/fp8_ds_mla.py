@@ -48,6 +48,8 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
     quant_block = QUANT_BLOCK
     quant_input_dtype = torch.bfloat16  # NoPE values are rounded to bf16 before quantizing
     value_idempotent = True
+    # the spec's worked example also shows the HCA page of 2 rows and a narrower head
+    worked_examples = (({}, 70), ({"page_size": 2}, 3), ({"head_dim": 192}, 70))
     example_params = (dict(head_dim=512, rope_dim=64), dict(head_dim=192, rope_dim=64), dict(head_dim=128, rope_dim=64),
                       dict(head_dim=96, rope_dim=32), dict(head_dim=66, rope_dim=2))
     one_block_params = dict(head_dim=128, rope_dim=64)

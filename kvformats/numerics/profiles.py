@@ -156,6 +156,7 @@ class ProfiledLayout:
     __slots__ = ()
     PROFILES: ProfileTable
     profile: str  # the attrs field each subclass declares (profile_field)
+    scale_rule: ScaleRule  # the profile's rule (ProfiledRule, set below)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -102,8 +102,11 @@ def _element_type(layout: Layout):
     its quantized region's element type (e4m3's for a layout without one)."""
     region = _quantized_region(layout)
     grid_type = region.element if region is not None else ELEMENTS["float8_e4m3fn"]
+    grid = grid_type.grid
+    if grid is None:
+        raise StrategyArgumentError(f"{layout.name}: the scaled region's element type {grid_type.name} has no grid")
     codes = grid_type.positive_codes()
-    return grid_type.grid.max, (codes[:-1] + codes[1:]) / 2, grid_type.grid.smallest_normal
+    return grid.max, (codes[:-1] + codes[1:]) / 2, grid.smallest_normal
 
 
 def _block_size(layout: Layout) -> int:
