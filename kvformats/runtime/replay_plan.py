@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kvformats.errors import BackendUnavailableError
 from kvformats.runtime import deferred
 
 DEBUG = os.environ.get("KVFORMATS_REPLAY_DEBUG", "0") not in ("", "0")  # say why a call is not recorded
@@ -45,7 +46,7 @@ class Launcher(Protocol):
 
 def no_streams(device: int) -> int:
     """What ``current_stream`` is on a torch built without CUDA: no stream exists to launch on."""
-    raise RuntimeError("this torch build has no CUDA streams")
+    raise BackendUnavailableError("this torch build has no CUDA streams")
 
 
 class _NoLauncher:

@@ -268,7 +268,7 @@ def test_gather_paged_public_api_int32_scales():
     scales = torch.full((12,), -7, dtype=torch.int32, device=DEV)
     want = (vals.clone(), scales.clone())
     layout.gather_paged(cache, block_table=table, cu_seq_lens=cu, out=want, backend="reference")
-    views = paged._workspaces(layout, cache, (vals, scales), None)
+    views = paged._workspaces(layout, cache, (vals, scales))
     impl(layout).gather_paged(layout, cache, views, table, cu)
     assert torch.equal(vals, want[0]) and torch.equal(scales, want[1])
 
