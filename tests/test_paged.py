@@ -196,11 +196,13 @@ def test_gather_paged_refuses_overlapping_rows_before_any_write(backend, routed)
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_a_workspace_that_requires_grad_is_filled_on_every_backend(backend, routed):
+    dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"  # else routed: the interpreter
     layout = kvf.Fp8DsMla(page_size=4)
-    cache, _ = filled(layout, pages=2)
-    args = {"block_table": torch.tensor([[0, 1], [1, 0]]), "seq_lens": torch.tensor([5, 6]), "offset": 1}
-    want = torch.full((2, 8, 512), SENTINEL, dtype=torch.bfloat16)
+    cache = filled(layout, pages=2)[0].to(dev)
+    args = {"block_table": torch.tensor([[0, 1], [1, 0]], device=dev), "seq_lens": torch.tensor([5, 6], device=dev),
+            "offset": 1}
+    want = torch.full((2, 8, 512), SENTINEL, dtype=torch.bfloat16, device=dev)
     layout.dequantize_gather(cache, want, backend="reference", **args)
-    out = torch.full((2, 8, 512), SENTINEL, dtype=torch.bfloat16, requires_grad=True)
+    out = torch.full((2, 8, 512), SENTINEL, dtype=torch.bfloat16, device=dev, requires_grad=True)
     assert layout.dequantize_gather(cache, out, backend=backend, **args) is out
     assert torch.equal(out.detach(), want) and out.requires_grad

@@ -21,7 +21,7 @@ IDX = Mxfp4Indexer(head_dim=128, page_size=16)
 STATE = CompressorState(head_dim=128, ratio=4, page_size=16)
 
 
-def arena(pages: int, seed: int | None):
+def arena(pages: int, seed: int | None, device="cpu"):
     """kv and indexer fields of one strided arena (stride = both pages), plus a compressor state."""
     stride = KV.page_bytes + IDX.page_bytes
     buf = torch.zeros((pages - 1) * stride + stride, dtype=torch.uint8)
@@ -30,6 +30,7 @@ def arena(pages: int, seed: int | None):
         g = torch.Generator().manual_seed(seed)
         buf.copy_(torch.randint(0, 256, buf.shape, generator=g, dtype=torch.uint8))
         state.copy_(torch.randn(state.shape, generator=g))
+    buf, state = buf.to(device), state.to(device)
     kv = buf.as_strided((pages, KV.page_bytes), (stride, 1), 0)
     idx = buf.as_strided((pages, IDX.page_bytes), (stride, 1), KV.page_bytes)
     return {"kv": (KV, kv), "index": (IDX, idx), "state": (STATE, state)}
@@ -212,7 +213,8 @@ def test_triton_checksum_equals_the_torch_reference(include_pad):
     pytest.importorskip("triton")
     from kvformats.transfer import page_checksums
 
-    caches = arena(6, seed=6)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the kernel runs in Triton's interpreter
+    caches = arena(6, seed=6, device=dev)
     pages = torch.tensor([5, 0, 3])
     rows = torch.tensor([[0, 16], [3, 9], [15, 16]])
     for name, (layout, cache) in caches.items():
