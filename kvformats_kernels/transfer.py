@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 import triton
 
+from kvformats.errors import BackendUnavailableError
 from kvformats_kernels import transfer_jit as jit
+from kvformats_kernels.settings import SETTINGS
 
 BLOCK = 1024  # bytes per step of a program
 
@@ -15,6 +17,9 @@ def page_checksums(storage: torch.Tensor, pages: torch.Tensor, rows: torch.Tenso
     """int64 ``[P, regions, 2]``: ``storage`` is the uint8 alias of the cache's whole storage;
     ``geometry`` one (byte offset from the storage start, row stride, bytes per row, rows,
     per_page) per region; ``pages [P]`` and ``rows [P, 2]`` int64 on the storage's device."""
+    if not storage.is_cuda and not SETTINGS.interpret:  # only Triton's interpreter reads CPU tensors
+        raise BackendUnavailableError(f"the Triton checksum runs on CUDA caches, got a cache on {storage.device}; "
+                                      f"pass backend='torch' (or 'auto')")
     out = torch.zeros(pages.shape[0], len(geometry), 2, dtype=torch.int64, device=storage.device)
     if pages.shape[0] == 0:
         return out

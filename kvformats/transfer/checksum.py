@@ -17,8 +17,6 @@ The page pad (a per-page region) counts only when whole pages move (``include_pa
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from kvformats.caches.regions import region_nbytes
@@ -27,8 +25,6 @@ from kvformats.errors import BackendUnavailableError, InputError
 from kvformats.layout import Layout, storage_bytes
 
 MASK32 = 0xFFFFFFFF
-# Triton's interpreter (read once, as the kernel package does) runs the kernel on CPU tensors too
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 CHUNK_PAGES = 64  # pages per torch step: bounds the int64 workspace (64 pages x 64 rows x 656 B x 8 B)
 
 
@@ -90,9 +86,6 @@ def page_checksums(layout: Layout, cache: torch.Tensor, pages: torch.Tensor, row
     kernel = _kernel()
     if kernel is None:
         raise BackendUnavailableError("the Triton checksum needs triton: pip install 'kvformats[triton]'")
-    if not cache.is_cuda and not _INTERPRETED:
-        raise BackendUnavailableError(f"the Triton checksum runs on CUDA caches, got a cache on {cache.device}; "
-                                      f"pass backend='torch' (or 'auto')")
 
     u8, stride = layout.byte_pages(cache)
     geometry = tuple((offset + u8.storage_offset(), row_stride, nbytes, n_rows, r.per_page)

@@ -59,6 +59,7 @@ from kvformats import deepseek_v4 as dsv4  # noqa: E402
 from kvformats.compat import tokenspeed as ts  # noqa: E402
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer  # noqa: E402
 from kvformats.layout import storage_bytes  # noqa: E402
+from kvformats.numerics.elements import ELEMENTS  # noqa: E402
 from tests.harness.dsv4_scenarios import make_batch  # noqa: E402
 from kvformats.testing.tolerance import code_distance, ordinal  # noqa: E402
 
@@ -81,27 +82,20 @@ def upstream(name):
     return None
 
 
-def bytes_equal(a, b):
+def bytes_equal(a, b, strides=True):
+    """The same dtype, shape and bytes, and strides unless ``strides`` is False (a tensor copied
+    across devices is made dense)."""
     if isinstance(a, (tuple, list)):
         for x, y in zip(a, b, strict=True):
-            bytes_equal(x, y)
+            bytes_equal(x, y, strides)
         return
-    assert (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride())
+    assert (a.dtype, a.shape) == (b.dtype, b.shape) and (not strides or a.stride() == b.stride())
+    if a.device != b.device:
+        a, b = a.cpu(), b.cpu()
     if a.dtype in (torch.bfloat16, torch.float16, torch.float32):  # NaN payloads may differ (a NaN read is undefined)
         both = a.isnan() & b.isnan()
         a, b = torch.where(both, 0, a), torch.where(both, 0, b)
     assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
-def values_equal(a, b):
-    """The same dtype, shape and bytes, whatever the strides (a tensor copied across devices is
-    made dense)."""
-    if isinstance(a, (tuple, list)):
-        for x, y in zip(a, b, strict=True):
-            values_equal(x, y)
-        return
-    assert (a.dtype, a.shape) == (b.dtype, b.shape)
-    assert torch.equal(a.cpu().contiguous().view(torch.uint8), b.cpu().contiguous().view(torch.uint8))
 
 
 def clone_cache(c):
@@ -305,14 +299,13 @@ def test_dequantize_and_gather():
 
 
 @gpu
-def _codes_within_one(got, want, bits: int):
-    """Quantized outputs of two Triton kernels: the same shape, every code equal or one apart,
-    few apart (tokenspeed's own kernels round a value near a code boundary either way)."""
+def _codes_within_one(got, want, element: str):
+    """Quantized outputs of two Triton kernels: the same shape, every code of ``element`` equal or
+    one apart, few apart (tokenspeed's own kernels round a value near a code boundary either way)."""
     assert (got.dtype, got.shape) == (want.dtype, want.shape)
-    g, w = got.contiguous().view(torch.uint8).to(torch.int64), want.contiguous().view(torch.uint8).to(torch.int64)
-    if bits == 4:  # two e2m1 codes a byte
-        g, w = torch.stack([g & 15, g >> 4], -1), torch.stack([w & 15, w >> 4], -1)
-    apart = ordinal(g, bits) - ordinal(w, bits)
+    elem = ELEMENTS[element]
+    g, w = (elem.codes(t.contiguous().view(torch.uint8)) for t in (got, want))
+    apart = ordinal(g, elem.bits) - ordinal(w, elem.bits)
     assert int(apart.abs().max()) <= 1 and int((apart != 0).sum()) <= max(1, 1e-3 * apart.numel())
 
 
@@ -326,18 +319,20 @@ def test_query_and_output_transforms():
     w = torch.randn(37, 64, generator=g, device=DEV)
     cpu = [t.cpu() for t in (q, pos, cs, w)]
     (packed, scale), weights = ts.deepseek_v4_prepare_indexer_q_mxfp4(q, pos, cs, w, 128 ** -0.5, 64 ** -0.5)
-    values_equal(((packed, scale), weights), ts.deepseek_v4_prepare_indexer_q_mxfp4(*cpu, 128 ** -0.5, 64 ** -0.5))
+    bytes_equal(((packed, scale), weights), ts.deepseek_v4_prepare_indexer_q_mxfp4(*cpu, 128 ** -0.5, 64 ** -0.5),
+                strides=False)
     (ts_packed, ts_scale), ts_weights = TS.deepseek_v4_prepare_indexer_q_mxfp4(q, pos, cs, w, 128 ** -0.5, 64 ** -0.5)
     bytes_equal((scale, weights), (ts_scale, ts_weights))
-    _codes_within_one(packed, ts_packed, 4)
+    _codes_within_one(packed, ts_packed, "float4_e2m1fn_x2")
     o = torch.randn(37, 64, 512, generator=g, device=DEV).to(torch.bfloat16)
     for tma in (True, False):
         fp8, scales = ts.deepseek_v4_fused_inv_rope_fp8_quant(o, pos, cs, 8, 8, tma_aligned_scales=tma)
-        values_equal((fp8, scales),
-                     ts.deepseek_v4_fused_inv_rope_fp8_quant(o.cpu(), pos.cpu(), cs.cpu(), 8, 8, tma_aligned_scales=tma))
+        bytes_equal((fp8, scales),
+                    ts.deepseek_v4_fused_inv_rope_fp8_quant(o.cpu(), pos.cpu(), cs.cpu(), 8, 8, tma_aligned_scales=tma),
+                    strides=False)
         ts_fp8, ts_scales = TS.deepseek_v4_fused_inv_rope_fp8_quant(o, pos, cs, 8, 8, tma_aligned_scales=tma)
         bytes_equal(scales, ts_scales)
-        _codes_within_one(fp8, ts_fp8, 8)
+        _codes_within_one(fp8, ts_fp8, "float8_e4m3fn")
 
 
 @pytest.mark.parametrize("device", ON_DEVICES)

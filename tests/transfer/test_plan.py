@@ -224,6 +224,20 @@ def test_triton_checksum_equals_the_torch_reference(include_pad):
         assert (want != 0).any()
 
 
+def test_the_triton_checksum_refuses_a_cpu_cache_outside_the_interpreter(monkeypatch):
+    pytest.importorskip("triton")
+    from kvformats.errors import BackendUnavailableError
+    from kvformats.transfer import page_checksums
+    from kvformats_kernels.settings import SETTINGS
+
+    monkeypatch.setattr(SETTINGS, "interpret", False)
+    layout, cache = arena(2, seed=1)["kv"]
+    before = cache.clone()
+    with pytest.raises(BackendUnavailableError, match="CUDA caches"):
+        page_checksums(layout, cache, torch.tensor([0]), torch.tensor([[0, 4]]), backend="triton")
+    assert torch.equal(cache, before)
+
+
 @settings(max_examples=20, deadline=None)
 @given(data=st.data())
 def test_any_valid_plan_moves_exactly_its_rows(data):
