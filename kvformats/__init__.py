@@ -40,9 +40,11 @@ from kvformats.errors import (  # noqa: E402
 from kvformats.formats import (  # noqa: E402
     CompressorState,
     Fp4DsMlaV41,
+    Fp4DsMlaV41Interleaved,
     Fp8DsMla,
     Fp8DsMlaV32,
     Fp8DsMlaV41,
+    Fp8DsMlaV41Interleaved,
     Fp8Indexer,
     Mxfp4Indexer,
 )
@@ -54,7 +56,8 @@ from kvformats.version import SPEC_VERSION, __version__  # noqa: E402
 
 __all__ = [
     "BackendUnavailableError", "CacheFileError", "CacheWriteError", "CompressorState", "ConversionError",
-    "Field", "Fp4DsMlaV41", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41", "Fp8Indexer", "HandshakeError",
+    "Field", "Fp4DsMlaV41", "Fp4DsMlaV41Interleaved", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41",
+    "Fp8DsMlaV41Interleaved", "Fp8Indexer", "HandshakeError",
     "InputError", "InputTypeError", "IntegrityError", "KVFormatError", "Layout", "LayoutError",
     "Mxfp4Indexer", "OutputError", "PROFILE_NAMES", "Profile", "Region", "Segment", "SettingsError",
     "TransferError", "UnsupportedError", "UsageError", "error_record", "get_format", "list_formats",

@@ -1,6 +1,7 @@
-"""The DeepSeek V4.1 page formats (spec/formats/fp8_ds_mla_v41.md, fp4_ds_mla_v41.md): the
-geometry the interface text fixes, the bytes of the edge cases the format files state for our
-encode rule, NaN / Inf, and the typed errors of bad parameters."""
+"""The DeepSeek V4.1 formats (spec/formats/fp8_ds_mla_v41.md, fp4_ds_mla_v41.md and their
+_interleaved pages): both layouts' geometry, the bytes of the edge cases the format files state
+for the default profile (tokenspeed-kernel 0.1.4's writer), NaN / Inf, the profiles, and the
+typed errors of bad parameters."""
 
 import pytest
 import torch
@@ -26,6 +27,30 @@ def test_geometry_from_the_interface_text():
     assert fp4.slot_offsets(70) == {"values": 19968, "scale": 35008}
 
 
+def test_interleaved_geometry():
+    """Each token's values, then its own scales: the same bytes per token as the planar pair."""
+    big, fp4 = kvf.get_format("fp8_ds_mla_v41_interleaved"), kvf.get_format("fp4_ds_mla_v41_interleaved")
+    assert (big.row_bytes, big.page_bytes, fp4.row_bytes, fp4.page_bytes) == (528, 64 * 528, 288, 64 * 288)
+    assert [(r.name, r.offset, r.row_stride) for r in big.regions] == [("values", 0, 528), ("scale", 512, 528)]
+    assert [(r.name, r.offset, r.row_stride) for r in fp4.regions] == [("values", 0, 288), ("scale", 256, 288)]
+    assert big.slot_offsets(70) == {"values": 33792 + 6 * 528, "scale": 33792 + 6 * 528 + 512}
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla_v41", "fp4_ds_mla_v41"])
+def test_interleaved_rows_equal_planar_rows(fmt):
+    """Same profile, same row bytes (gather), same decode; only where they sit in a page differs."""
+    x = torch.randn(5, 512, dtype=torch.bfloat16) * 3
+    slots = torch.tensor([3, 70, 0, -1, 127])
+    got = []
+    for name in (fmt, fmt + "_interleaved"):
+        layout = kvf.get_format(name, profile="flashmla")
+        cache = layout.allocate(2)
+        layout.encode(x, cache, slots)
+        got.append((layout.gather(cache, slots), layout.decode(cache, slots), cache))
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    assert not torch.equal(got[0][2], got[1][2])
+
+
 def test_the_extra_cache_shares_the_page_geometry():
     """Beside a 528 B cache of P rows per page sits a 288 B cache of P rows: the same slot names
     the same (page, row) in both."""
@@ -47,7 +72,7 @@ def test_fp4_v41_edge_bytes():
     ties = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] * 2
     row = encode_one(layout, [0.0] * 16 + [-0.0, -(2.0**-12)] * 8 + ties + [4096.0] + [1.0] * 15)
     scales = row[32:36].tolist()
-    assert scales == [0x08, 0x08, 0x38, 0x7E]  # floor 2^-6, floor 2^-6, 6 / 6 = 1.0, clamped at 448
+    assert scales == [0x01, 0x01, 0x38, 0x7E]  # floor 2^-9, floor 2^-9, 6 / 6 = 1.0, clamped at 448
     assert not row[:8].any() and set(row[8:16].tolist()) == {0x88}  # signed zero kept
     assert row[16:20].tolist() == [0x07, 0x22, 0x44, 0x66]  # ties to even: 0, 1, 1, 2, 2, 4, 4
     out = layout.decode(layout.allocate(1), torch.tensor([-1]))
@@ -75,14 +100,43 @@ def test_nan_and_inf_follow_the_format_files():
     assert encode_one(big, [float("inf")] + [1.0] * 31)[32] == 0xFF
 
 
+def test_flashmla_profile_poisons_non_finite_blocks():
+    """FlashMLA divides by the block's scale: an Inf block's scale is NaN (fp4) or 2^128 = +Inf
+    (fp8, byte 0xFF), so its finite elements code as 0 and its Inf as NaN."""
+    fp4 = kvf.Fp4DsMlaV41(head_dim=32, page_size=1, profile="flashmla")
+    row = encode_one(fp4, [float("nan")] + [1.0] * 15 + [float("-inf")] + [1.0] * 15)
+    assert row[16:18].tolist() == [0x7F, 0x7F] and not row[:16].any()
+    big = kvf.Fp8DsMlaV41(head_dim=32, page_size=1, profile="flashmla")
+    row = encode_one(big, [float("inf"), -2.0] + [1.0] * 30)
+    assert row[32] == 0xFF and row[0] & 0x7F == 0x7F and row[1] == 0x80 and not row[2:32].any()
+
+
 @pytest.mark.parametrize("fmt,bad", [("fp8_ds_mla_v41", 48), ("fp4_ds_mla_v41", 40), ("fp4_ds_mla_v41", 0)])
 def test_bad_head_dim_is_a_layout_error(fmt, bad):
     with pytest.raises(kvf.LayoutError):
         kvf.get_format(fmt, head_dim=bad)
 
 
-@pytest.mark.parametrize("fmt", ["fp8_ds_mla_v41", "fp4_ds_mla_v41"])
-def test_only_our_profile(fmt):
-    assert kvf.get_format(fmt).profile == "kvformats"
-    with pytest.raises(kvf.LayoutError, match="does not apply"):
-        kvf.get_format(fmt, profile="tokenspeed")
+@pytest.mark.parametrize("fmt,default,others", [
+    ("fp8_ds_mla_v41", "tokenspeed", ("flashmla",)), ("fp4_ds_mla_v41", "tokenspeed", ("flashmla",)),
+    ("fp8_ds_mla_v41_interleaved", "flashmla", ("vllm", "tokenspeed")),
+    ("fp4_ds_mla_v41_interleaved", "flashmla", ("vllm", "tokenspeed"))])
+def test_profiles_of_the_published_writers(fmt, default, others):
+    assert kvf.get_format(fmt).profile == default
+    assert kvf.get_format(fmt).PROFILES.names == (default, *others)
+    with pytest.raises(kvf.LayoutError, match="does not apply") as err:
+        kvf.get_format(fmt, profile="ocp")
+    assert default in str(err.value)
+    with pytest.raises(kvf.LayoutError, match="retired"):  # the rule kvformats chose before any writer
+        kvf.get_format(fmt, profile="kvformats")
+
+
+def test_fp8_profiles_differ_only_where_the_floor_sits():
+    """tokenspeed floors amax at 1e-4 before dividing by 448; FlashMLA floors amax / 448 at 1e-4:
+    a block whose maximum is below 448e-4 gets another scale."""
+    x = torch.zeros(1, 32)
+    x[0, 0] = 0.01  # amax / 448 < 1e-4
+    rows = [encode_one(kvf.Fp8DsMlaV41(head_dim=32, page_size=1, profile=p), x[0].tolist()) for p in
+            ("tokenspeed", "flashmla")]
+    # tokenspeed: 2^ceil(log2(0.01 / 448)) = 2^-15; FlashMLA: 2^ceil(log2(max(0.01 / 448, 1e-4))) = 2^-13
+    assert rows[0][32] == 127 - 15 and rows[1][32] == 127 - 13

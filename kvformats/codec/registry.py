@@ -84,10 +84,14 @@ def get_format(name: str, **params):
       profile tokenspeed | vllm | flashmla-ref. DeepSeek V4 attention rows, 584 B.
     * ``fp8_ds_mla_v32`` (Fp8DsMlaV32): head_dim=576, rope_dim=64, page_size=64,
       profile flashmla-ref | vllm. DeepSeek V3.2 attention rows, 656 B.
-    * ``fp8_ds_mla_v41`` (Fp8DsMlaV41): head_dim=512, page_size=64, profile kvformats.
-      DeepSeek V4.1 attention rows, 528 B.
-    * ``fp4_ds_mla_v41`` (Fp4DsMlaV41): head_dim=512, page_size=64, profile kvformats.
-      DeepSeek V4.1 fp4 attention rows, 288 B.
+    * ``fp8_ds_mla_v41`` (Fp8DsMlaV41): head_dim=512, page_size=64, profile tokenspeed |
+      flashmla. DeepSeek V4.1 attention records, 528 B, page-planar.
+    * ``fp8_ds_mla_v41_interleaved`` (Fp8DsMlaV41Interleaved): the same, token-interleaved;
+      profile flashmla | vllm | tokenspeed.
+    * ``fp4_ds_mla_v41`` (Fp4DsMlaV41): head_dim=512, page_size=64, profile tokenspeed |
+      flashmla. DeepSeek V4.1 fp4 records, 288 B, page-planar.
+    * ``fp4_ds_mla_v41_interleaved`` (Fp4DsMlaV41Interleaved): the same, token-interleaved;
+      profile flashmla | vllm | tokenspeed.
     * ``fp8_indexer`` (Fp8Indexer): head_dim=128, page_size=64,
       profile tokenspeed | vllm | deepgemm-ref. CSA indexer keys, 132 B.
     * ``mxfp4_indexer`` (Mxfp4Indexer): head_dim=128, page_size=64,

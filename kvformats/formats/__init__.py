@@ -2,14 +2,15 @@
 each with its reference ops when it is imported."""
 
 from kvformats.formats.compressor_state import CompressorState
-from kvformats.formats.fp4_ds_mla_v41 import Fp4DsMlaV41
+from kvformats.formats.fp4_ds_mla_v41 import Fp4DsMlaV41, Fp4DsMlaV41Interleaved
 from kvformats.formats.fp8_ds_mla import Fp8DsMla
 from kvformats.formats.fp8_ds_mla_v32 import Fp8DsMlaV32
-from kvformats.formats.fp8_ds_mla_v41 import Fp8DsMlaV41
+from kvformats.formats.fp8_ds_mla_v41 import Fp8DsMlaV41, Fp8DsMlaV41Interleaved
 from kvformats.formats.fp8_indexer import Fp8Indexer
 from kvformats.formats.mxfp4_indexer import Mxfp4Indexer
 
-FORMATS = (CompressorState, Fp4DsMlaV41, Fp8DsMla, Fp8DsMlaV32, Fp8DsMlaV41, Fp8Indexer, Mxfp4Indexer)
+FORMATS = (CompressorState, Fp4DsMlaV41, Fp4DsMlaV41Interleaved, Fp8DsMla, Fp8DsMlaV32, Fp8DsMlaV41,
+           Fp8DsMlaV41Interleaved, Fp8Indexer, Mxfp4Indexer)
 
-__all__ = ["FORMATS", "CompressorState", "Fp4DsMlaV41", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41", "Fp8Indexer",
-           "Mxfp4Indexer"]
+__all__ = ["FORMATS", "CompressorState", "Fp4DsMlaV41", "Fp4DsMlaV41Interleaved", "Fp8DsMla", "Fp8DsMlaV32",
+           "Fp8DsMlaV41", "Fp8DsMlaV41Interleaved", "Fp8Indexer", "Mxfp4Indexer"]

@@ -86,6 +86,18 @@ class IndexerRows(BlockScaledRows, ProfiledLayout, Layout):
     profile: str = profile_field()
 
 
+class TokenInterleaved(_LayoutBase):
+    """Mixin: each token's data record is followed by its own scale record (one segment of
+    ``values, scale`` records), instead of a page's data records followed by its scale records.
+    The same bytes per token as the page-planar class it is mixed into, in another place."""
+
+    __slots__ = ()
+
+    def _segments(self):
+        data, scales = super()._segments()  # type: ignore[misc]
+        return (Segment("token", data.fields + scales.fields),)
+
+
 @attrs.frozen(kw_only=True)
 class V41Rows(BlockScaledRows, ProfiledLayout, Layout):
     """The DeepSeek V4.1 rows (fp8_ds_mla_v41, fp4_ds_mla_v41): 512 dims a token, rounded to bf16

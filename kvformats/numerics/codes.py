@@ -287,6 +287,17 @@ def e4m3_quantize_blocks(blocks: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return y.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
 
 
+def e4m3_quantize_divided(blocks: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """FlashMLA's element rule (a profile's ``poison_nonfinite``): ``blocks [..., b]`` float32
+    divided by their block's scale as a float, ``2^e`` (``e`` int ``[...]``; 2^128 is +Inf) or NaN
+    where the block maximum is NaN -> e4m3 bytes [..., b]. Equal to ``e4m3_quantize_blocks`` on
+    finite blocks; a NaN or Inf block codes as x / NaN or x / Inf (NaN codes and signed zeros)."""
+    scale = torch.where(torch.isnan(absmax(blocks)), torch.full_like(e, float("nan"), dtype=torch.float32),
+                        pow2(e))
+    y = blocks.to(torch.float32) / scale.unsqueeze(-1)
+    return y.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
 def e2m1_quantize_blocks(blocks: torch.Tensor, e: torch.Tensor, rounding: str = "threshold",
                          signed_zero: bool = False) -> torch.Tensor:
     """``blocks [..., b]`` float32 scaled by 2^-e -> e2m1 nibble codes [..., b]."""

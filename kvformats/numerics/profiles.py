@@ -18,8 +18,13 @@ Profiles by name (which formats support each: ``supported_profiles()``; prose: s
                   scale), for the 584 B MODEL1 row and the 656 B V3.2 row (default of the latter).
 * ``ocp``         OCP MX v1.0 for the MXFP4 indexer: e = floor(log2 amax) - 2, elements RNE and
                   saturating, sign of zero kept.
-* ``kvformats``   our own rule, for formats no engine publishes a writer of (the V4.1 528 B and
-                  288 B rows: spec/formats/fp8_ds_mla_v41.md, fp4_ds_mla_v41.md).
+* ``flashmla``    FlashMLA's ``tests/quant.py`` V4.1 writer (upstream deepseek-ai/FlashMLA and
+                  vllm-project/FlashMLA): fp8 2^ceil(log2(max(amax/448, 1e-4))); fp4 e4m3(clamp(amax/6,
+                  2^-9, 448)); a NaN or Inf in a block makes its scale non-finite and the block's
+                  elements are x / scale (``poison_nonfinite``). Default of the interleaved V4.1
+                  records and of nvfp4_ds_mla (the vllm-project/FlashMLA fork's 352 B reference).
+
+The V4.1 page-planar pair's default, ``tokenspeed``, is tokenspeed-kernel 0.1.4's released writer.
 
 The Triton encode kernels honour every profile of fp8_ds_mla (584 B and V3.2 656 B rows),
 fp8_indexer and mxfp4_indexer (the kernel package declares them with
@@ -37,7 +42,12 @@ import attrs
 from kvformats.errors import LayoutError
 from kvformats.numerics.codes import E2M1_ROUNDINGS, UE8M0_FF_READINGS, ScaleRule
 
-PROFILE_NAMES = ("tokenspeed", "vllm", "deepgemm-ref", "flashmla-ref", "ocp", "kvformats")
+PROFILE_NAMES = ("tokenspeed", "vllm", "deepgemm-ref", "flashmla-ref", "flashmla", "ocp")
+# Profiles that existed once and were replaced: name -> what to say (a LayoutError names it).
+RETIRED_PROFILES = {"kvformats": "the V4.1 rule kvformats chose before any writer was published; the "
+                                 "V4.1 formats follow the published writers: profile 'tokenspeed' (same bytes for "
+                                 "fp8_ds_mla_v41; fp4_ds_mla_v41 now floors its scale at 2^-9, not 2^-6) or "
+                                 "'flashmla' (CHANGELOG.md)"}
 FLT_MIN = 2.0**-126  # float32's smallest normal, vLLM's scale floor for the V3.2 row
 
 
@@ -64,12 +74,20 @@ class Profile:
     engine: str = ""
     source: str = ""
     error_bound: str = ""  # overrides the element type's bound (spec README §5) where it differs
+    # FlashMLA's writers divide each element by its block's scale as a float, and a NaN or Inf in
+    # the block makes that scale NaN (fp4) or NaN / +Inf (fp8, 2^ceil(log2(inf))): the whole
+    # block then codes as x / scale (NaN codes, zeros). False: the clamp exponent rule of
+    # spec/nan-policy.md §2 (every element coded at the clamped scale).
+    poison_nonfinite: bool = False
 
     def as_dict(self) -> dict:
         """JSON-ready rules (the spec's ``numerics.profile``)."""
         return {"name": self.name, "scale_rule": self.scale_rule.as_dict(), "e2m1_rounding": self.e2m1_rounding,
                 "e2m1_signed_zero": self.e2m1_signed_zero, "ue8m0_ff": self.ue8m0_ff, "engine": self.engine,
-                "source": self.source}
+                "source": self.source,
+                # only where set: the spec JSON (and so the file fingerprints) of the profiles
+                # that never had the field stay as they were
+                **({"poison_nonfinite": True} if self.poison_nonfinite else {})}
 
 
 @attrs.frozen
@@ -91,6 +109,9 @@ class ProfileTable:
         for p in self.profiles:
             if p.name == name:
                 return p
+        if name in RETIRED_PROFILES:
+            raise LayoutError(f"profile {name!r} of {self.fmt} was retired: {RETIRED_PROFILES[name]}; "
+                              f"{self.fmt} supports: {', '.join(self.names)}")
         if name in PROFILE_NAMES:
             raise LayoutError(f"profile {name!r} does not apply to {self.fmt} (no engine writes {self.fmt} "
                               f"with it); {self.fmt} supports: {', '.join(self.names)}")

@@ -139,8 +139,9 @@ def rope_gptj(x, p: int, rope_dim: int = 64) -> list[float]:
     return out
 
 
-# ----- DeepSeek V4.1 rows (spec/formats/fp8_ds_mla_v41.md, fp4_ds_mla_v41.md): our encode rules ---
-E4M3_MIN_NORMAL = 2.0 ** -6  # the smallest normal e4m3 value: the fp4 rows' scale floor
+# ----- DeepSeek V4.1 rows (spec/formats/fp8_ds_mla_v41.md, fp4_ds_mla_v41.md): the default profile ---
+# (tokenspeed-kernel 0.1.4's writer; on finite input FlashMLA's fp4 writer gives the same bytes)
+E4M3_MIN_SUBNORMAL = 2.0 ** -9  # the smallest e4m3 value: the fp4 rows' scale floor
 
 
 def v41_fp8_row(x) -> tuple[bytes, bytes]:
@@ -152,9 +153,9 @@ def v41_fp8_row(x) -> tuple[bytes, bytes]:
 
 def e4m3_scale_byte(amax: float) -> int:
     """The fp4 rows' scale byte: e4m3 (ml_dtypes, round to nearest even) of float32(amax / 6)
-    clamped to [2^-6, 448]."""
+    clamped to [2^-9, 448]."""
     q = float(F32(amax) / F32(6.0))
-    return e4m3_byte(min(max(q, E4M3_MIN_NORMAL), FP8_MAX))
+    return e4m3_byte(min(max(q, E4M3_MIN_SUBNORMAL), FP8_MAX))
 
 
 def e2m1_nibble(y: float) -> int:

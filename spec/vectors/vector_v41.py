@@ -3,8 +3,8 @@ fp4_ds_mla_v41.md), built like the others in generate.py: no kvformats import, i
 floats, bytes from the independent oracle (ml_dtypes casts), and the bytes the format files state
 for the edge cases asserted before anything is returned.
 
-The layouts come from FlashMLA's interface text; the encode rule (profile "kvformats") is ours,
-so these vectors pin our writer, not another engine's.
+The layouts are the page-planar ones; the encode rule is the default profile "tokenspeed"
+(tokenspeed-kernel 0.1.4's released writer, spec/formats/fp8_ds_mla_v41.md and fp4_ds_mla_v41.md).
 """
 
 from __future__ import annotations
@@ -58,12 +58,14 @@ def _vector(vector, tensor, fmt: str, description: str, x: bytes, slots, rows, d
 def fp4_row0() -> list[float]:
     """Blocks of 16: zeros; -0.0 and tiny negatives; max exactly 6 with every e2m1 tie; a max
     whose amax / 6 rounds down (6.375 -> s = 1) and one that rounds up (6.5 -> s = 1.125);
-    a block above 2688 (s clamped to 448); a tiny block (s floored at 2^-6); the rest a pattern."""
+    a block above 2688 (s clamped to 448); a tiny block (s floored at 2^-9); a block whose scale is
+    an e4m3 subnormal (amax 6 * 5 * 2^-9 -> s = 5 * 2^-9); the rest a pattern."""
     ties = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0, -6.0]
     blocks = [[0.0] * 16, [-0.0, -(2.0 ** -12)] * 8, ties,
               padded([6.375, -6.0], 16, pattern(16, 5, 13, 0.5)), padded([6.5, 5.75], 16, pattern(16, 7, 11, 0.5)),
               padded([4096.0, -3072.0, 500.0], 16, pattern(16, 3, 7, 64.0)),
-              padded([6 * 2.0 ** -11, 2.0 ** -11, -(2.0 ** -12)], 16)]
+              padded([6 * 2.0 ** -11, 2.0 ** -11, -(2.0 ** -12)], 16),
+              padded([30 * 2.0 ** -9, -(2.0 ** -9), 7 * 2.0 ** -9], 16)]
     flat = [v for b in blocks for v in b]
     return flat + [v for b in range(len(blocks), 32) for v in pattern(16, 11, 23, 2.0 ** (b % 9 - 4))]
 
@@ -73,19 +75,21 @@ def fp4_vector(vector, tensor) -> dict:
     enc, rows, decoded, x = bf16_cases([fp4_row0(), pattern(512, 3, 7, 1.0), pattern(512, 17, 41, 2.0 ** -3)],
                                        o.v41_fp4_row, slots, 288)
     row0, scales = enc[0][0], enc[0][0][256:]
-    assert scales[0] == 0x08 and set(row0[:8]) == {0}  # zero block: s = 2^-6, nibbles 0
-    assert scales[1] == 0x08 and set(row0[8:16]) == {0x88}  # -0.0 and tiny negatives keep their sign
+    assert scales[0] == 0x01 and set(row0[:8]) == {0}  # zero block: s = 2^-9, nibbles 0
+    assert scales[1] == 0x01 and set(row0[8:16]) == {0x88}  # -0.0 and tiny negatives keep their sign
     assert scales[2] == 0x38  # s = 1.0: ties go even (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, ...)
     assert row0[16] == 0x07 | 0x00 << 4 and row0[17] == 0x2 | 0x2 << 4  # 6, 0.25 | 0.75, 1.25
     assert row0[18] == 0x4 | 0x4 << 4 and row0[19] == 0x6 | 0x6 << 4  # 1.75, 2.5 | 3.5, 5
     assert scales[3] == 0x38 and row0[24] & 0xF == 0x7  # 6.375 / 1 saturates at 6
     assert scales[4] == 0x39  # 6.5 / 6 -> 1.125
     assert scales[5] == 0x7E  # 4096 / 6 > 448: clamped
-    assert scales[6] == 0x08  # 6 * 2^-11 / 6 = 2^-11 -> floored at 2^-6
+    assert scales[6] == 0x01  # 6 * 2^-11 / 6 = 2^-11 -> floored at 2^-9
+    assert scales[7] == 0x05 and row0[56] & 0xF == 0x7  # s = 5 * 2^-9, an e4m3 subnormal; 30 / 5 = 6
     return _vector(vector, tensor, "fp4_ds_mla_v41",
-                   "fp4_ds_mla_v41 (288 B) rows: a zero block (scale 08), -0.0 (nibbles 8), every e2m1 tie at "
+                   "fp4_ds_mla_v41 (288 B) rows: a zero block (scale 01), -0.0 (nibbles 8), every e2m1 tie at "
                    "s = 1 (scale 38), a scale that rounds down (6.375: saturates) and one that rounds up (6.5 -> "
-                   "1.125), a block above 2688 (scale 7e), a tiny block (scale floored at 2^-6); slot 70 of 64-row "
+                   "1.125), a block above 2688 (scale 7e), a tiny block (scale floored at 2^-9), a subnormal scale "
+                   "(05); slot 70 of 64-row "
                    "pages of 18432 B -> values at 19968, scale at 35008; a -1 slot between",
                    x, slots, rows, decoded, 18432, [256, 32], (19968, 35008))
 
