@@ -101,11 +101,12 @@ def test_nan_and_inf_follow_the_format_files():
 
 
 def test_flashmla_profile_poisons_non_finite_blocks():
-    """FlashMLA divides by the block's scale: an Inf block's scale is NaN (fp4) or 2^128 = +Inf
-    (fp8, byte 0xFF), so its finite elements code as 0 and its Inf as NaN."""
+    """FlashMLA's fp8 writer divides by the block's scale: an Inf block's scale is 2^128 = +Inf
+    (byte 0xFF), so its finite elements code as signed zeros and its Inf as NaN. Its fp4 writer
+    makes a NaN block's scale NaN and treats an Inf as the largest float (scale 448, saturated)."""
     fp4 = kvf.Fp4DsMlaV41(head_dim=32, page_size=1, profile="flashmla")
     row = encode_one(fp4, [float("nan")] + [1.0] * 15 + [float("-inf")] + [1.0] * 15)
-    assert row[16:18].tolist() == [0x7F, 0x7F] and not row[:16].any()
+    assert row[16:18].tolist() == [0x7F, 0x7E] and not row[:8].any() and row[8] & 0xF == 0xF
     big = kvf.Fp8DsMlaV41(head_dim=32, page_size=1, profile="flashmla")
     row = encode_one(big, [float("inf"), -2.0] + [1.0] * 30)
     assert row[32] == 0xFF and row[0] & 0x7F == 0x7F and row[1] == 0x80 and not row[2:32].any()

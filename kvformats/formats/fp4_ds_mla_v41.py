@@ -67,12 +67,15 @@ TOKENSPEED = Profile(
     engine="tokenspeed-kernel 0.1.4 tokenspeed_kernel/ops/attention/dsv41/triton.py _pack_kernel (format 'global')",
     source=f"{TOKENSPEED_URL}: e4m3(max(amax, 6 * 2^-9) / 6), x / s, e2m1 ties to the even code, saturating, "
            "sign of zero kept; finite input (spec/formats/fp4_ds_mla_v41.md)")
+# FlashMLA's fp4 writer takes amax over nan_to_num(|x|, nan=inf): a NaN makes the scale NaN (as
+# the clamp rule does), while an Inf becomes the largest float (nan_to_num's posinf default), so
+# an Inf block stores 448 and saturates: the same bytes as tokenspeed's rule on every input.
 FLASHMLA = Profile(
-    name="flashmla", scale_rule=SCALE_RULE, e2m1_rounding="rne", e2m1_signed_zero=True, poison_nonfinite=True,
-    error_bound=BOUND,
+    name="flashmla", scale_rule=SCALE_RULE, e2m1_rounding="rne", e2m1_signed_zero=True, error_bound=BOUND,
     engine="FlashMLA tests/quant.py quantize_k_cache (V41_FP4; upstream and the vllm-project fork)",
-    source=f"{FLASHMLA_FORK_URL}: e4m3(clamp(amax / 6, 2^-9, 448)); a NaN or Inf in a block makes its scale "
-           "NaN (0x7F) and its codes 0; e2m1 round-half-even, saturating (spec/formats/fp4_ds_mla_v41.md)")
+    source=f"{FLASHMLA_FORK_URL}: e4m3(clamp(amax / 6, 2^-9, 448)); a NaN in a block makes its scale NaN "
+           "(0x7F) and its codes 0, an Inf stores 448 and saturates; e2m1 round-half-even, saturating "
+           "(spec/formats/fp4_ds_mla_v41.md)")
 VLLM = Profile(
     name="vllm", scale_rule=VLLM_RULE, e2m1_rounding="rne", e2m1_signed_zero=True, error_bound=BOUND,
     engine="vLLM 0.33.0 vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py "
@@ -104,10 +107,7 @@ class Fp4DsMlaV41(V41Rows):
         rule = prof.scale_rule
         if not isinstance(rule, E4m3ScaleRule):  # every profile of this format stores e4m3 scales
             raise LayoutError(f"{self.name} profile {prof.name!r} needs an E4m3ScaleRule, got {type(rule).__name__}")
-        amax = nx.absmax(blocks)
-        sbytes = rule.scale_bytes(amax)
-        if prof.poison_nonfinite:  # FlashMLA: an Inf in the block makes its scale NaN too
-            sbytes = sbytes.masked_fill_(torch.isinf(amax), 0x7F)
+        sbytes = rule.scale_bytes(nx.absmax(blocks))
         y = blocks / nx.e4m3_decode(sbytes).unsqueeze(-1)
         codes = nx.e2m1_encode(y, prof.e2m1_rounding, prof.e2m1_signed_zero)
         codes = codes.masked_fill_(torch.isnan(y), 0)  # NaN has no e2m1 code: 0, whatever its sign bit
