@@ -141,3 +141,22 @@ def test_fp8_profiles_differ_only_where_the_floor_sits():
             ("tokenspeed", "flashmla")]
     # tokenspeed: 2^ceil(log2(0.01 / 448)) = 2^-15; FlashMLA: 2^ceil(log2(max(0.01 / 448, 1e-4))) = 2^-13
     assert rows[0][32] == 127 - 15 and rows[1][32] == 127 - 13
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla_v41", "fp4_ds_mla_v41"])
+def test_convert_between_the_two_layouts_is_a_byte_copy(fmt):
+    from kvformats.codec.convert import convert_slots
+
+    planar = kvf.get_format(fmt, profile="flashmla")
+    inter = kvf.get_format(fmt + "_interleaved")
+    x = torch.randn(8, 512, dtype=torch.bfloat16) * 0.02
+    slots = torch.tensor([0, 5, 64, 65, 70, 100, 127, 3])
+    a, b = planar.allocate(2), inter.allocate(2)
+    planar.encode(x, a, slots)
+    convert_slots(planar, a, slots, inter, b, slots, exact=True)
+    want = inter.allocate(2)
+    inter.encode(x, want, slots)
+    assert torch.equal(b, want)
+    back = planar.allocate(2)
+    convert_slots(inter, b, slots, planar, back, slots, exact=True)
+    assert torch.equal(back, a)

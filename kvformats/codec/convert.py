@@ -24,6 +24,8 @@ re-quantization (decode, map dims, encode; exact only where the target grid hold
   ``exact=True`` raises ConversionError (nothing is returned or written) unless decoding the
   result gives back, bit for bit, the mapped source values; the message names the alternatives
   (``exact=False``, or a target profile/format that holds the values).
+  * two layouts of one record (``fp8_ds_mla_v41`` <-> ``fp8_ds_mla_v41_interleaved``, the fp4
+    pair, with the same profile): the row bytes are the same, copied exactly.
 * ``convert_slots``: the same between two caches, by slot lists; every check runs before any
   byte of the destination is written.
 * ``pack_ue8m0`` / ``unpack_ue8m0``: ue8m0 scale bytes ``[N, k]`` <-> DeepGEMM's packed int32
@@ -85,13 +87,24 @@ def _map(pairs, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple[str, int, tor
     return torch.cat(parts, dim=1), dropped
 
 
+def _row_record(layout) -> tuple:
+    """What a gathered row holds, byte for byte: each region's name, type, place in the row, and
+    the numerics profile that chose the bytes."""
+    return (tuple((r.name, r.dtype, r.row_offset, r.nbytes, r.block) for r in layout.regions if not r.per_page),
+            getattr(layout, "profile", None))
+
+
 def convert_rows(src, rows: torch.Tensor, dst, *, exact: bool = False) -> torch.Tensor:
-    """Gathered rows of ``src`` (uint8 ``[N, src.row_bytes]``) -> uint8 ``[N, dst.row_bytes]``."""
+    """Gathered rows of ``src`` (uint8 ``[N, src.row_bytes]``) -> uint8 ``[N, dst.row_bytes]``.
+    Two layouts of one record (the V4.1 page-planar and token-interleaved pairs, same profile)
+    hold the same row bytes: the rows are copied, exactly."""
     pairs = _pairs(src, dst)
     if not isinstance(rows, torch.Tensor) or rows.dtype != torch.uint8 or rows.dim() != 2 \
             or rows.shape[1] != src.row_bytes:
         raise InputError(f"rows must be a uint8 tensor [N, {src.row_bytes}] ({src.name} gathered rows), "
                          f"got {describe(rows)}")
+    if _row_record(src) == _row_record(dst):
+        return rows.clone()
     if src.decode_dtype is None:
         if not exact or src == dst:
             return rows.clone()
