@@ -174,7 +174,10 @@ def test_supported_profiles_table():
     assert kvf.supported_profiles() == {
         "fp8_ds_mla": ("tokenspeed", "vllm", "flashmla-ref"),
         "fp8_ds_mla_v32": ("flashmla-ref", "vllm"),
-        "fp8_ds_mla_v41": ("kvformats",), "fp4_ds_mla_v41": ("kvformats",),
+        "fp8_ds_mla_v41": ("tokenspeed", "flashmla"), "fp4_ds_mla_v41": ("tokenspeed", "flashmla"),
+        "fp8_ds_mla_v41_interleaved": ("flashmla", "vllm", "tokenspeed"),
+        "fp4_ds_mla_v41_interleaved": ("flashmla", "vllm", "tokenspeed"),
+        **({"nvfp4_ds_mla": ("flashmla",)} if "nvfp4_ds_mla" in kvf.list_formats() else {}),
         "fp8_indexer": ("tokenspeed", "vllm", "deepgemm-ref"),
         "mxfp4_indexer": ("tokenspeed", "vllm", "deepgemm-ref", "ocp")}
 
