@@ -19,8 +19,10 @@ with warnings.catch_warnings():
     import torch  # noqa: F401
 
 from kvformats import codec  # noqa: F401, E402  (registers the formats, binds the layouts' ops)
+from kvformats.codec.records import Record, identify, identify_one, list_records  # noqa: E402
 from kvformats.codec.registry import get_format, list_formats  # noqa: E402
 from kvformats.errors import (  # noqa: E402
+    AmbiguousRecordError,
     BackendUnavailableError,
     CacheFileError,
     CacheWriteError,
@@ -32,6 +34,7 @@ from kvformats.errors import (  # noqa: E402
     KVFormatError,
     LayoutError,
     OutputError,
+    RecordMismatchError,
     SettingsError,
     TransferError,
     UnsupportedError,
@@ -47,6 +50,7 @@ from kvformats.formats import (  # noqa: E402
     Fp8DsMlaV41Interleaved,
     Fp8Indexer,
     Mxfp4Indexer,
+    Nvfp4DsMla,
 )
 from kvformats.layout import Field, Layout, Region, Segment  # noqa: E402
 from kvformats.numerics.profiles import PROFILE_NAMES, Profile, supported_profiles  # noqa: E402
@@ -59,9 +63,10 @@ __all__ = [
     "Field", "Fp4DsMlaV41", "Fp4DsMlaV41Interleaved", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41",
     "Fp8DsMlaV41Interleaved", "Fp8Indexer", "HandshakeError",
     "InputError", "InputTypeError", "IntegrityError", "KVFormatError", "Layout", "LayoutError",
-    "Mxfp4Indexer", "OutputError", "PROFILE_NAMES", "Profile", "Region", "Segment", "SettingsError",
+    "Mxfp4Indexer", "Nvfp4DsMla", "OutputError", "PROFILE_NAMES", "Profile", "Region", "Segment", "SettingsError",
     "TransferError", "UnsupportedError", "UsageError", "error_record", "get_format", "list_formats",
     "pending_error", "raise_pending", "strict_checks", "supported_profiles", "SPEC_VERSION", "__version__",
+    "AmbiguousRecordError", "Record", "RecordMismatchError", "identify", "identify_one", "list_records",
 ]
 
 

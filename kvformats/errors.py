@@ -34,6 +34,18 @@ class CacheFileError(KVFormatError, ValueError):
     its format, or cannot be written."""
 
 
+class AmbiguousRecordError(LayoutError):
+    """A bytes-per-token count (with the head size and hint given) fits more than one record ABI
+    (``kvformats.identify_one``): the message names every candidate and what tells them apart;
+    nothing is guessed. Pass a ``hint`` (a layout kind, an engine, a format or record name)."""
+
+
+class RecordMismatchError(CacheFileError):
+    """A cache file's metadata records another record ABI (name, version, layout kind, bytes per
+    token, head size) than the format it claims has: the message names both identities. Nothing
+    is loaded."""
+
+
 class UnsupportedError(KVFormatError, NotImplementedError):
     """The library does not handle this case (yet): a format without a demo error bound, a
     big-endian host reading the golden vectors. NotImplementedError is a RuntimeError."""

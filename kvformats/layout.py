@@ -65,6 +65,7 @@ class _Unbound:
 
 if TYPE_CHECKING:
     from kvformats.codec import paged_ops, slot_ops
+    from kvformats.codec.records import Record
 else:
     slot_ops = paged_ops = _Unbound()
 
@@ -205,6 +206,7 @@ class Layout:
     name: ClassVar[str] = ""
     if TYPE_CHECKING:  # a field every format declares with its own default and validator
         head_dim: int
+        record: Record  # the record ABI, a property bound by kvformats.codec.records (bind_records)
     page_alignment: ClassVar[str | None] = None  # name of a segment whose record size pages round up to
     container_dtype: ClassVar[torch.dtype] = torch.uint8
     quant_input_dtype: ClassVar[torch.dtype] = torch.float32  # what encode rounds its input to first
@@ -311,6 +313,12 @@ class Layout:
     def data_regions(self) -> tuple[Region, ...]:
         """The regions holding values, in row order: what ``decode`` returns, side by side."""
         return tuple(r for r in self.regions if r.role == "data")
+
+    def scale_order(self, region: str) -> tuple[int, ...] | None:
+        """For a scale region stored out of block order: entry b is the element of the region's
+        row that holds block b's scale (nvfp4_ds_mla permutes its scales); None, the default,
+        when element b is block b's. Generic readers (dump, diff) pair blocks with scales by it."""
+        return None
 
     @property
     def params(self) -> dict:

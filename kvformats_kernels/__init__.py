@@ -26,12 +26,12 @@ CODEC_OPS = ("encode", "decode", "gather", "dequantize_gather", "gather_paged", 
 
 if AVAILABLE:
     from kvformats.numerics.profiles import profile_tables
-    from kvformats_kernels import dsv4, fp8_ds_mla, indexer, state, transfer, v41
+    from kvformats_kernels import dsv4, fp8_ds_mla, indexer, nvfp4, state, transfer, v41
 
     # Each format module names the layout classes it serves (SERVES) and whether its encode's
     # constexprs implement every numerics profile of them (ENCODES_PROFILES); the tables below,
     # keyed by format name as the registry reads them, are derived from those declarations.
-    MODULES = (fp8_ds_mla, indexer, state, v41)
+    MODULES = (fp8_ds_mla, indexer, state, v41, nvfp4)
     IMPLEMENTATIONS = {cls.name: module for module in MODULES for cls in module.SERVES}  # format name -> module
     PROFILED = tuple(cls.name for module in MODULES if getattr(module, "ENCODES_PROFILES", False)
                      for cls in module.SERVES)

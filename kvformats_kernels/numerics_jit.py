@@ -394,7 +394,7 @@ def e2m1_rne_words(y, HW: tl.constexpr):
     conversion to f16 (11 significant bits) snaps an exact midpoint's y onto t while leaving
     every other value on its side; from there the lanes round as e2m1_words_hw does, plus the
     kept bit for the even code, with |h| clamped at 6. tests/kernels/test_fp4_words_hw.py
-    checks every bf16 x against every e4m3 scale of at least 2^-6 on the GPU;
+    checks every bf16 x against every e4m3 scale (2^-9 .. 448) on the GPU;
     tests/test_e2m1_snap.py replays the lane arithmetic in numpy on the same pairs, with r
     off by up to 2 ulps."""
     if HW:

@@ -1,8 +1,12 @@
-"""Launchers of the DeepSeek V4.1 page formats (fp8_ds_mla_v41, fp4_ds_mla_v41): encode, decode,
-dequantize_gather, decode_topk; gather and gather_paged are the shared byte copies (rows.py).
+"""Launchers of the DeepSeek V4.1 page formats (fp8_ds_mla_v41, fp4_ds_mla_v41 and their
+token-interleaved layouts fp8_ds_mla_v41_interleaved, fp4_ds_mla_v41_interleaved): encode,
+decode, dequantize_gather, decode_topk; gather and gather_paged are the shared byte copies
+(rows.py).
 
 Which codec a launch takes is read off the layout's declaration (the element type of its scaled
-data region, geometry.row_geometry), not its name.
+data region, geometry.row_geometry), not its name, and where its records lie off its regions'
+offsets and strides (page-planar or interleaved alike). The encode's constexprs implement every
+numerics profile of the four formats (_rule_constants).
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ import functools
 
 import torch
 
-from kvformats.formats import Fp4DsMlaV41, Fp8DsMlaV41
+from kvformats.errors import LayoutError
+from kvformats.formats import Fp4DsMlaV41, Fp4DsMlaV41Interleaved, Fp8DsMlaV41, Fp8DsMlaV41Interleaved
 from kvformats_kernels import _common as cm
 from kvformats_kernels import settings
 from kvformats_kernels import v41_jit as jit
@@ -19,7 +24,8 @@ from kvformats_kernels.geometry import block_constants, row_geometry
 from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
 
-SERVES = (Fp8DsMlaV41, Fp4DsMlaV41)
+SERVES = (Fp8DsMlaV41, Fp8DsMlaV41Interleaved, Fp4DsMlaV41, Fp4DsMlaV41Interleaved)
+ENCODES_PROFILES = True  # the encode's constexprs implement every numerics profile of all four
 
 # Rows per program and warps, by op, chosen by sweeps (docs/explanation/measured-choices.md).
 # encode_lanes, the fp4 encode of aligned bf16 rows, keeps one (row, block) pair per lane: a
@@ -41,8 +47,27 @@ def _geometry(layout) -> dict:
 
 @cm.per_layout
 def _rule_constants(layout) -> dict:
-    rule = layout.scale_rule
-    return dict(cm.rule_constants(rule), SCALE_MAX=cm.f32(getattr(rule, "scale_max", 0.0)))
+    """The numerics profile as encode constexprs: the ScaleRule's (cm.rule_constants: FLOOR,
+    ELEM_MAX, FLOOR_ON_SCALE, E_MIN, E_MAX), and
+    SCALE_MAX: the fp4 scale's clamp (448; 0.0 for fp8's ue8m0 exponents);
+    RECIPROCAL: the fp4 rule's ``reciprocal`` (vLLM: q = fl32(amax * RCP) instead of amax / ELEM_MAX);
+    RCP: fl32(1 / ELEM_MAX), the factor RECIPROCAL multiplies by;
+    POISON: the fp8 profile's ``poison_nonfinite`` (FlashMLA: a NaN or Inf block codes x / scale
+    with a NaN or +Inf scale: NaN codes and signed zeros). The fp4 encode reads no such flag (an
+    fp4 block's NaN already makes its scale NaN, and FlashMLA's fp4 writer takes an Inf for the
+    largest float: scale 448, as the clamp rule), so POISON is False there;
+    NAN_SIGN: the fp4 profile's ``e2m1_nan_sign`` (FlashMLA: a NaN element's nibble is 0x8 when
+    that NaN's sign bit is set, else 0x0; False for fp8).
+    Read off the layout (its profile), so every plan that holds them is keyed by it."""
+    rule, prof = layout.scale_rule, layout.numerics
+    fp4 = row_geometry(layout).fp4
+    if fp4 and (prof.e2m1_rounding != "rne" or not prof.e2m1_signed_zero):
+        raise LayoutError(f"the V4.1 fp4 encode codes e2m1 round-half-even with the sign of zero kept; profile "
+                          f"{prof.name!r} of {layout.name} asks for {prof.e2m1_rounding!r}, signed zero "
+                          f"{prof.e2m1_signed_zero}")
+    return dict(cm.rule_constants(rule), SCALE_MAX=cm.f32(getattr(rule, "scale_max", 0.0)),
+                RECIPROCAL=bool(getattr(rule, "reciprocal", False)), RCP=cm.f32(1.0 / rule.element_max),
+                POISON=bool(prof.poison_nonfinite) and not fp4, NAN_SIGN=bool(prof.e2m1_nan_sign) and fp4)
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,53 +1,39 @@
 """Vectors captured by running the engines' own code (spec/vectors/captured/<engine>/, written by
-tools/capture/from_<engine>.py): kvformats' reference under the vector's profile reproduces every
-one byte for byte (decoded values exactly, NaN positions equal). The tests read the committed
-JSON only; no engine code is needed here.
+tools/capture/from_<engine>.py from a source checkout, or tools/capture/from_<engine>_release.py
+from a released wheel): kvformats' reference under the vector's profile reproduces every one byte
+for byte (decoded values exactly, NaN positions equal). The tests read the committed JSON only; no
+engine code is needed here (tests/interop/test_released_writers.py re-runs the released writers).
 
-A vector kvformats disagrees with stays, marked in DEPARTURES with the reason (strict: a vector
-that starts passing must be moved out of the list)."""
+A vector kvformats disagrees with stays, declared in ``kvformats.spec.conformance.DEPARTURES``
+with the reason (docs/conformance.md lists them; strict: a vector that starts passing must be
+moved out of the list).
+
+e4m3 NaN codes: an engine may write 0x7F or 0xFF for a NaN (spec/nan-policy.md §1.3), so the
+bytes of float8_e4m3fn data regions compare with the two codes equal (``run_vector(...,
+nan_codes_equal=True)``); scales and every other byte stay exact."""
 
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
 
 import kvformats as kvf
-from kvformats.spec.vectors import load_vector, run_vector
+from kvformats.spec import conformance
+from kvformats.spec.vectors import E4M3_NAN_CODES, load_vector, run_vector
 
 ROOT = Path(__file__).resolve().parents[1]
 DIR = ROOT / "spec" / "vectors" / "captured"
 PATHS = sorted(DIR.glob("*/*.json"))
 
-DEPARTURES = {
-    "tokenspeed_fp8_indexer_loop_fp32": (
-        "tokenspeed's per-token write_deepseek_v4_indexer_fp8_cache takes the scale in Python double "
-        "(math.log2): at amax one float32 ulp above 448*2^k it picks 2^(k+1); its batch writer "
-        "_write_deepseek_v4_indexer_fp8_cache_capturable (float32 torch.log2 rounds to k) and kvformats "
-        "pick 2^k"),
-    "deepgemm_mxfp4_indexer_fp32": (
-        "DeepGEMM's ceil_to_ue8m0(amax / 6) rounds up on any mantissa bit of the float32 quotient: at "
-        "amax one float32 ulp above 6*2^k it picks 2^(k+1); kvformats' deepgemm-ref takes "
-        "2^ceil(log2(amax / 6)) in float32, where log2 rounds to k (bf16 inputs cannot reach the case)"),
-    "deepgemm_mxfp4_decode_zero_scale": (
-        "DeepGEMM's unpack_ue8m0_from_int shifts the byte into a float32 exponent field, so ue8m0 byte 0 "
-        "reads as 0.0; kvformats reads 2^-127"),
-    "deepgemm_mxfp4_decode_ff_scale": (
-        "DeepGEMM's unpack_ue8m0_from_int reads ue8m0 byte 0xFF as +Inf (0x7F800000); kvformats reads NaN"),
-    "tokenspeed_fp8_ds_mla_read_triton_bytes": (
-        "tokenspeed's Triton deepseek_v4_dequantize_and_gather_k_cache computes the scale with tl.exp2, "
-        "which the GPU evaluates with a flush to zero: scale byte 0x00 (2^-127, a float32 subnormal) reads "
-        "as 0, so those blocks decode to zeros; kvformats' tokenspeed profile reads 2^-127 exactly, as "
-        "tokenspeed's torch reader does (spec/nan-policy.md §5). Every differing block of the capture has "
-        "scale byte 0x00"),
-    "deepgemm_mxfp4_decode_negative_zero": (
-        "DeepGEMM's _dequantize_from_fp4_e2m1 decodes nibble 0x8 (e2m1 -0) as +0.0; kvformats as -0.0"),
-}
+DEPARTURES = conformance.DEPARTURES
 
 
 def _failures(vec) -> list[str]:
-    return [f"{c.name}: got {c.actual[:96]} want {c.expected[:96]}" for c in run_vector(vec) if not c.ok]
+    return [f"{c.name}: got {c.actual[:96]} want {c.expected[:96]}"
+            for c in run_vector(vec, nan_codes_equal=True) if not c.ok]
 
 
 def _param(path: Path):
@@ -69,11 +55,23 @@ def test_captured_vectors_are_well_formed():
         vec = load_vector(p)
         assert vec["id"] == p.stem and vec["op"] in ("encode", "decode"), p
         cap = vec["captured"]
-        for key in ("repo", "commit", "file", "function", "url", "blob", "device", "command"):
-            assert cap[key], (p, key)
-        # the provenance names the public upstream file at its commit, never a path of this machine
-        assert cap["url"] == f"https://github.com/{cap['repo']}/blob/{cap['commit']}/{cap['file']}"
-        assert cap["command"].startswith(f"python3 tools/capture/from_{p.parent.name}.py")
+        if "package" in cap:  # code from a released wheel: the wheel and the file, both by sha256
+            for key in ("package", "version", "wheel", "wheel_sha256", "file", "sha256", "function", "url", "device",
+                        "command"):
+                assert cap[key], (p, key)
+            assert cap["url"] == f"https://pypi.org/project/{cap['package']}/{cap['version']}/"
+            assert cap["wheel"].startswith(f"{cap['package'].replace('-', '_')}-{cap['version']}-"), p
+            assert len(cap["sha256"]) == len(cap["wheel_sha256"]) == 64, p
+            script = re.escape(f"from_{p.parent.name}_release.py")
+        else:  # a source checkout: the public upstream file at its commit, never a path of this machine
+            for key in ("repo", "commit", "file", "function", "url", "blob", "device", "command"):
+                assert cap[key], (p, key)
+            assert cap["url"] == f"https://github.com/{cap['repo']}/blob/{cap['commit']}/{cap['file']}"
+            # from_<engine>.py or from_<engine>_<anything>.py (e.g. from_flashmla_v41.py)
+            script = re.escape(f"from_{p.parent.name}") + r"(_[A-Za-z0-9_]+)?\.py"
+        m = re.match(rf"python3 tools/capture/({script})(\s|$)", cap["command"])
+        assert m, (p, cap["command"])
+        assert (ROOT / "tools" / "capture" / m.group(1)).is_file(), (p, m.group(1))
         text = p.read_text()
         # no absolute path of the machine that captured it: neither this checkout, nor a home
         # folder, nor any argument of the recorded command
@@ -112,7 +110,62 @@ def test_capture_scripts_are_independent_of_kvformats():
     """A captured vector must come from the engine alone: the scripts never import kvformats."""
     scripts = sorted((ROOT / "tools" / "capture").glob("*.py"))
     assert {p.name for p in scripts} >= {"common.py", "from_flashmla.py", "from_deepgemm.py", "from_tokenspeed.py",
-                                         "from_vllm.py"}
-    for p in scripts:
+                                         "from_vllm.py", "from_tokenspeed_release.py", "from_vllm_release.py",
+                                         "from_sglang_release.py", "from_flashmla_v41.py"}
+    harness = ROOT / "tests" / "harness" / "released.py"  # the release scripts run the writers through it
+    for p in [*scripts, harness]:
         source = p.read_text()
         assert "import kvformats" not in source and "from kvformats" not in source, p.name
+
+
+FP8_V41 = DIR / "flashmla" / "flashmla_fork_v41_fp8_encode.json"
+
+
+def _with_cache_byte(vec: dict, offset: int, value: int) -> dict:
+    """``vec`` with byte ``offset`` of its expected cache_bytes set to ``value``."""
+    vec = copy.deepcopy(vec)
+    entry = vec["expected"]["cache_bytes"][0]
+    raw = bytearray.fromhex(entry["hex"])
+    raw[offset - entry["offset"]] = value
+    entry["hex"] = raw.hex()
+    return vec
+
+
+def test_captured_fp8_v41_writes_the_other_e4m3_nan_code():
+    """FlashMLA's V4.1 writer puts 0xFF in NaN tiles where kvformats writes 0x7F: equal only with
+    nan_codes_equal (spec/nan-policy.md §1.3)."""
+    vec = load_vector(FP8_V41)
+    assert [c.name for c in run_vector(vec) if not c.ok] == ["cache bytes [0:33792]"]
+    assert _failures(vec) == []
+
+
+def test_nan_codes_equal_is_only_the_two_codes_in_e4m3_data():
+    """0x7F == 0xFF in the e4m3 values region, and nothing else: another byte there, or the
+    ue8m0 scale bytes, still fail."""
+    vec = load_vector(FP8_V41)
+    layout = kvf.get_format(vec["format"], **vec["params"])
+    values, scale = layout.region("values"), layout.region("scale")
+    assert values.dtype == "float8_e4m3fn" and scale.dtype != "float8_e4m3fn"
+    raw = bytes.fromhex(vec["expected"]["cache_bytes"][0]["hex"])
+    nan_at = next(i for i in range(values.offset, values.offset + values.page_nbytes) if raw[i] in E4M3_NAN_CODES)
+    other = E4M3_NAN_CODES[1] if raw[nan_at] == E4M3_NAN_CODES[0] else E4M3_NAN_CODES[0]
+    assert _failures(_with_cache_byte(vec, nan_at, other)) == []  # the other NaN code: equal
+    assert _failures(_with_cache_byte(vec, nan_at, 0x7E)) != []  # a finite code: not
+    finite_at = next(i for i in range(values.offset, values.offset + values.page_nbytes)
+                     if raw[i] not in E4M3_NAN_CODES and raw[i] & 0x7F)
+    assert _failures(_with_cache_byte(vec, finite_at, raw[finite_at] ^ 0x80)) != []  # a sign flip: not
+    assert _failures(_with_cache_byte(vec, finite_at, 0xFF)) != []  # a finite value read as NaN: not
+    s_at = scale.offset
+    assert _failures(_with_cache_byte(vec, s_at, 0xFF if raw[s_at] == 0x7F else 0x7F)) != []  # scales: exact
+
+
+def test_nan_codes_equal_leaves_e4m3_scales_exact():
+    """fp4_ds_mla_v41 stores its scales as e4m3: those bytes stay exact (only e4m3 data relaxes)."""
+    vec = load_vector(DIR / "flashmla" / "flashmla_fork_v41_fp4_encode.json")
+    layout = kvf.get_format(vec["format"], **vec["params"])
+    scale = layout.region("scale")
+    assert scale.dtype == "float8_e4m3fn" and scale.role == "scale"
+    raw = bytes.fromhex(vec["expected"]["cache_bytes"][0]["hex"])
+    at = next((i for i in range(scale.offset, scale.offset + scale.page_nbytes) if raw[i] in E4M3_NAN_CODES),
+              scale.offset)
+    assert _failures(_with_cache_byte(vec, at, 0xFF if raw[at] == 0x7F else 0x7F)) != []

@@ -1,6 +1,7 @@
 """Why the fp4_ds_mla_v41 GPU encode may multiply by a block's reciprocal scale: its lane
 arithmetic (kvformats_kernels.numerics_jit.e2m1_rne_words, PTX) replayed here in numpy on
-every bf16 x and every e4m3 scale s the encode can choose (2^-6 .. 448) gives exactly the
+every bf16 x and every e4m3 scale s the encode can choose (2^-9 .. 448, subnormal scales
+included) gives exactly the
 reference's e2m1(fl32(x / s)). The same pairs go through the real PTX in
 tests/kernels/test_fp4_words_hw.py on a GPU; this test keeps the argument checkable without
 one and fails if a step of it (the f16 snap, the kept-bit tie rule, the clamp) is changed, or
@@ -34,7 +35,7 @@ def _lanes(y: np.ndarray) -> np.ndarray:
 def test_reciprocal_product_snapped_to_f16_gives_the_division_codes(ulps):
     """r = fl32(1 / s) moved by ``ulps`` (the GPU's rcp.approx is within one)."""
     every_bf16 = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
-    s = nx.e4m3_decode(torch.arange(0x08, 0x7F, dtype=torch.uint8)).numpy()
+    s = nx.e4m3_decode(torch.arange(0x01, 0x7F, dtype=torch.uint8)).numpy()
     x = np.tile(every_bf16, s.size)
     per_value = np.repeat(s, every_bf16.size)
     r = ((np.float32(1) / s).view(np.int32) + ulps).view(np.float32)

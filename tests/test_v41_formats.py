@@ -105,8 +105,15 @@ def test_flashmla_profile_poisons_non_finite_blocks():
     (byte 0xFF), so its finite elements code as signed zeros and its Inf as NaN. Its fp4 writer
     makes a NaN block's scale NaN and treats an Inf as the largest float (scale 448, saturated)."""
     fp4 = kvf.Fp4DsMlaV41(head_dim=32, page_size=1, profile="flashmla")
-    row = encode_one(fp4, [float("nan")] + [1.0] * 15 + [float("-inf")] + [1.0] * 15)
-    assert row[16:18].tolist() == [0x7F, 0x7E] and not row[:8].any() and row[8] & 0xF == 0xF
+    x = torch.tensor([[1.0] * 32], dtype=torch.bfloat16)
+    x[0, 16] = float("-inf")
+    x.view(torch.int16)[0, 0], x.view(torch.int16)[0, 3] = 0x7FC0, -0x40  # +NaN; -NaN (bits 0xFFC0)
+    cache = fp4.allocate(1)
+    fp4.encode(x, cache, torch.tensor([0]))
+    row = cache[0]
+    assert row[16:18].tolist() == [0x7F, 0x7E] and row[8] & 0xF == 0xF
+    # NaN block: every nibble 0, but a NaN's own, which carries its sign (+NaN 0x0, -NaN 0x8)
+    assert row[:8].tolist() == [0x00, 0x80, 0, 0, 0, 0, 0, 0]
     big = kvf.Fp8DsMlaV41(head_dim=32, page_size=1, profile="flashmla")
     row = encode_one(big, [float("inf"), -2.0] + [1.0] * 30)
     assert row[32] == 0xFF and row[0] & 0x7F == 0x7F and row[1] == 0x80 and not row[2:32].any()
@@ -160,3 +167,36 @@ def test_convert_between_the_two_layouts_is_a_byte_copy(fmt):
     back = planar.allocate(2)
     convert_slots(inter, b, slots, planar, back, slots, exact=True)
     assert torch.equal(back, a)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla_v41", "fp4_ds_mla_v41"])
+def test_a_file_written_with_the_retired_profile_loads_with_its_successor(tmp_path, fmt):
+    """A cache file of 6425adc (profile 'kvformats', that version's fingerprint, no record key)
+    loads as profile tokenspeed and decodes to the values it was written with."""
+    import json
+    import struct
+
+    pytest.importorskip("safetensors")
+    from kvformats.caches.files import load_cache, save_cache
+    from kvformats.spec.formats import FORMER_SPEC_DIGESTS
+
+    layout = kvf.get_format(fmt)
+    cache = layout.allocate(2)
+    slots = torch.tensor([0, 3, 64, 70])
+    layout.encode((torch.randn(4, 512) * 0.02).to(torch.bfloat16), cache, slots)
+    save_cache(tmp_path / "new.safetensors", layout, cache)
+    data = (tmp_path / "new.safetensors").read_bytes()
+    size = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + size])
+    meta = json.loads(header["__metadata__"]["kvformats"])
+    entry = meta["tensors"]["cache"]
+    entry["params"]["profile"] = "kvformats"
+    entry["fingerprint"] = next(iter(FORMER_SPEC_DIGESTS[fmt]))
+    entry.pop("record", None)
+    header["__metadata__"]["kvformats"] = json.dumps(meta)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    (tmp_path / "old.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + data[8 + size:])
+    got = load_cache(tmp_path / "old.safetensors")
+    assert got.layout.profile == "tokenspeed" and torch.equal(got.cache, cache)
+    assert torch.equal(got.layout.decode(got.cache, slots), layout.decode(cache, slots))

@@ -7,6 +7,8 @@
 #   tools/gpu_session.sh fuzz         # tools/fuzz_at_scale.py for FUZZ_SECONDS (default 300)
 #   tools/gpu_session.sh checks       # tests, fuzz and sanitize at the same time (none of them times anything)
 #   tools/gpu_session.sh all          # checks, then bench (alone on the GPU)
+#   tools/gpu_session.sh v41          # the V4.1 and nvfp4_ds_mla kernels: tests compiled, bandwidth, and the
+#                                     # released tokenspeed / vLLM writers compiled (carry .engines/released)
 #
 # Logs go to $OUT (the device tool's folder) or ./gpu-logs; each part prints a short summary,
 # failures first, so a truncated console still shows what matters. Knobs (environment):
@@ -16,8 +18,8 @@
 # jobs): a hand-made `while pgrep -f NAME` loop also matches the shell running it and never ends.
 set -u
 case "${1:-all}" in
-  tests|bench|sanitize|fuzz|checks|all) ;;
-  *) echo "usage: $0 tests|bench|sanitize|fuzz|checks|all" >&2; exit 2 ;;
+  tests|bench|sanitize|fuzz|checks|all|v41) ;;
+  *) echo "usage: $0 tests|bench|sanitize|fuzz|checks|all|v41" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -59,6 +61,22 @@ fuzz() {
   echo "== fuzz (exit $?)"; grep -E "Error|FAIL|stopped|total|outside|launches|workers" "$LOG/fuzz.log" | tail -20
 }
 
+v41() {
+  timeout "${TESTS_S:-250}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-8}" -rfE --tb=line \
+    tests/kernels/test_nvfp4_kernels.py tests/kernels/test_kernels.py tests/kernels/test_profile_kernels.py \
+    tests/kernels/test_paged_kernels.py tests/test_nvfp4_ds_mla.py tests/test_v41_formats.py \
+    tests/interop/test_v41_writers.py -k "v41 or V41 or nvfp4" > "$LOG/v41_tests.log" 2>&1
+  echo "== v41 tests (exit $?)"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOG/v41_tests.log" | tail -20
+  timeout "${BENCH_S:-200}" python3 -m benchmarks kernels_gpu --sizes 64,131072 --no-reference --no-paged \
+    --cache-gib 2 --formats fp8_ds_mla_v41,fp8_ds_mla_v41_interleaved,fp4_ds_mla_v41,fp4_ds_mla_v41_interleaved,nvfp4_ds_mla \
+    --json "$LOG/v41_bandwidth.json" > "$LOG/v41_bench.log" 2>&1
+  echo "== v41 bench (exit $?)"; grep -E "^\||bandwidth" "$LOG/v41_bench.log" | tail -40
+  if [ -f .engines/released/gpu_check.py ]; then
+    timeout 60 python3 .engines/released/gpu_check.py > "$LOG/v41_released.log" 2>&1
+    echo "== released writers compiled (exit $?)"; tail -5 "$LOG/v41_released.log"
+  fi
+}
+
 checks() {
   local sums
   sums=$(mktemp -d)
@@ -72,4 +90,5 @@ checks() {
 case "${1:-all}" in
   tests) tests ;; bench) bench ;; sanitize) sanitize ;; fuzz) fuzz ;; checks) checks ;;
   all) checks; bench ;;
+  v41) v41 ;;
 esac

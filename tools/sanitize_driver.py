@@ -52,6 +52,8 @@ ODD = {
     "compressor_state": dict(head_dim=48, ratio=128, page_size=8),
     "fp8_ds_mla_v41": dict(head_dim=96, page_size=3),
     "fp4_ds_mla_v41": dict(head_dim=48, page_size=5),
+    "fp8_ds_mla_v41_interleaved": dict(head_dim=96, page_size=3),
+    "fp4_ds_mla_v41_interleaved": dict(head_dim=48, page_size=5),
 }
 DONE = "SANITIZE-DRIVER-DONE"
 

@@ -1,10 +1,14 @@
 """Cache files: save and load caches (one or many layers, any format) as safetensors.
 
-The file's metadata records, per tensor, the format name, its parameters, the page stride and
-a fingerprint of the format's byte definition (its spec JSON without the prose); loading
-rebuilds the layout and refuses a file whose fingerprint is not one this library accepts for
-that format (``kvformats.spec.formats.accepted_fingerprints``). A file written here is
-plain safetensors: other tools read the raw pages.
+The file's metadata records, per tensor, the format name, its parameters, the page stride, a
+fingerprint of the format's byte definition (its spec JSON without the prose) and the record
+identity (``kvformats.codec.records``: record name, version, layout kind, bytes per token, head
+size); loading rebuilds the layout and refuses a file whose fingerprint is not one this library
+accepts for that format (``kvformats.spec.formats.accepted_fingerprints``) or whose record
+identity is not the format's (``RecordMismatchError``: a 528 B page-planar record is not the
+528 B token-interleaved one). Files written before identities were recorded load with the
+identity their format gives. A file written here is plain safetensors: other tools read the raw
+pages.
 
 Nothing in a file is trusted: every metadata field is checked for its type (exact ints, never
 bools or floats), its range and its agreement with the tensor and the format, and a file can
@@ -24,13 +28,15 @@ import attrs
 import torch
 
 from kvformats.errors import (CacheFileError, CacheWriteError, InputError, InputTypeError, KVFormatError, OutputError,
-                              describe)
+                              RecordMismatchError, describe)
+from kvformats.codec.records import accepted_identities, identity_label, identity_problem, record_of
 from kvformats.codec.registry import get_format, list_formats
 from kvformats.layout import Layout
+from kvformats.numerics.profiles import SUCCESSORS
 
 __all__ = ["CacheEntry", "CacheFileError", "CacheWriteError", "MAX_ARENA_FACTOR", "RESERVED_NAMES",
-           "cache_file_destination", "io_available", "load_cache", "load_caches", "read_metadata", "save_cache",
-           "save_caches", "writable_file", "write_text"]
+           "RecordMismatchError", "cache_file_destination", "io_available", "load_cache", "load_caches",
+           "read_metadata", "save_cache", "save_caches", "writable_file", "write_text"]
 
 META_KEY = "kvformats"
 IO_HINT = "pip install 'kvformats[io]'"
@@ -167,7 +173,7 @@ def _write_through(path: str, data: bytes) -> None:
 
 def save_caches(path: str | os.PathLike, caches: Mapping[str, tuple[Layout, torch.Tensor]]) -> None:
     """Write ``{name: (layout, cache)}`` to ``path`` (safetensors). Pages are stored contiguously;
-    the page stride, format, parameters and fingerprint go into the metadata.
+    the page stride, format, parameters, fingerprint and record identity go into the metadata.
 
     Raises InputError / InputTypeError / LayoutError for bad arguments (a reserved or non-text
     name, a cache that does not fit its layout) and CacheWriteError (a CacheFileError and an
@@ -198,7 +204,7 @@ def save_caches(path: str | os.PathLike, caches: Mapping[str, tuple[Layout, torc
         # The stride of a cache of one page (or none) means nothing: record the page width.
         stride = cache.stride(0) if cache.shape[0] > 1 else _page_elems(cache)
         entries[name] = {"format": layout.name, "params": layout.params, "fingerprint": fingerprint(layout),
-                         "page_stride": stride, "shape": list(cache.shape)}
+                         "page_stride": stride, "shape": list(cache.shape), "record": record_of(layout).identity()}
     meta = {"library_version": __version__, "spec_version": SPEC_VERSION, "tensors": entries}
     st = _safetensors()
     path = cache_file_destination(path)
@@ -277,6 +283,10 @@ def _check_metadata(path: str, meta) -> dict:
                                      f"integer or a string, got {value!r}")
         _field(path, where, entry, "page_stride", "int>=1")
         _field(path, where, entry, "shape", "shape")
+        if "record" in entry:  # files written before record identities have none
+            problem = identity_problem(entry["record"])
+            if problem is not None:
+                raise CacheFileError(f"{path}: corrupt kvformats metadata: {where}: {problem}")
     return meta
 
 
@@ -317,6 +327,9 @@ def _layout_of(path: str, name: str, entry: dict) -> Layout:
         if want in (int, "int") and not _exact_int(value) or want in (str, "str") and not isinstance(value, str):
             raise CacheFileError(f"{path}: tensor {name!r}: parameter {key!r} of {fmt} must be "
                                  f"{'an integer' if want in (int, 'int') else 'a string'}, got {value!r}")
+    successor = SUCCESSORS.get(fmt, {}).get(params.get("profile"))
+    if successor is not None:  # written with a retired profile: read with its successor's
+        params = {**params, "profile": successor}
     try:
         layout = get_format(fmt, **params)
     except (KVFormatError, TypeError, ValueError) as err:
@@ -327,6 +340,15 @@ def _layout_of(path: str, name: str, entry: dict) -> Layout:
                              f"(fingerprint {entry['fingerprint'][:64]!r}, this kvformats has "
                              f"{fingerprint(layout)!r}); "
                              f"read it with the kvformats version that wrote it")
+    expected = record_of(layout).identity()
+    if "record" in entry and entry["record"] not in accepted_identities(layout):
+        same = entry["record"].get("bytes_per_token") == expected["bytes_per_token"]
+        raise RecordMismatchError(f"{path}: tensor {name!r} claims the format {layout.name}, whose record is "
+                                  f"{identity_label(expected)}, but its metadata records the record "
+                                  f"{identity_label(entry['record'])}"
+                                  f"{' (the same bytes per token, another record)' if same else ''}; "
+                                  f"the file was not written by kvformats from this format, or was edited: "
+                                  f"nothing was loaded")
     return layout
 
 

@@ -59,6 +59,9 @@ def scaled_values(layout: Layout, cache: torch.Tensor, region: Region, pages: sl
         return values
     scale = layout.region(region.scale)
     scales = element_values(scale, region_bytes(layout, cache, scale, pages), ue8m0_reading(layout))
+    order = layout.scale_order(scale.name)
+    if order is not None:  # stored out of block order (Layout.scale_order)
+        scales = scales[..., list(order)]
     blocks = values.reshape(*values.shape[:-1], -1, region.block)
     return (blocks * scales[..., : blocks.shape[-2], None]).reshape(values.shape)
 

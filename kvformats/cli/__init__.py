@@ -1,6 +1,8 @@
 """The ``kvformats`` command line (also ``python -m kvformats``).
 
-    kvformats list [--json]                     registered formats with row and page bytes
+    kvformats list [--json]                     registered formats with row and page bytes and record
+    kvformats records [BYTES] [--head-dim D] [--hint H] [--sources] [--json]
+                                                the record ABIs kvformats knows; with BYTES the candidates
     kvformats show FORMAT [--param k=v ...]     the region table of one layout
     kvformats spec --write | --check [--dir D]  write or check spec/formats/*.json
     kvformats demo [--rows N] [--device D]      round-trip every format, check its error bound
@@ -38,19 +40,64 @@ def _print_json(out, obj) -> None:
 
 
 def cmd_list(args, out) -> int:
+    from kvformats.codec.records import record_of
+
     if args.json:
         formats = []
         for name in kvf.list_formats():
             layout = kvf.get_format(name)
             formats.append({"name": name, "row_bytes": layout.row_bytes, "page_bytes": layout.page_bytes,
-                            "min_page_bytes": layout.min_page_bytes, "params": layout.params})
+                            "min_page_bytes": layout.min_page_bytes, "params": layout.params,
+                            "record": record_of(layout).identity()})
         _print_json(out, {"formats": formats})
         return 0
-    out(f"{'format':<18} {'row B':>6} {'page B':>7}  parameters")
+    rows = []
     for name in kvf.list_formats():
         layout = kvf.get_format(name)
         params = ", ".join(f"{k}={v}" for k, v in layout.params.items())
-        out(f"{name:<18} {layout.row_bytes:>6} {layout.page_bytes:>7}  {params}")
+        rows.append([name, layout.row_bytes, layout.page_bytes, record_of(layout).name, params])
+    _columns(out, ["format", "row B", "page B", "record", "parameters"], rows, right={1, 2})
+    return 0
+
+
+def cmd_records(args, out) -> int:
+    from kvformats.codec import records as rec
+
+    query = args.bytes is not None
+    if not query and (args.head_dim is not None or args.hint):
+        raise UsageError("--head-dim and --hint narrow a size: give BYTES (kvformats records 528 --hint planar)")
+    try:
+        found = rec.identify(args.bytes, args.head_dim, tuple(args.hint) if args.hint else None) if query \
+            else rec.list_records()
+    except KVFormatError as err:
+        raise UsageError(str(err).splitlines()[0]) from None
+    if args.json:
+        doc: dict = {"records": [r.as_dict() for r in found]}
+        if query:
+            doc["query"] = {"bytes_per_token": args.bytes, "head_dim": args.head_dim, "hint": args.hint or []}
+            doc["ambiguous"] = len(found) > 1
+        _print_json(out, doc)
+        return 0 if found or not query else 1
+    if query and not found:
+        out(f"no record known to kvformats has {args.bytes} bytes per token"
+            + (f" and head_dim {args.head_dim}" if args.head_dim is not None else "")
+            + (f" and fits the hint {' '.join(args.hint)}" if args.hint else "") + "; run `kvformats records` for all")
+        return 1
+    rows = [[r.name, r.version, r.bytes_per_token, r.head_dim, r.layout, r.format or "-", r.status,
+             ", ".join(r.profile_names()) or "-"] for r in found]
+    _columns(out, ["record", "version", "B/token", "head_dim", "layout", "format", "status", "profiles"], rows,
+             right={2, 3})
+    if query and len(found) > 1:
+        out("")
+        out(f"ambiguous: {len(found)} records have {args.bytes} bytes per token; kvformats.identify_one refuses "
+            f"this size without a hint (--hint LAYOUT|ENGINE|NAME narrows it)")
+    if args.sources or query:
+        for r in found:
+            out("")
+            out(f"{r.name}: {r.summary}" + (f" ({r.note})" if r.note else ""))
+            for s in r.sources:
+                profile = f"  [profile {s.profile}]" if s.profile else ""
+                out(f"  {s.role:<13} {s.project}: {s.where}" + (f" {s.symbol}" if s.symbol else "") + profile)
     return 0
 
 
@@ -65,6 +112,15 @@ def _aligned(out, header: list[str], rows: list[list], numeric_from: int, text_l
         if text_last:
             parts[-1] = row[-1]  # the doc text, unpadded
         out("  ".join(parts).rstrip())
+
+
+def _columns(out, header: list[str], rows: list[list], right: set[int]) -> None:
+    """A table whose columns are as wide as their widest cell; the columns in ``right`` are
+    right-aligned, the others left-aligned."""
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        out("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
 
 
 def cmd_show(args, out) -> int:
@@ -202,6 +258,21 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="registered formats")
     lst.add_argument("--json", action="store_true", help="machine-readable output (docs/reference/json.md)")
     lst.set_defaults(fn=cmd_list)
+    recs = sub.add_parser("records", help="the record ABIs kvformats knows, or the candidates of one size",
+                          description="Every KV-cache record ABI kvformats knows (docs/reference/records.md): "
+                                      "name, version, bytes per token, head size, layout kind, the format "
+                                      "implementing it. With BYTES: every record of that size (kvformats.identify); "
+                                      "exit status 1 when none fits.")
+    recs.add_argument("bytes", nargs="?", type=int, default=None, metavar="BYTES",
+                      help="bytes per token to identify (e.g. 528)")
+    recs.add_argument("--head-dim", type=int, default=None, help="narrow to records of this head size")
+    recs.add_argument("--hint", action="append", metavar="H",
+                      help="narrow by a layout kind (page-planar, interleaved, ...), an engine (vllm, tokenspeed, "
+                           "flashmla, ...), a version, a record or format name; repeatable (all must hold)")
+    recs.add_argument("--sources", action="store_true",
+                      help="list each record's writers and readers (repository, path, commit or release)")
+    recs.add_argument("--json", action="store_true", help="machine-readable output (docs/reference/json.md)")
+    recs.set_defaults(fn=cmd_records)
     show = sub.add_parser("show", help="region table of one format")
     show.add_argument("format")
     show.add_argument("--param", action="append", metavar="KEY=VALUE", help=PARAM_HELP)

@@ -13,7 +13,8 @@ rules, the stored value otherwise): ``max(rel |x|, abs s, |x| - max s)``:
 * e2m1 (``float4_e2m1fn_x2``): the grid {0, .5, 1, 1.5, 2, 3, 4, 6} 2^e has gaps of at most
   2 2^e and |x / 2^e| <= 6, so the threshold rule is off by at most half a gap: ``2^e``; with
   a stored e4m3 scale s that rounded down, the part of |x| beyond 6 s clips.
-* unscaled data regions (the bf16 RoPE tail, the float32 compressor state): exact (bound 0).
+* unscaled data regions (the bf16 RoPE tail, the float32 compressor state): exact (bound 0);
+  an unscaled region of a quantized type (nvfp4_ds_mla's e4m3 RoPE) has its type's bound at s = 1.
 
 The reported ratio is max(err / bound) over elements with a positive bound (and 0 where an
 exact field is exact; inf if an exact field is not). A ratio <= 1 means the bound holds. The
@@ -71,7 +72,8 @@ def _block_bound(layout, region, x32: torch.Tensor) -> torch.Tensor:
 def element_bound(layout, x32: torch.Tensor) -> torch.Tensor:
     """Per-element bound of ``x32 [N, D]`` (the decoded row order: the data regions in page
     order), read from the layout's regions: each scaled region by its element type and block,
-    every unscaled data region exact (0)."""
+    an unscaled region of a quantized element type by its grid at scale 1, every other data
+    region exact (0)."""
     bound = torch.zeros_like(x32)
     at = 0
     for region in layout.data_regions:
@@ -81,6 +83,9 @@ def element_bound(layout, x32: torch.Tensor) -> torch.Tensor:
                 raise UnsupportedError(f"the demo has no error bound for {region.dtype} "
                                        f"({layout.name}.{region.name})")
             bound[:, at:at + count] = _block_bound(layout, region, x32[:, at:at + count])
+        elif region.element.quantized:  # codes of an unscaled region (nvfp4_ds_mla's e4m3 RoPE): scale 1
+            x = x32[:, at:at + count]
+            bound[:, at:at + count] = region.element.bound(x, torch.ones((), dtype=x.dtype))
         at += count
     if at != x32.shape[1]:
         raise UnsupportedError(f"{layout.name}: data regions hold {at} elements per row, "
@@ -138,7 +143,8 @@ def _timed(fn, device: str, repeats: int = 3) -> tuple[float, Any]:
 
 def _header(layout) -> list[str]:
     params = ", ".join(f"{k}={v}" for k, v in layout.params.items())
-    table = layout.describe().splitlines()[1:]  # the region table, without its (long) head line
+    # the region table, without its (long) head line or a format's notes after it
+    table = layout.describe().splitlines()[1:2 + len(layout.regions)]
     return [f"{layout.name}({params})",
             f"  row {layout.row_bytes} B, page {layout.page_bytes} B (min {layout.min_page_bytes} B)",
             *("  " + line for line in table)]
@@ -159,7 +165,7 @@ def run_demo(rows: int = 4096, device: str | None = None, out=print, save_to: st
     out(f"kvformats {kvf.__version__} demo: {rows} random rows per format on {device} (torch {torch.__version__})")
     out(f"inputs: N(0,1) values times 2^k per row, k uniform in {lo}..{hi}; compressor_state: N(0,1)")
     out("bounds per element: e4m3 max(|x|/16, 2^(e-10)), e2m1 2^e (e: the block's scale exponent);")
-    out("  unscaled fields (bf16 RoPE tail, float32 compressor state) exact")
+    out("  unscaled fields (bf16 RoPE tail, float32 compressor state) exact, unscaled e4m3 at e = 0")
     results, caches = [], {}
     for name in kvf.list_formats():
         layout = kvf.get_format(name)

@@ -86,16 +86,18 @@ def get_format(name: str, **params):
       profile flashmla-ref | vllm. DeepSeek V3.2 attention rows, 656 B.
     * ``fp8_ds_mla_v41`` (Fp8DsMlaV41): head_dim=512, page_size=64, profile tokenspeed |
       flashmla. DeepSeek V4.1 attention records, 528 B, page-planar.
-    * ``fp8_ds_mla_v41_interleaved`` (Fp8DsMlaV41Interleaved): the same, token-interleaved;
-      profile flashmla | vllm | tokenspeed.
+    * ``fp8_ds_mla_v41_interleaved`` (Fp8DsMlaV41Interleaved): head_dim=512, page_size=64,
+      profile flashmla | vllm | tokenspeed. The same 528 B records, token-interleaved.
     * ``fp4_ds_mla_v41`` (Fp4DsMlaV41): head_dim=512, page_size=64, profile tokenspeed |
       flashmla. DeepSeek V4.1 fp4 records, 288 B, page-planar.
-    * ``fp4_ds_mla_v41_interleaved`` (Fp4DsMlaV41Interleaved): the same, token-interleaved;
-      profile flashmla | vllm | tokenspeed.
+    * ``fp4_ds_mla_v41_interleaved`` (Fp4DsMlaV41Interleaved): head_dim=512, page_size=64,
+      profile flashmla | vllm | tokenspeed. The same 288 B records, token-interleaved.
     * ``fp8_indexer`` (Fp8Indexer): head_dim=128, page_size=64,
       profile tokenspeed | vllm | deepgemm-ref. CSA indexer keys, 132 B.
     * ``mxfp4_indexer`` (Mxfp4Indexer): head_dim=128, page_size=64,
       profile tokenspeed | vllm | deepgemm-ref | ocp. CSA indexer keys, 68 B.
+    * ``nvfp4_ds_mla`` (Nvfp4DsMla): head_dim=576, rope_dim=64, page_size=64, profile flashmla.
+      DeepSeek V3.2 rows as NVFP4 NoPE + e4m3 RoPE, 352 B (scales stored permuted).
     * ``compressor_state`` (CompressorState): head_dim=512, ratio=4, page_size=4. The
       compressor's float32 kv and score state, no quantization.
 

@@ -8,9 +8,10 @@ from kvformats.formats.fp8_ds_mla_v32 import Fp8DsMlaV32
 from kvformats.formats.fp8_ds_mla_v41 import Fp8DsMlaV41, Fp8DsMlaV41Interleaved
 from kvformats.formats.fp8_indexer import Fp8Indexer
 from kvformats.formats.mxfp4_indexer import Mxfp4Indexer
+from kvformats.formats.nvfp4_ds_mla import Nvfp4DsMla
 
 FORMATS = (CompressorState, Fp4DsMlaV41, Fp4DsMlaV41Interleaved, Fp8DsMla, Fp8DsMlaV32, Fp8DsMlaV41,
-           Fp8DsMlaV41Interleaved, Fp8Indexer, Mxfp4Indexer)
+           Fp8DsMlaV41Interleaved, Fp8Indexer, Mxfp4Indexer, Nvfp4DsMla)
 
 __all__ = ["FORMATS", "CompressorState", "Fp4DsMlaV41", "Fp4DsMlaV41Interleaved", "Fp8DsMla", "Fp8DsMlaV32",
-           "Fp8DsMlaV41", "Fp8DsMlaV41Interleaved", "Fp8Indexer", "Mxfp4Indexer"]
+           "Fp8DsMlaV41", "Fp8DsMlaV41Interleaved", "Fp8Indexer", "Mxfp4Indexer", "Nvfp4DsMla"]

@@ -94,7 +94,7 @@ class TokenInterleaved(_LayoutBase):
     __slots__ = ()
 
     def _segments(self):
-        data, scales = super()._segments()  # type: ignore[misc]
+        data, scales = super()._segments()
         return (Segment("token", data.fields + scales.fields),)
 
 

@@ -69,13 +69,16 @@ TOKENSPEED = Profile(
            "sign of zero kept; finite input (spec/formats/fp4_ds_mla_v41.md)")
 # FlashMLA's fp4 writer takes amax over nan_to_num(|x|, nan=inf): a NaN makes the scale NaN (as
 # the clamp rule does), while an Inf becomes the largest float (nan_to_num's posinf default), so
-# an Inf block stores 448 and saturates: the same bytes as tokenspeed's rule on every input.
+# an Inf block stores 448 and saturates: the same scale bytes as tokenspeed's rule on every input.
+# Its encoder copies the sign bit of x / s into the nibble, NaN included: a NaN element keeps
+# its own sign there (e2m1_nan_sign), where tokenspeed's NaN-free rule writes 0x0.
 FLASHMLA = Profile(
-    name="flashmla", scale_rule=SCALE_RULE, e2m1_rounding="rne", e2m1_signed_zero=True, error_bound=BOUND,
+    name="flashmla", scale_rule=SCALE_RULE, e2m1_rounding="rne", e2m1_signed_zero=True, e2m1_nan_sign=True,
+    error_bound=BOUND,
     engine="FlashMLA tests/quant.py quantize_k_cache (V41_FP4; upstream and the vllm-project fork)",
     source=f"{FLASHMLA_FORK_URL}: e4m3(clamp(amax / 6, 2^-9, 448)); a NaN in a block makes its scale NaN "
-           "(0x7F) and its codes 0, an Inf stores 448 and saturates; e2m1 round-half-even, saturating "
-           "(spec/formats/fp4_ds_mla_v41.md)")
+           "(0x7F) and its codes 0 (a NaN element: its sign bit), an Inf stores 448 and saturates; e2m1 "
+           "round-half-even, saturating (spec/formats/fp4_ds_mla_v41.md)")
 VLLM = Profile(
     name="vllm", scale_rule=VLLM_RULE, e2m1_rounding="rne", e2m1_signed_zero=True, error_bound=BOUND,
     engine="vLLM 0.33.0 vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py "
@@ -111,6 +114,9 @@ class Fp4DsMlaV41(V41Rows):
         y = blocks / nx.e4m3_decode(sbytes).unsqueeze(-1)
         codes = nx.e2m1_encode(y, prof.e2m1_rounding, prof.e2m1_signed_zero)
         codes = codes.masked_fill_(torch.isnan(y), 0)  # NaN has no e2m1 code: 0, whatever its sign bit
+        if prof.e2m1_nan_sign:  # FlashMLA: a NaN element's nibble carries that NaN's sign bit
+            nan = torch.isnan(blocks)
+            codes = torch.where(nan, torch.signbit(blocks).to(torch.uint8) << 3, codes)
         return self._rows(nx.pack_nibbles(codes.reshape(x.shape[0], self.head_dim)), sbytes)
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ Profiles by name (which formats support each: ``supported_profiles()``; prose: s
 The V4.1 page-planar pair's default, ``tokenspeed``, is tokenspeed-kernel 0.1.4's released writer.
 
 The Triton encode kernels honour every profile of fp8_ds_mla (584 B and V3.2 656 B rows),
-fp8_indexer and mxfp4_indexer (the kernel package declares them with
+fp8_indexer, mxfp4_indexer and the four V4.1 formats (the kernel package declares them with
 ``registry.register_kernel_profiles``); a profile no kernel declares runs on the reference
 (``backend="auto"``) or raises BackendUnavailableError (``backend="triton"``). Reads (decode,
 the paged ops) multiply each element by the stored scale, whatever rule chose it; they depend on
@@ -44,6 +44,9 @@ from kvformats.numerics.codes import E2M1_ROUNDINGS, UE8M0_FF_READINGS, ScaleRul
 
 PROFILE_NAMES = ("tokenspeed", "vllm", "deepgemm-ref", "flashmla-ref", "flashmla", "ocp")
 # Profiles that existed once and were replaced: name -> what to say (a LayoutError names it).
+# Cache files written with a retired profile load with its successor's (reads multiply by the
+# stored scales, so they give the values the file was written with): format -> {old: new}.
+SUCCESSORS = {"fp8_ds_mla_v41": {"kvformats": "tokenspeed"}, "fp4_ds_mla_v41": {"kvformats": "tokenspeed"}}
 RETIRED_PROFILES = {"kvformats": "the V4.1 rule kvformats chose before any writer was published; the "
                                  "V4.1 formats follow the published writers: profile 'tokenspeed' (same bytes for "
                                  "fp8_ds_mla_v41; fp4_ds_mla_v41 now floors its scale at 2^-9, not 2^-6) or "
@@ -79,6 +82,11 @@ class Profile:
     # block then codes as x / scale (NaN codes, zeros). False: the clamp exponent rule of
     # spec/nan-policy.md §2 (every element coded at the clamped scale).
     poison_nonfinite: bool = False
+    # FlashMLA's e2m1 encoder takes the sign bit of x / s as it is, NaN included, and on its
+    # reference's CPU a NaN element's quotient keeps that element's NaN: its nibble is then 0x8
+    # for a NaN with the sign bit set (after the input's rounding to bf16), 0x0 otherwise.
+    # False: every NaN element's nibble is 0x0 (spec/nan-policy.md §2).
+    e2m1_nan_sign: bool = False
 
     def as_dict(self) -> dict:
         """JSON-ready rules (the spec's ``numerics.profile``)."""
@@ -87,7 +95,8 @@ class Profile:
                 "source": self.source,
                 # only where set: the spec JSON (and so the file fingerprints) of the profiles
                 # that never had the field stay as they were
-                **({"poison_nonfinite": True} if self.poison_nonfinite else {})}
+                **({"poison_nonfinite": True} if self.poison_nonfinite else {}),
+                **({"e2m1_nan_sign": True} if self.e2m1_nan_sign else {})}
 
 
 @attrs.frozen

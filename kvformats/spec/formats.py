@@ -80,8 +80,13 @@ def _exponent_rule(rule: dict) -> str:
     m, f = rule["element_max"], rule["floor"]
     q = f"max(amax, {f}) / {m}" if rule["floor_on"] == "absmax" else f"max(amax / {m}, {f})"
     if rule.get("scale_dtype") == "float8_e4m3fn":  # numerics.ScaleRule subclasses that store e4m3 scales
-        return (f"no exponent: scale s = e4m3_rne(clamp(fl32(amax / {m}), {f}, {rule['scale_max']})), sign "
-                f"bit cleared (a NaN amax gives 0x7F); elements are fl32(x / s) (one correctly rounded division)")
+        up = (", then rounded up: the byte + 1 where its value is below the clamped quotient and the byte is "
+              "below 0x7E (s = the least e4m3 value >= max(fl32(amax / {m}), {f}), {s} at most)").format(
+                  m=m, f=f, s=rule["scale_max"]) if rule.get("round_up") else ""
+        q = f"amax * fl32(1 / {m})" if rule.get("reciprocal") else f"amax / {m}"  # vLLM's product
+        return (f"no exponent: scale s = e4m3_rne(clamp(fl32({q}), {f}, {rule['scale_max']})), sign "
+                f"bit cleared (a NaN amax gives 0x7F){up}; elements are fl32(x / s) (one correctly rounded "
+                f"division)")
     if not rule.get("power_of_two", True):
         return (f"no exponent: scale s = fl32({q}) stored as an arbitrary float32; elements are "
                 f"fl32(x / s) (one correctly rounded division), clamped to +-{m}")
@@ -199,6 +204,10 @@ def spec_digest(layout) -> str:
 # tokenspeed profiles of fp8_ds_mla and mxfp4_indexer read it as +Inf since 745a523: their
 # files from before are not the same definition and stay refused).
 FORMER_SPEC_DIGESTS: dict[str, frozenset[str]] = {
+    # the V4.1 pair with the retired profile "kvformats" (numerics.profiles.SUCCESSORS): same regions,
+    # fp8 the same bytes as tokenspeed, fp4 scales floored at 2^-6 (read exactly by any profile)
+    "fp8_ds_mla_v41": frozenset({"8cab575040340a2aa3665dca52201c9006d36b3b06e75956b9798f5a80cfe6dc"}),  # 6425adc
+    "fp4_ds_mla_v41": frozenset({"9dee770ba5f67c1582b43417a60388385666ff6875fdf8e0e2769380a2b76bd2"}),  # 6425adc
     "fp8_indexer": frozenset({
         "e46a57e88493f6c13806d5c0027cb3785d34452b5a834ce16d86d40c3e239eac",  # aa57739
         "6d9268ae6a3308d173dfe42a35b6df7496ff9886c2e269650b70c74dfd6bade5",  # 36abca0

@@ -1,11 +1,15 @@
 """What each side of a transfer says about its caches, and the handshake that compares them.
 
-A ``CacheDesc`` is everything about one cache that decides where its bytes lie: the format,
-its parameters (the numerics profile among them), the spec fingerprint, the page stride and
-where the pages start in their storage. Two sides may move pages only between caches whose
-descriptions agree on all of these except the page count and storage placement;
-``handshake`` compares them before any byte moves. A description travels as JSON, so an
-engine can pass it on whatever side channel it already has (its metadata exchange).
+A ``CacheDesc`` is everything about one cache that decides where its bytes lie: the record
+identity (``kvformats.codec.records``: record name, version, layout kind, bytes per token, head
+size), the format, its parameters (the numerics profile among them), the spec fingerprint, the
+page stride and where the pages start in their storage. Two sides may move pages only between
+caches whose descriptions agree on all of these except the page count and storage placement;
+``handshake`` compares them before any byte moves. Two records of the same bytes per token (the
+V4.1 528 B record page-planar and token-interleaved) are refused first, naming both identities:
+a size that agrees says nothing about where the bytes lie. A description travels as JSON, so an
+engine can pass it on whatever side channel it already has (its metadata exchange); one from a
+peer that carries no record identity (an older kvformats) gets the one its format gives.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ from typing import Mapping
 import attrs
 import torch
 
+from kvformats.codec.records import identity_label, identity_problem, record_identity, record_of, same_record
 from kvformats.errors import HandshakeError, InputError, InputTypeError, describe
 from kvformats.layout import Layout
 from kvformats.validation import check_cache
 
 # Fields two sides must agree on, in the order a mismatch is reported.
-COMPARED = ("format", "params", "profile", "fingerprint", "page_bytes", "page_stride", "arena")
+COMPARED = ("format", "params", "profile", "fingerprint", "page_bytes", "page_stride", "arena", "record")
 
 
 @attrs.frozen
@@ -29,7 +34,8 @@ class CacheDesc:
     """One cache as a transfer sees it. Byte counts: ``page_bytes`` is the width of one page
     of this cache, ``page_stride`` the distance between pages, ``offset`` where page 0 starts
     in the cache's storage (non-zero for a field of an arena) and ``storage_bytes`` the
-    storage's size (the bytes an engine registers)."""
+    storage's size (the bytes an engine registers). ``record`` is the record identity
+    (``Record.identity()``)."""
 
     name: str
     format: str
@@ -43,22 +49,33 @@ class CacheDesc:
     offset: int
     storage_bytes: int
     arena: str = ""  # the first cache (by name) sharing this storage: fields of one arena agree here
+    record: dict = attrs.field(factory=dict)
 
     def to_json(self) -> dict:
         return attrs.asdict(self)
 
     @classmethod
     def from_json(cls, d) -> "CacheDesc":
-        if not isinstance(d, Mapping) or set(d) != {f.name for f in attrs.fields(cls)}:
+        keys = {f.name for f in attrs.fields(cls)}
+        if isinstance(d, Mapping) and set(d) == keys - {"record"}:  # an older peer: no record identity
+            d = {**d, "record": None}
+        if not isinstance(d, Mapping) or set(d) != keys:
             raise HandshakeError(f"a peer's cache description must have the keys "
                                  f"{sorted(f.name for f in attrs.fields(cls))}, got {describe(d)}")
         for f in attrs.fields(cls):
+            if f.name == "record":
+                continue
             kind: type = dict if f.name == "params" else int if f.type in ("int", int) else str
             v = d[f.name]
             if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, int) and v < 0):
                 raise HandshakeError(f"a peer's cache description has {f.name} = {v!r}, not a "
                                      f"{'non-negative int' if kind is int else kind.__name__}")
-        return cls(**d)
+        record = d["record"]
+        if record is None:
+            record = record_identity(d["format"], dict(d["params"])) or {}
+        elif (problem := identity_problem(record)) is not None:
+            raise HandshakeError(f"a peer's cache description of {d['name']!r} has a bad record identity: {problem}")
+        return cls(**{**d, "record": dict(record)})
 
 
 def describe_cache(name: str, layout: Layout, cache: torch.Tensor, arena: str = "") -> CacheDesc:
@@ -79,7 +96,8 @@ def describe_cache(name: str, layout: Layout, cache: torch.Tensor, arena: str = 
                      fingerprint=fingerprint(layout), page_size=layout.page_size, page_bytes=width,
                      page_stride=stride if cache.shape[0] > 1 else max(stride, width),
                      num_pages=cache.shape[0], offset=int(u8.storage_offset()),
-                     storage_bytes=cache.untyped_storage().nbytes(), arena=arena or name)
+                     storage_bytes=cache.untyped_storage().nbytes(), arena=arena or name,
+                     record=record_of(layout).identity())
 
 
 def describe_caches(caches: Mapping[str, tuple[Layout, torch.Tensor]]) -> dict[str, CacheDesc]:
@@ -113,16 +131,34 @@ def from_json(text: str | bytes) -> dict[str, CacheDesc]:
     return {d.name: d for d in descs}
 
 
+def _label(record: dict) -> str:
+    return identity_label(record) if record else "none (a format this kvformats does not know)"
+
+
 def handshake(local: Mapping[str, CacheDesc], peer: Mapping[str, CacheDesc]) -> None:
     """Both sides have the same caches, described alike (``COMPARED``); otherwise a
-    HandshakeError naming the first cache and field that differ. Page counts and where the
-    pages lie in storage may differ: they are each side's own."""
+    HandshakeError naming the first cache and field that differ, and both record identities when
+    the records differ. Two records of the same bytes per token are refused as such, whatever
+    else differs: the message names both identities. Page counts and where the pages lie in
+    storage may differ: they are each side's own."""
     if set(local) != set(peer):
         only_here, only_there = sorted(set(local) - set(peer)), sorted(set(peer) - set(local))
         raise HandshakeError(f"the peer has other caches: only here {only_here}, only at the peer {only_there}")
     for name in local:
         a, b = local[name], peer[name]
+        agree = a.record == b.record or (a.format == b.format and a.params == b.params
+                                         and same_record(a.record, b.record, a.format, a.params))
+        records = "" if agree else f" (record here {_label(a.record)}, at the peer {_label(b.record)})"
+        if records and a.record and b.record and a.record["bytes_per_token"] == b.record["bytes_per_token"]:
+            raise HandshakeError(f"cache {name!r}: record differs at the same {a.record['bytes_per_token']} bytes "
+                                 f"per token: here {_label(a.record)}, at the peer {_label(b.record)}; the bytes "
+                                 f"of a token lie elsewhere in the other record, so no page can move between them")
         for field in COMPARED:
+            if field == "record":
+                if records:
+                    raise HandshakeError(f"cache {name!r}: record differs: here {_label(a.record)}, "
+                                         f"at the peer {_label(b.record)}")
+                continue
             if getattr(a, field) != getattr(b, field):
                 raise HandshakeError(f"cache {name!r}: {field} differs: here {getattr(a, field)!r}, "
-                                     f"at the peer {getattr(b, field)!r}")
+                                     f"at the peer {getattr(b, field)!r}{records}")

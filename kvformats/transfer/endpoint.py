@@ -55,12 +55,15 @@ class Endpoint:
                 engine.register(self.bases[name], d.storage_bytes, self.caches[name][1].device)
 
     def hello(self) -> bytes:
-        """What the peer's ``connect`` needs: descriptions, storage addresses, engine metadata."""
+        """What the peer's ``connect`` needs: descriptions (each with its record identity),
+        storage addresses, engine metadata."""
         return json.dumps({"engine": self.engine.name, "caches": to_json(self.descs), "bases": self.bases,
                            "metadata": base64.b64encode(self.engine.metadata()).decode()}).encode()
 
     def connect(self, hello: bytes) -> Peer:
-        """Handshake against the peer's hello (HandshakeError on any difference), then connect."""
+        """Handshake against the peer's hello (HandshakeError on any difference, a cache of
+        another record ABI of the same bytes per token among them: the message names both record
+        identities), then connect."""
         try:
             msg = json.loads(hello)
             engine, caches, bases, meta = msg["engine"], msg["caches"], msg["bases"], msg["metadata"]

@@ -21,7 +21,7 @@ from typing import Mapping
 import attrs
 import torch
 
-from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.errors import HandshakeError, InputError, InputTypeError, describe
 from kvformats.transfer.describe import CacheDesc, handshake
 
 
@@ -137,10 +137,17 @@ def _segments(desc: CacheDesc, layout_segments, pages: torch.Tensor, rows: torch
 
 
 def _layout_segments(desc: CacheDesc) -> list[tuple[int, int]]:
-    """(in-page offset, record bytes) of each segment of the described format."""
+    """(in-page offset, record bytes) of each segment of the described format, whose record
+    identity must be the one the description carries (else a HandshakeError naming both: the
+    segments would be another record's)."""
+    from kvformats.codec.records import accepted_identities, identity_label, record_of
     from kvformats.codec.registry import get_format
 
     layout = get_format(desc.format, **desc.params)
+    record = record_of(layout).identity()
+    if desc.record and desc.record not in accepted_identities(layout):
+        raise HandshakeError(f"cache {desc.name!r} is described as {desc.format}, whose record is "
+                             f"{identity_label(record)}, but carries the record {identity_label(desc.record)}")
     return [(layout.segment_offsets[s.name], s.record_bytes) for s in layout.segments]
 
 
@@ -175,7 +182,8 @@ def plan_transfer(src: Mapping[str, CacheDesc], dst: Mapping[str, CacheDesc], sr
     that side, in request order (the i-th pages pair up). ``rows``: cache name -> (start, stop)
     rows of the request to move (rows of the i-th page are [i * page_size, (i + 1) * page_size));
     caches not named move whole pages. ``whole_pages``: move each arena's physical pages once
-    (then no ``rows``). Raises HandshakeError, InputError, InputTypeError; moves nothing."""
+    (then no ``rows``). Raises HandshakeError (the handshake's, or a description whose record
+    identity is not its format's), InputError, InputTypeError; moves nothing."""
     handshake(src, dst)
     for what, pages in (("src_pages", src_pages), ("dst_pages", dst_pages)):
         if not isinstance(pages, Mapping):

@@ -63,12 +63,14 @@ def _e4m3(y: torch.Tensor) -> torch.Tensor:
     return y.to(torch.float8_e4m3fn).view(torch.uint8)
 
 
-def _e2m1_rne(y: torch.Tensor) -> torch.Tensor:
-    """e2m1 codes of float32 y: nearest, ties to the even code, saturating at 6, sign bit of y;
-    NaN gives code 0 (FlashMLA's encoder maps it so)."""
+def _e2m1_rne(y: torch.Tensor, nan_sign: bool = True) -> torch.Tensor:
+    """e2m1 codes of float32 y: nearest, ties to the even code, saturating at 6, the sign bit of
+    y as torch computed it, NaN included (FlashMLA's encoder: a NaN's magnitude code is 0; on this
+    CPU x / NaN keeps the NaN operand, so a NaN element keeps its own sign); ``nan_sign=False``:
+    NaN gives 0x0 (tokenspeed's rule, defined on finite input only)."""
     a = torch.nan_to_num(y.abs(), nan=0.0).clamp_max(6.0)
     code = (a.unsqueeze(-1) > MIDPOINTS).sum(-1) + (a.unsqueeze(-1) == TIES_TO_EVEN_UP).sum(-1)
-    sign = torch.where(torch.isnan(y), False, torch.signbit(y))
+    sign = torch.signbit(y) if nan_sign else torch.where(torch.isnan(y), False, torch.signbit(y))
     return (code | (sign.long() << 3)).to(torch.uint8)
 
 

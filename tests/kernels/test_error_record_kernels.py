@@ -26,7 +26,7 @@ from kvformats_kernels import state  # noqa: E402
 
 SENTINEL = 0xA5
 FORMATS = ["fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer", "compressor_state", "fp8_ds_mla_v41",
-           "fp4_ds_mla_v41"]
+           "fp4_ds_mla_v41", "fp8_ds_mla_v41_interleaved", "fp4_ds_mla_v41_interleaved"]
 BYTE_FORMATS = [f for f in FORMATS if f != "compressor_state"]
 PAGES, PAGE_SIZE = 3, 4
 CAPACITY = PAGES * PAGE_SIZE

@@ -13,14 +13,14 @@ import attrs
 import pytest
 
 from kvformats.errors import LayoutError
-from kvformats.formats import (FORMATS, CompressorState, Fp4DsMlaV41, Fp8DsMla, Fp8DsMlaV32, Fp8DsMlaV41, Fp8Indexer,
-                               Mxfp4Indexer)
+from kvformats.formats import (FORMATS, CompressorState, Fp4DsMlaV41, Fp4DsMlaV41Interleaved, Fp8DsMla, Fp8DsMlaV32,
+                               Fp8DsMlaV41, Fp8DsMlaV41Interleaved, Fp8Indexer, Mxfp4Indexer, Nvfp4DsMla)
 from kvformats.layout import Field, Layout, Segment
 
 pytest.importorskip("triton")
 
 import kvformats_kernels as kk  # noqa: E402  (after conftest chose interpreter or GPU)
-from kvformats_kernels import fp8_ds_mla, indexer, state, v41  # noqa: E402
+from kvformats_kernels import fp8_ds_mla, indexer, nvfp4, state, v41  # noqa: E402
 from kvformats_kernels.dsv4 import compress  # noqa: E402
 from kvformats_kernels.geometry import (NO_SPAN, block_constants, nope_rope_constants, row_geometry,  # noqa: E402
                                         target_constants)
@@ -33,6 +33,9 @@ NAMES = {
     Mxfp4Indexer: ("values", "scale", None, None),
     Fp8DsMlaV41: ("values", "scale", None, None),
     Fp4DsMlaV41: ("values", "scale", None, None),
+    Fp8DsMlaV41Interleaved: ("values", "scale", None, None),
+    Fp4DsMlaV41Interleaved: ("values", "scale", None, None),
+    Nvfp4DsMla: ("nope", "scale", "rope", None),
 }
 PAGE_SIZES = (1, 3, 64)
 
@@ -114,6 +117,22 @@ def test_kernel_constants_are_the_declared_regions(layout):
         PAD_P2=_pow2(p_bytes) if p_bytes else 1)
 
 
+@pytest.mark.parametrize("planar,interleaved,data,scale", [(Fp8DsMlaV41, Fp8DsMlaV41Interleaved, 512, 16),
+                                                            (Fp4DsMlaV41, Fp4DsMlaV41Interleaved, 256, 32)])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_v41_layouts_place_the_same_records(planar, interleaved, data, scale, page_size):
+    """The V4.1 pair: page-planar records at (0, data) and (page_size * data, scale); token
+    interleaved at (0, data + scale) and (data, data + scale); the same blocking, record sizes
+    and page width, so the kernels differ only in these four constexprs."""
+    p, t = block_constants(planar(page_size=page_size)), block_constants(interleaved(page_size=page_size))
+    row = data + scale
+    assert (p["VAL_OFF"], p["VAL_STRIDE"], p["SCALE_OFF"], p["SCALE_STRIDE"]) == (0, data, page_size * data, scale)
+    assert (t["VAL_OFF"], t["VAL_STRIDE"], t["SCALE_OFF"], t["SCALE_STRIDE"]) == (0, row, data, row)
+    assert {k: p[k] for k in ("NB", "NB_P2", "QB")} == {k: t[k] for k in ("NB", "NB_P2", "QB")}
+    assert planar(page_size=page_size).min_page_bytes == interleaved(page_size=page_size).min_page_bytes
+    assert v41._geometry(planar(page_size=page_size))["FP4"] == v41._geometry(interleaved(page_size=page_size))["FP4"]
+
+
 def test_a_layout_without_a_scaled_row_has_no_geometry():
     with pytest.raises(LayoutError, match="no block-scaled data region"):
         row_geometry(CompressorState())
@@ -136,10 +155,13 @@ def test_an_unscaled_region_before_the_scaled_one_is_refused():
 
 # ----------------------------------------------------------------------------- served classes
 
-# What the package served by format name before the modules declared their classes
+# What the package served by format name before the modules declared their classes, and the
+# token-interleaved V4.1 layouts since (the V4.1 module's encode honours every profile since then)
 BEFORE = {"fp8_ds_mla": fp8_ds_mla, "fp8_ds_mla_v32": fp8_ds_mla, "fp8_indexer": indexer, "mxfp4_indexer": indexer,
-          "compressor_state": state, "fp8_ds_mla_v41": v41, "fp4_ds_mla_v41": v41}
-PROFILED_BEFORE = {"fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer"}
+          "compressor_state": state, "fp8_ds_mla_v41": v41, "fp4_ds_mla_v41": v41,
+          "fp8_ds_mla_v41_interleaved": v41, "fp4_ds_mla_v41_interleaved": v41, "nvfp4_ds_mla": nvfp4}
+PROFILED_BEFORE = {"fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer", "fp8_ds_mla_v41", "fp4_ds_mla_v41",
+                   "fp8_ds_mla_v41_interleaved", "fp4_ds_mla_v41_interleaved", "nvfp4_ds_mla"}
 
 
 def test_modules_serve_the_formats_they_served():

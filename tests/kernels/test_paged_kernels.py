@@ -38,10 +38,17 @@ DECODE_LAYOUTS = {
     "fp8_ds_mla_v41-96": kvf.Fp8DsMlaV41(head_dim=96, page_size=3),
     "fp4_ds_mla_v41": kvf.Fp4DsMlaV41(page_size=4),
     "fp4_ds_mla_v41-48": kvf.Fp4DsMlaV41(head_dim=48, page_size=5),
+    # token-interleaved: one segment, records of data then scale bytes (any profile: reads
+    # multiply by the stored scales whatever rule chose them)
+    "fp8_ds_mla_v41_interleaved": kvf.Fp8DsMlaV41Interleaved(page_size=4),
+    "fp8_ds_mla_v41_interleaved-96": kvf.Fp8DsMlaV41Interleaved(head_dim=96, page_size=3, profile="tokenspeed"),
+    "fp4_ds_mla_v41_interleaved": kvf.Fp4DsMlaV41Interleaved(page_size=4),
+    "fp4_ds_mla_v41_interleaved-48": kvf.Fp4DsMlaV41Interleaved(head_dim=48, page_size=5, profile="vllm"),
 }
 BYTE_LAYOUTS = {k: v for k, v in DECODE_LAYOUTS.items()
                 if k in ("fp8_ds_mla", "fp8_ds_mla-256", "fp8_ds_mla_v32", "fp8_indexer", "fp8_indexer-p1",
-                         "mxfp4_indexer", "mxfp4_indexer-96", "fp8_ds_mla_v41", "fp4_ds_mla_v41-48")}
+                         "mxfp4_indexer", "mxfp4_indexer-96", "fp8_ds_mla_v41", "fp4_ds_mla_v41-48",
+                         "fp8_ds_mla_v41_interleaved-96", "fp4_ds_mla_v41_interleaved")}
 ALL_LAYOUTS = dict(DECODE_LAYOUTS, compressor_state=kvf.CompressorState(head_dim=32, ratio=4, page_size=4))
 
 
@@ -103,7 +110,8 @@ def sentinel_like(shape, dtype, device=DEV) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer", "compressor_state",
-                                 "fp8_ds_mla_v41", "fp4_ds_mla_v41"])
+                                 "fp8_ds_mla_v41", "fp4_ds_mla_v41", "fp8_ds_mla_v41_interleaved",
+                                 "fp4_ds_mla_v41_interleaved"])
 @pytest.mark.parametrize("op", paged.PAGED_OPS)
 def test_paged_triton_ops_registered(fmt, op):
     if fmt == "compressor_state" and op != "decode_topk":

@@ -193,3 +193,23 @@ def random_cache_bytes(n: int, seed: int, scale_lo: int = 100, scale_hi: int = 1
 # scale bytes a reader has to handle: 0 (2^-127), 1, small, 127 (1.0), large, 254 (2^127) and 0xFF
 # (NaN in float8_e8m0fnu; readers that compute 2^(b-127) get +Inf)
 SCALE_BYTES = [0, 1, 20, 100, 120, 127, 130, 200, 254, 255]
+
+
+def release_provenance(*, release, file: str, function: str, source_path: Path, wheel_path: Path,
+                       device: str, note: str = "") -> dict:
+    """The ``captured`` block of a vector produced by code from a released wheel (``release``: a
+    ``tests.harness.released.Release``): package, version, the wheel file and its sha256, the
+    file inside it and its sha256, the function, the PyPI page, the device and the command."""
+    import triton
+
+    out = {"package": release.package, "version": release.version, "wheel": release.filename,
+           "wheel_sha256": hashlib.sha256(wheel_path.read_bytes()).hexdigest(), "file": file,
+           "sha256": hashlib.sha256(source_path.read_bytes()).hexdigest(), "function": function,
+           "url": release.url, "device": device, "torch": torch.__version__.split("+")[0],
+           "triton": triton.__version__,
+           "command": " ".join(shlex.quote(a) for a in ["python3", *sys_argv_rel()])}
+    if release.commit:
+        out["source"] = f"{release.repo}@{release.commit} (the commit the wheel names)"
+    if note:
+        out["note"] = note
+    return out
