@@ -35,6 +35,8 @@ def filled_cache(layout, total_bytes: int):
         w = layout.width
         layout.encode((torch.randn(n, w), torch.randn(n, w)), cache, slots,
                       positions=torch.arange(n), ape=torch.randn(layout.ratio, w))
+    elif layout.name == "compressor_state_v41":
+        layout.encode((torch.randn(n, layout.width), torch.randn(n, layout.width)), cache, slots)
     else:
         layout.encode(torch.randn(n, layout.head_dim), cache, slots)
     for start in range(seed_pages, pages, seed_pages):

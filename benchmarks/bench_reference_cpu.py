@@ -28,6 +28,9 @@ def _inputs(layout, n: int, pages: int, gen: torch.Generator):
         kwargs = {"positions": torch.randint(0, 1 << 20, (n,), generator=gen),
                   "ape": torch.randn(layout.ratio, w, generator=gen)}
         return x, slots, kwargs
+    if layout.name == "compressor_state_v41":
+        w = layout.width
+        return (torch.randn(n, w, generator=gen), torch.randn(n, w, generator=gen)), slots, {}
     return torch.randn(n, layout.head_dim, generator=gen).to(torch.bfloat16), slots, {}
 
 

@@ -42,6 +42,7 @@ from kvformats.errors import (  # noqa: E402
 )
 from kvformats.formats import (  # noqa: E402
     CompressorState,
+    CompressorStateV41,
     Fp4DsMlaV41,
     Fp4DsMlaV41Interleaved,
     Fp8DsMla,
@@ -59,7 +60,8 @@ from kvformats.runtime.deferred import error_record, pending_error, raise_pendin
 from kvformats.version import SPEC_VERSION, __version__  # noqa: E402
 
 __all__ = [
-    "BackendUnavailableError", "CacheFileError", "CacheWriteError", "CompressorState", "ConversionError",
+    "BackendUnavailableError", "CacheFileError", "CacheWriteError", "CompressorState", "CompressorStateV41",
+    "ConversionError",
     "Field", "Fp4DsMlaV41", "Fp4DsMlaV41Interleaved", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41",
     "Fp8DsMlaV41Interleaved", "Fp8Indexer", "HandshakeError",
     "InputError", "InputTypeError", "IntegrityError", "KVFormatError", "Layout", "LayoutError",

@@ -1,4 +1,5 @@
-"""compressor_state launchers: encode (with ape), decode and gather."""
+"""compressor_state launchers: encode (with ape), decode and gather; the same kernels serve
+compressor_state_v41, whose encode stores the score as given (no ape, no positions)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import functools
 
 import torch
 
-from kvformats.formats import CompressorState
+from kvformats.formats import CompressorState, CompressorStateV41
 from kvformats_kernels import _common as cm
 from kvformats_kernels import state_jit as jit
 from kvformats_kernels.launch import fast
 
-SERVES = (CompressorState,)
+SERVES = (CompressorState, CompressorStateV41)
 
 _WORD = 4  # bytes per float32 element of the cache
 
@@ -24,14 +25,16 @@ def _floats(nbytes: int) -> int:
 def _encode_plan(layout, bf16: tuple, cfg_items: tuple, site: int):
     """(rows per program, column programs, every constexpr and launch option of the encode)
     for a layout, the inputs' bf16 flags (kv, score, ape), a launch config (its items: an
-    overridden config is another key) and the record site; no tensor value or address."""
+    overridden config is another key) and the record site; no tensor value or address. A layout
+    without APE (compressor_state_v41) compiles the kernel with APE=False: score stored as given."""
     cfg = dict(cfg_items)
+    has_ape = isinstance(layout, CompressorState)
     kv_off, row_stride, _ = cm.region(layout, "kv")
     score_off, _, _ = cm.region(layout, "score")
     kv_bf16, score_bf16, ape_bf16 = bf16
     return cfg["block_m"], cm.grid_rows(layout.width, cfg["block_w"]), cm.frozen(dict(
         PAGE_SIZE=layout.page_size, ROW_STRIDE=_floats(row_stride), KV_OFF=_floats(kv_off),
-        SCORE_OFF=_floats(score_off), W=layout.width, RATIO=layout.ratio,
+        SCORE_OFF=_floats(score_off), W=layout.width, APE=has_ape, RATIO=layout.ratio if has_ape else 1,
         KV_BF16=kv_bf16, SCORE_BF16=score_bf16, APE_BF16=ape_bf16,
         BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], SITE=site, **cm.launch_opts(cfg)))
 
@@ -49,12 +52,15 @@ def _gather_plan(layout, split: int, cfg_items: tuple, site: int):
         **cm.launch_opts(cfg)))
 
 
-def encode(layout, x, cache: torch.Tensor, slots: torch.Tensor, *, positions: torch.Tensor,
-           ape: torch.Tensor, site: int = cm.SITES["encode"]) -> None:
-    """Store ``kv [N, W]`` and ``score + ape[positions % ratio]`` at ``slots [N]`` (float32);
+def encode(layout, x, cache: torch.Tensor, slots: torch.Tensor, *, positions: torch.Tensor | None = None,
+           ape: torch.Tensor | None = None, site: int = cm.SITES["encode"]) -> None:
+    """Store ``kv [N, W]`` and ``score + ape[positions % ratio]`` at ``slots [N]`` (float32; for
+    compressor_state_v41, which takes no positions and no ape, ``score`` as given);
     slots outside [0, capacity) are skipped, those >= capacity recorded at ``site`` (encode's;
     save_compressor_state passes its own). An empty cache still takes the launch, so that its
     slots are checked."""
+    if ape is None or positions is None:  # never read by the APE-free kernel: any pointers do
+        ape, positions = x[0], slots
     (kv, kv_bf16), (score, score_bf16), (ape, ape_bf16) = (cm.rows_input(t) for t in (*x, ape))
     n = kv.shape[0]
     if n == 0:

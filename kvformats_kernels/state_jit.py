@@ -1,4 +1,5 @@
-"""Triton kernels of compressor_state (spec/upstream.md §5): float32 rows [kv | score + ape]."""
+"""Triton kernels of compressor_state (spec/upstream.md §5): float32 rows [kv | score + ape]; with
+APE=False those of compressor_state_v41: [kv | score] as given."""
 
 import triton
 import triton.language as tl
@@ -11,11 +12,12 @@ from kvformats_kernels.rows_jit import locate_slot, record_slots
 def encode_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, slots_ptr, cache_ptr, err_ptr, n_rows,
                   kv_stride, score_stride, pos_stride, ape_stride, slot_stride, capacity, page_stride,
                   PAGE_SIZE: tl.constexpr, ROW_STRIDE: tl.constexpr, KV_OFF: tl.constexpr,
-                  SCORE_OFF: tl.constexpr, W: tl.constexpr, RATIO: tl.constexpr, KV_BF16: tl.constexpr,
-                  SCORE_BF16: tl.constexpr, APE_BF16: tl.constexpr,
+                  SCORE_OFF: tl.constexpr, W: tl.constexpr, APE: tl.constexpr, RATIO: tl.constexpr,
+                  KV_BF16: tl.constexpr, SCORE_BF16: tl.constexpr, APE_BF16: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr, SITE: tl.constexpr):
     """cache row = [kv | score + ape[p mod RATIO]] in float32 (offsets and strides in floats);
-    a slot >= capacity is skipped and recorded at SITE."""
+    with APE=False [kv | score] (positions and ape not read; -0.0 stays -0.0); a slot >= capacity
+    is skipped and recorded at SITE."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
@@ -23,13 +25,14 @@ def encode_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, slots_ptr, cache_ptr, err
     mx = in_range[:, None] & (cols < W)[None, :]  # inputs are read regardless of the slot: no wait on it
     kv = nj.load_f32((kv_ptr + rows * kv_stride)[:, None] + cols[None, :], mx, KV_BF16)
     score = nj.load_f32((score_ptr + rows * score_stride)[:, None] + cols[None, :], mx, SCORE_BF16)
-    p = tl.load(pos_ptr + rows * pos_stride, mask=in_range, other=0).to(tl.int64)
-    r = p % RATIO
-    r = tl.where(r < 0, r + RATIO, r)  # floor modulo, as torch's % on negative positions
-    ape = nj.load_f32((ape_ptr + r * ape_stride)[:, None] + cols[None, :], mx, APE_BF16)
+    if APE:
+        p = tl.load(pos_ptr + rows * pos_stride, mask=in_range, other=0).to(tl.int64)
+        r = p % RATIO
+        r = tl.where(r < 0, r + RATIO, r)  # floor modulo, as torch's % on negative positions
+        score = score + nj.load_f32((ape_ptr + r * ape_stride)[:, None] + cols[None, :], mx, APE_BF16)
     at = (cache_ptr + page * page_stride + row * ROW_STRIDE)[:, None] + cols[None, :]
     tl.store(at + KV_OFF, kv, mask=m)
-    tl.store(at + SCORE_OFF, score + ape, mask=m)
+    tl.store(at + SCORE_OFF, score, mask=m)
     record_slots(err_ptr, rows, slot, capacity, SITE)
 
 

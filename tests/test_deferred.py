@@ -94,6 +94,8 @@ def _rows(lay, n):
     if isinstance(lay, kvf.CompressorState):
         w = lay.width
         return (torch.ones(n, w), torch.ones(n, w)), {"positions": torch.arange(n), "ape": torch.zeros(lay.ratio, w)}
+    if isinstance(lay, kvf.CompressorStateV41):
+        return (torch.ones(n, lay.width), torch.ones(n, lay.width)), {}
     return torch.ones(n, lay.head_dim, dtype=torch.bfloat16), {}
 
 
@@ -223,7 +225,7 @@ def _meta_calls(fmt):
     kw = {k: v.to(meta) for k, v in kw.items()}
     calls = [lambda: lay.encode(x, cache, slots, **kw), lambda: lay.decode(cache, slots),
              lambda: lay.decode_topk(cache, slots.reshape(1, 5))]
-    if fmt != "compressor_state":
+    if fmt not in ("compressor_state", "compressor_state_v41"):
         table = torch.zeros(2, 3, dtype=torch.int32, device=meta)
         seq = torch.tensor([3, 5], device=meta)
         out = torch.empty(2, 8, lay.head_dim, dtype=lay.decode_dtype, device=meta)

@@ -23,6 +23,9 @@ def filled(layout, pages=3, scale=1.0, seed=0):
         w = layout.width
         layout.encode((torch.randn(n, w, generator=g), torch.randn(n, w, generator=g)), cache, slots,
                       positions=torch.arange(n), ape=torch.randn(layout.ratio, w, generator=g))
+    elif layout.name == "compressor_state_v41":
+        w = layout.width
+        layout.encode((torch.randn(n, w, generator=g), torch.randn(n, w, generator=g)), cache, slots)
     else:
         layout.encode(torch.randn(n, layout.head_dim, generator=g) * scale, cache, slots)
     return cache, slots

@@ -28,6 +28,8 @@ class Ctx:
             self.x = (torch.ones(n, w), torch.ones(n, w))
             self.kw = {"positions": torch.arange(n), "ape": torch.zeros(lay.ratio, w)}
             self.width = w
+        elif isinstance(lay, kvf.CompressorStateV41):  # (kv, score), no keyword arguments
+            self.x, self.kw, self.width = (torch.ones(n, lay.width), torch.ones(n, lay.width)), {}, lay.width
         else:
             self.x = torch.ones(n, lay.head_dim, dtype=torch.bfloat16)
             self.kw = {}
@@ -152,9 +154,13 @@ BYTES_ONLY = [
 ]
 
 
+# compressor_state_v41 takes the state's (kv, score) pair and, like the byte formats, no keyword arguments
+RING_ONLY = BYTES_ONLY + [case for case in STATE_ONLY if case[0] in ("encode-score-rows", "encode-x-not-pair")]
+
+
 def _cases():
     for fmt in FORMATS:
-        extra = STATE_ONLY if fmt == "compressor_state" else BYTES_ONLY
+        extra = {"compressor_state": STATE_ONLY, "compressor_state_v41": RING_ONLY}.get(fmt, BYTES_ONLY)
         for name, call, err, words in COMMON + extra:
             yield pytest.param(fmt, call, err, words, id=f"{fmt}-{name}")
 

@@ -24,6 +24,9 @@ def filled(layout, pages=3, page_stride=None, seed=0):
         w = layout.width
         layout.encode((torch.randn(n, w, generator=g), torch.randn(n, w, generator=g)), cache, slots,
                       positions=torch.arange(n), ape=torch.randn(layout.ratio, w, generator=g))
+    elif layout.name == "compressor_state_v41":
+        w = layout.width
+        layout.encode((torch.randn(n, w, generator=g), torch.randn(n, w, generator=g)), cache, slots)
     else:
         layout.encode(torch.randn(n, layout.head_dim, generator=g), cache, slots)
     return cache

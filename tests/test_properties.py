@@ -118,6 +118,11 @@ def bound_compressor_state(layout, x, kwargs, rows, out):
     assert same_bits(score_hat, want)
 
 
+def bound_compressor_state_v41(layout, x, kwargs, rows, out):
+    """Exact: kv and score come back as their float32 values, bit for bit (no APE)."""
+    assert same_bits(out, tuple(t.float() for t in x))
+
+
 def bound_fp8_ds_mla_v32(layout, x, kwargs, rows, out):
     n, nope = rows.shape[0], layout.nope_dim
     xb = x.to(torch.bfloat16)
@@ -178,7 +183,8 @@ SPEC_BOUNDS = {kvf.Fp8DsMla: bound_fp8_ds_mla, kvf.Fp8DsMlaV41: bound_fp8_ds_mla
                kvf.Fp4DsMlaV41: bound_fp4_ds_mla_v41, kvf.Fp8DsMlaV41Interleaved: bound_fp8_ds_mla_v41,
                kvf.Fp4DsMlaV41Interleaved: bound_fp4_ds_mla_v41, kvf.Fp8DsMlaV32: bound_fp8_ds_mla_v32,
                kvf.Fp8Indexer: bound_fp8_indexer, kvf.Mxfp4Indexer: bound_mxfp4_indexer,
-               kvf.CompressorState: bound_compressor_state, kvf.Nvfp4DsMla: bound_nvfp4_ds_mla}
+               kvf.CompressorState: bound_compressor_state, kvf.Nvfp4DsMla: bound_nvfp4_ds_mla,
+               kvf.CompressorStateV41: bound_compressor_state_v41}
 # Formats whose default rule is not a projection, and why (test_decode_is_a_projection skips them).
 NOT_PROJECTIONS = {kvf.Nvfp4DsMla: "its rounded-up subnormal e4m3 scales: a block maximum of 4 s re-encodes "
                                    "to a smaller scale (spec/formats/nvfp4_ds_mla.md, Error bound)",
@@ -324,6 +330,8 @@ def _small_ints(layout, dtype):
     if isinstance(layout, kvf.CompressorState):
         ape = (torch.arange(layout.ratio * width).reshape(layout.ratio, width) % 7).to(dtype)
         return (v, -v), {"positions": torch.tensor([0, 5, 11]), "ape": ape}
+    if isinstance(layout, kvf.CompressorStateV41):
+        return (v, -v), {}
     return v, {}
 
 

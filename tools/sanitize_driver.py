@@ -50,6 +50,7 @@ ODD = {
     "fp8_indexer": dict(head_dim=256, page_size=5),
     "mxfp4_indexer": dict(head_dim=96, page_size=2),
     "compressor_state": dict(head_dim=48, ratio=128, page_size=8),
+    "compressor_state_v41": dict(head_dim=48, page_size=2),
     "fp8_ds_mla_v41": dict(head_dim=96, page_size=3),
     "fp4_ds_mla_v41": dict(head_dim=48, page_size=5),
     "fp8_ds_mla_v41_interleaved": dict(head_dim=96, page_size=3),
@@ -133,6 +134,8 @@ def layouts_of(fmt: str, quick: bool) -> list:
 
 
 def encode_inputs(d: Driver, layout, n: int, dtype) -> tuple:
+    if layout.decode_dtype is None and not hasattr(layout, "ratio"):  # compressor_state_v41: (kv, score) alone
+        return (d.randn(n, layout.width, dtype=dtype), d.randn(n, layout.width, dtype=dtype)), {}
     if layout.decode_dtype is None:  # compressor_state: (kv, score) with positions and ape
         w = layout.width
         kw = dict(positions=d.t(list(range(5, 5 + n))), ape=d.randn(layout.ratio, w, dtype=dtype))

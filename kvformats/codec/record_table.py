@@ -163,7 +163,7 @@ RECORDS: tuple[Record, ...] = (
         format="compressor_state", params={"ratio": 128, "head_dim": 512},
         sources=(Source("tokenspeed", "tokenspeed", "lightseekorg/tokenspeed", TS_TRI, TOKENSPEED_V4, "writes",
                         "_deepseek_v4_save_compressor_state_kernel"),),
-        note="spec/upstream.md §5."),
+        note="spec/upstream.md §5. Same size as dsv41-compressor-ring-4096: give a hint (V4)."),
     Record(
         "dsv4-csa-indexer-state-2048", "V4", 2048, 128, "unscaled rows",
         "float32 [kv (256) | score (256)] per position: the CSA indexer compressor's state (ratio 4, overlap)",
@@ -171,6 +171,15 @@ RECORDS: tuple[Record, ...] = (
         sources=(Source("tokenspeed", "tokenspeed", "lightseekorg/tokenspeed", TS_TRI, TOKENSPEED_V4, "writes",
                         "_deepseek_v4_save_compressor_state_kernel"),),
         note="spec/upstream.md §5."),
+    Record(
+        "dsv41-compressor-ring-4096", "V4.1", 4096, 512, "unscaled rows",
+        "float32 [kv (512) | score (512)] per ring slot, as computed (no APE): the ratio-2 compressor's ring "
+        "of the open group's rows, position p at p % capacity", format="compressor_state_v41",
+        sources=(Source("vllm", "vLLM", "pypi:vllm", "vllm/models/deepseek_v41/compressor.py", VLLM_V41, "writes",
+                        "CompressorStateCache (CircularBufferSpec), _fused_save_compress_norm_kernel"),
+                 attrs.evolve(_TOKENSPEED_V41, symbol="compressor_tail_scatter", profile="")),
+        note="spec/engines.md §7.5. Same size as dsv4-hca-state-4096 (V4, score + ape): give a hint "
+             "(V4.1, vllm)."),
     # known, not implemented
     Record(
         "dsv32-fp8-528-norope", "V3.2", 528, 512, "unknown",

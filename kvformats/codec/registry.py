@@ -100,6 +100,8 @@ def get_format(name: str, **params):
       DeepSeek V3.2 rows as NVFP4 NoPE + e4m3 RoPE, 352 B (scales stored permuted).
     * ``compressor_state`` (CompressorState): head_dim=512, ratio=4, page_size=4. The
       compressor's float32 kv and score state, no quantization.
+    * ``compressor_state_v41`` (CompressorStateV41): head_dim=512, page_size=8. The V4.1
+      ratio-2 compressor's ring of float32 [kv | score] rows as computed (no APE), 4096 B.
 
     ``list_formats()`` gives the registered names (formats added with ``register_format``
     included); ``kvformats show NAME`` prints a layout's regions.

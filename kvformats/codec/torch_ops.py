@@ -16,14 +16,14 @@ string, e.g. ``fmt="fp8_ds_mla", params='{"head_dim":512,...,"profile":"tokenspe
 | ``dequantize_gather`` | ``cache, out, block_table, seq_lens, gather_lens?, base?, offset`` -> () | out |
 | ``gather_paged`` | ``cache, block_table, cu_seq_lens, out: Tensor[]`` -> () | out |
 
-``inputs`` is ``[x]``, or ``[kv, score, positions, ape]`` for compressor_state. Decode-like ops
-return a list (one tensor; two for compressor_state). Every op validates and dispatches exactly
-like the layout method it wraps (same errors, same bytes; ``check`` a bool with the meaning
-it has there, spec/checks.md; strict mode through ``kvformats.strict_checks()`` or
-``KVFORMATS_STRICT=1``); the fake (meta)
-implementations only compute output shapes, so ``torch.compile(fullgraph=True)`` traces through
-them without a graph break. ``gather_paged`` takes preallocated workspaces (an output whose size
-depends on ``cu_seq_lens[-1]`` would need a data-dependent shape).
+``inputs`` is ``[x]``, or ``[kv, score, positions, ape]`` for compressor_state (``[kv, score]`` for
+compressor_state_v41). Decode-like ops return a list (one tensor; two for the compressor states).
+Every op validates and dispatches exactly like the layout method it wraps (same errors, same bytes;
+``check`` a bool with the meaning it has there, spec/checks.md; strict mode through
+``kvformats.strict_checks()`` or ``KVFORMATS_STRICT=1``); the fake (meta) implementations only
+compute output shapes, so ``torch.compile(fullgraph=True)`` traces through them without a graph
+break. ``gather_paged`` takes preallocated workspaces (an output whose size depends on
+``cu_seq_lens[-1]`` would need a data-dependent shape).
 
 The wrappers (``kops.encode(layout, ...)``) compile from torch 2.13 on, where dynamo folds
 ``layout_key(layout)`` into a constant; torch 2.11 raises there (seen on the GPU host). With an
@@ -99,12 +99,14 @@ def _encode(fmt, params, inputs, cache, slots, backend, check=True):
     layout = _layout(fmt, params)
     if len(inputs) == 1:
         ops.encode(layout, inputs[0], cache, slots, backend=backend, check=check)
+    elif len(inputs) == 2 and layout.decode_dtype is None:  # compressor_state_v41 (its encode checks that)
+        ops.encode(layout, (inputs[0], inputs[1]), cache, slots, backend=backend, check=check)
     elif len(inputs) == 4:  # compressor_state (its encode checks that the layout is one)
         kv, score, positions, ape = inputs
         ops.encode(layout, (kv, score), cache, slots, backend=backend, check=check, positions=positions, ape=ape)
     else:
-        raise InputError(f"kvformats::encode takes inputs [x] or [kv, score, positions, ape], got {len(inputs)} "
-                         f"tensors")
+        raise InputError(f"kvformats::encode takes inputs [x], [kv, score] or [kv, score, positions, ape], got "
+                         f"{len(inputs)} tensors")
 
 
 def _no_result(*args):
@@ -171,8 +173,11 @@ TORCH_OP_NAMES = tuple(SCHEMAS)  # torch.ops.kvformats.<name>
 # ----- layout-level wrappers ------------------------------------------------------------------------
 def encode(layout, x, cache, slots, *, backend: str = "auto", check: bool = True, **kwargs) -> None:
     """``layout.encode`` through ``torch.ops.kvformats.encode`` (compressor_state: x = (kv, score)
-    with ``positions=`` and ``ape=``)."""
-    inputs = [*x, kwargs.pop("positions"), kwargs.pop("ape")] if isinstance(x, tuple) else [x]
+    with ``positions=`` and ``ape=``; compressor_state_v41: x = (kv, score) alone)."""
+    if isinstance(x, tuple) and not kwargs:
+        inputs = [*x]
+    else:
+        inputs = [*x, kwargs.pop("positions"), kwargs.pop("ape")] if isinstance(x, tuple) else [x]
     if kwargs:
         raise InputTypeError(f"unexpected keyword arguments {sorted(kwargs)}")
     torch.ops.kvformats.encode(*layout_key(layout), inputs, cache, slots, backend, check)

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from kvformats.codec.registry import get_format, list_formats
 from kvformats.errors import StrategyArgumentError
-from kvformats.formats import CompressorState
+from kvformats.formats import CompressorState, CompressorStateV41
 from kvformats.layout import Layout, storage_bytes
 from kvformats.numerics.elements import ELEMENTS
 from kvformats.validation import FLOAT_DTYPES
@@ -115,7 +115,7 @@ def _block_size(layout: Layout) -> int:
 
 
 def _input_width(layout: Layout) -> int:
-    return layout.width if isinstance(layout, CompressorState) else layout.head_dim
+    return layout.width if isinstance(layout, (CompressorState, CompressorStateV41)) else layout.head_dim
 
 
 def _k_range(dtype: torch.dtype, element_max: float) -> tuple[int, int]:
@@ -215,10 +215,23 @@ def state_inputs(layout: CompressorState, n: int | None = None,
     return _state_inputs(layout, n, dtype)
 
 
+@st.composite
+def _ring_inputs(draw, layout: CompressorStateV41, n, dtype):
+    n = draw(st.integers(1, 4)) if n is None else n
+    dtype = draw(st.sampled_from(FLOAT_DTYPES)) if dtype is None else dtype
+    return (draw(_rows(layout, n, dtype)), draw(_rows(layout, n, dtype))), {}
+
+
 def encode_args(layout: Layout, n: int | None = None,
                 dtype: torch.dtype | None = None) -> st.SearchStrategy[tuple]:
     """``(x, kwargs)`` such that ``layout.encode(x, cache, slots, **kwargs)`` is valid for any
-    format: ``rows`` for the byte formats, ``((kv, score), {positions, ape})`` for the state."""
+    format: ``rows`` for the byte formats, ``((kv, score), {positions, ape})`` for the state,
+    ``((kv, score), {})`` for the V4.1 ring state (compressor_state_v41)."""
+    if isinstance(layout, CompressorStateV41):
+        if n is not None:
+            _check_int("n", n, 0)
+        _check_dtype(dtype)
+        return _ring_inputs(layout, n, dtype)
     if isinstance(layout, CompressorState):
         return state_inputs(layout, n, dtype).map(
             lambda d: ((d["kv"], d["score"]), {"positions": d["positions"], "ape": d["ape"]}))

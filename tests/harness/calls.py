@@ -19,7 +19,7 @@ import torch
 from kvformats import deepseek_v4 as dsv4
 from kvformats.codec.registry import get_format, list_formats
 from kvformats.deepseek_v4.rope import cos_sin_cache
-from kvformats.formats import CompressorState
+from kvformats.formats import CompressorState, CompressorStateV41
 from kvformats.formats.compressor_state import halves
 
 DECODE_MAX = 4096
@@ -97,6 +97,8 @@ def codec_calls(fmt: str, rows: int, device, g: torch.Generator, check=True,
         w = lay.width
         x = (_randn(device, rows, w), _randn(device, rows, w))
         kw = {"positions": torch.arange(rows).to(device), "ape": _randn(device, 4, w)}
+    elif isinstance(lay, CompressorStateV41):  # (kv, score), no positions, no ape
+        x, kw = (_randn(device, rows, lay.width), _randn(device, rows, lay.width)), {}
     else:
         x, kw = _randn(device, rows, lay.head_dim, dtype=torch.bfloat16), {}
     name, ops = lay.name, _codec_ops(lay, custom)

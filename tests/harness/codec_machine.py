@@ -165,7 +165,9 @@ def make_codec_machine(fmt: str, backend: str):
             chosen = data.draw(st.lists(st.sampled_from(written), min_size=1, max_size=4, unique=True), label="rows")
             slots = index_tensor(chosen)
             before = run_op(backend, self.layout.decode, self.arena.cache, slots)
-            if isinstance(before, tuple):  # compressor_state: (kv, score_state); ape 0 keeps the score
+            if isinstance(before, tuple) and not hasattr(self.layout, "ratio"):  # compressor_state_v41: no ape
+                x, kwargs = (before[0].clone(), before[1].clone()), {}
+            elif isinstance(before, tuple):  # compressor_state: (kv, score_state); ape 0 keeps the score
                 ape = torch.zeros((self.layout.ratio, before[0].shape[1]), device=DEVICE)
                 x, kwargs = (before[0].clone(), before[1].clone()), dict(positions=slots.clone(), ape=ape)
             else:

@@ -20,6 +20,8 @@ def case(name, n=3):
         w = lay.width
         inputs = [torch.randn(n, w, generator=g), torch.randn(n, w, generator=g), torch.arange(n),
                   torch.randn(lay.ratio, w, generator=g)]
+    elif name == "compressor_state_v41":
+        inputs = [torch.randn(n, lay.width, generator=g), torch.randn(n, lay.width, generator=g)]
     else:
         inputs = [torch.randn(n, lay.head_dim, generator=g).to(torch.bfloat16)]
     return lay, inputs, lay.allocate(3), torch.tensor([1, -1, 6, 11, 0, 9, -1])[:n]
@@ -55,6 +57,9 @@ def test_wrappers_match_the_layout_methods(name):
     if name == "compressor_state":
         kops.encode(lay, (inputs[0], inputs[1]), cache, slots, positions=inputs[2], ape=inputs[3])
         lay.encode((inputs[0], inputs[1]), ref, slots, positions=inputs[2], ape=inputs[3])
+    elif name == "compressor_state_v41":
+        kops.encode(lay, (inputs[0], inputs[1]), cache, slots)
+        lay.encode((inputs[0], inputs[1]), ref, slots)
     else:
         kops.encode(lay, inputs[0], cache, slots)
         lay.encode(inputs[0], ref, slots)

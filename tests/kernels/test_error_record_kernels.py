@@ -26,8 +26,8 @@ from kvformats_kernels import state  # noqa: E402
 
 SENTINEL = 0xA5
 FORMATS = ["fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer", "compressor_state", "fp8_ds_mla_v41",
-           "fp4_ds_mla_v41", "fp8_ds_mla_v41_interleaved", "fp4_ds_mla_v41_interleaved"]
-BYTE_FORMATS = [f for f in FORMATS if f != "compressor_state"]
+           "fp4_ds_mla_v41", "fp8_ds_mla_v41_interleaved", "fp4_ds_mla_v41_interleaved", "compressor_state_v41"]
+BYTE_FORMATS = [f for f in FORMATS if f not in ("compressor_state", "compressor_state_v41")]
 PAGES, PAGE_SIZE = 3, 4
 CAPACITY = PAGES * PAGE_SIZE
 CHECK = deferred.Check
@@ -76,6 +76,8 @@ def rows_for(lay, n: int, seed: int = 1):
         kv, score = torch.randn(n, w, generator=g).to(DEV), torch.randn(n, w, generator=g).to(DEV)
         return (kv, score), {"positions": torch.arange(n, device=DEV) * 3,
                              "ape": torch.randn(lay.ratio, w, generator=g).to(DEV)}
+    if isinstance(lay, kvf.CompressorStateV41):
+        return (torch.randn(n, lay.width, generator=g).to(DEV), torch.randn(n, lay.width, generator=g).to(DEV)), {}
     return (torch.randn(n, lay.head_dim, generator=g) * 4).to(torch.bfloat16).to(DEV), {}
 
 
