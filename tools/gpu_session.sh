@@ -63,12 +63,13 @@ fuzz() {
 
 v41() {
   timeout "${TESTS_S:-250}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-8}" -rfE --tb=line \
-    tests/kernels/test_nvfp4_kernels.py tests/kernels/test_kernels.py tests/kernels/test_profile_kernels.py \
+    tests/kernels/test_nvfp4_kernels.py tests/kernels/test_state_v41_kernels.py tests/kernels/test_kernels.py \
+    tests/kernels/test_profile_kernels.py \
     tests/kernels/test_paged_kernels.py tests/test_nvfp4_ds_mla.py tests/test_v41_formats.py \
-    tests/interop/test_v41_writers.py -k "v41 or V41 or nvfp4" > "$LOG/v41_tests.log" 2>&1
+    tests/interop/test_v41_writers.py -k "v41 or V41 or nvfp4 or state" > "$LOG/v41_tests.log" 2>&1
   echo "== v41 tests (exit $?)"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOG/v41_tests.log" | tail -20
   timeout "${BENCH_S:-200}" python3 -m benchmarks kernels_gpu --sizes 64,131072 --no-reference --no-paged \
-    --cache-gib 2 --formats fp8_ds_mla_v41,fp8_ds_mla_v41_interleaved,fp4_ds_mla_v41,fp4_ds_mla_v41_interleaved,nvfp4_ds_mla \
+    --cache-gib 2 --formats fp8_ds_mla_v41,fp8_ds_mla_v41_interleaved,fp4_ds_mla_v41,fp4_ds_mla_v41_interleaved,nvfp4_ds_mla,compressor_state_v41 \
     --json "$LOG/v41_bandwidth.json" > "$LOG/v41_bench.log" 2>&1
   echo "== v41 bench (exit $?)"; grep -E "^\||bandwidth" "$LOG/v41_bench.log" | tail -40
   if [ -f .engines/released/gpu_check.py ]; then
