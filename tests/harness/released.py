@@ -11,6 +11,10 @@ with the GPU's float conversions (``gpu_numerics``).
 
 In a process that set TRITON_INTERPRET=1 before importing Triton (the capture scripts do),
 ``run_writer(name, x, slots, cache, page_size, folder)`` runs one writer in place.
+``run_tokenspeed_dsv41([(name, args), ...], dest / "tk", workdir)`` calls tokenspeed's dsv41 cache
+codecs themselves (``cache_pack`` / ``cache_unpack`` / ``cache_scatter`` / ``cache_gather``) so, with
+their results, in-place writes and refusals (``extract(TOKENSPEED_KERNEL_DSV41, ...)`` also brings
+the public ``dsv41/__init__.py`` for its signatures).
 
 Wheels are cached in ``$KVFORMATS_TEST_CACHE/wheels`` (default ``~/.cache/kvformats-tests``), so a
 machine downloads each once (vllm 0.33.0's wheel is 336 MB); ``IndexUnreachable`` is raised only
@@ -52,7 +56,7 @@ import types
 import urllib.error
 import urllib.request
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +108,10 @@ VLLM_CACHE_UTILS = VLLM.files[1]
 VLLM_FUSED = VLLM.files[2]
 VLLM_INDEXER_Q = VLLM.files[3]
 SGLANG_REFERENCE = SGLANG.files[0]
+# tokenspeed-kernel's public dsv41 module (``cache_pack`` ... with their docstrings and ``__all__``),
+# extracted beside triton.py for the drop-in's signature checks (tests/compat/test_tokenspeed_kernel_dsv41.py)
+TOKENSPEED_DSV41_API = "tokenspeed_kernel/ops/attention/dsv41/__init__.py"
+TOKENSPEED_KERNEL_DSV41 = replace(TOKENSPEED_KERNEL, files=(TOKENSPEED_FILE, TOKENSPEED_DSV41_API))
 
 
 class IndexUnreachable(RuntimeError):
@@ -823,9 +831,61 @@ def probe_casts() -> dict:
     return out
 
 
-def _main(jobs_path: str, out_path: str) -> None:
+# ----- tokenspeed-kernel's dsv41 cache codecs, called as its users call them ---------------------
+DSV41_CODECS = ("cache_pack", "cache_unpack", "cache_scatter", "cache_gather")
+
+
+def call_tokenspeed_dsv41(module, name: str, args: tuple) -> dict:
+    """One call of tokenspeed-kernel 0.1.4's registered Triton solution ``name`` (one of
+    ``DSV41_CODECS``, what ``tokenspeed_kernel.ops.attention.dsv41.<name>`` selects on a GPU) on
+    copies of ``args``, under ``gpu_numerics``: ``{"result", "args"}`` (the returned value, the
+    arguments after the call: its in-place writes) and ``"out_returned"`` (the result is the
+    ``out`` argument passed), or ``{"error": (exception type name, message)}``; nothing of a
+    refused call's arguments is changed (``"args"`` holds them as they are after it)."""
+    if name not in DSV41_CODECS:
+        raise ValueError(f"not a dsv41 codec: {name!r}")
+    args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+    out = args[-1] if name in ("cache_pack", "cache_unpack", "cache_gather") else None
+    try:
+        with gpu_numerics():
+            result = getattr(module, name)(*args)
+    except Exception as err:  # the released code's refusal, recorded as data
+        return {"error": (type(err).__name__, str(err)), "args": args}
+    return {"result": result, "args": args, "out_returned": out is not None and result is out}
+
+
+def run_tokenspeed_dsv41(calls: list[tuple[str, tuple]], files_dir: Path, workdir: Path) -> list[dict]:
+    """Each ``(name, args)`` of ``calls`` run by ``call_tokenspeed_dsv41`` in one fresh Python process
+    with TRITON_INTERPRET=1 (tokenspeed's ``_same_device`` accepting CPU tensors, its kernels
+    under the interpreter with the GPU's conversions); returns one dict per call, in order.
+    ``files_dir``: the folder ``extract(TOKENSPEED_KERNEL, ...)`` (or ``TOKENSPEED_KERNEL_DSV41``) filled."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    calls = [(name, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args))  # own storages
+             for name, args in calls]
+    torch.save({"calls": calls, "files": str(files_dir)}, workdir / "dsv41_calls.pt")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    out = subprocess.run([sys.executable, "-m", "tests.harness.released", "--dsv41", str(workdir / "dsv41_calls.pt"),
+                          str(workdir / "dsv41_results.pt")], cwd=root, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"the released dsv41 codecs failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}")
+    return torch.load(workdir / "dsv41_results.pt")
+
+
+def _run_dsv41(calls_path: str, out_path: str) -> None:
+    spec = torch.load(calls_path)
+    module = _modules(TOKENSPEED_KERNEL, Path(spec["files"]))
+    torch.save([call_tokenspeed_dsv41(module, name, args) for name, args in spec["calls"]], out_path)
+
+
+def _main(jobs_path: str, out_path: str, *rest: str) -> None:
     if jobs_path == "--probe":
         torch.save(probe_casts(), out_path)
+        return
+    if jobs_path == "--dsv41":
+        _run_dsv41(out_path, *rest)
         return
     spec = torch.load(jobs_path)
     files = {k: Path(v) for k, v in spec["files"].items()}
@@ -839,4 +899,4 @@ def _main(jobs_path: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    _main(*sys.argv[1:3])
+    _main(*sys.argv[1:4])
