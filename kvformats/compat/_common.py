@@ -1,5 +1,6 @@
 """What the tokenspeed drop-ins share: layout objects built once per geometry, the length rule of
-tokenspeed's multi-tensor ops, and the switch to the ``torch.library`` ops under torch.compile."""
+tokenspeed's multi-tensor ops (the first ``n`` entries of longer tensors), outputs of another
+integer dtype, and the switch to the ``torch.library`` ops under torch.compile."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import kvformats.deepseek_v4.torch_ops as dops
 from kvformats.compat import tokenspeed_spec as spec
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
+from kvformats.validation import check_tensor
 
-__all__ = ["cache_head_dim", "compiling", "dops", "ds_mla", "head", "indexer_head_dim", "indexer_of_cache",
-           "indexer_of_rows", "mxfp4_indexer", "op_key", "rows_of", "same_pages", "shortest"]
+__all__ = ["INT_DTYPES", "cache_head_dim", "check_int_out", "compiling", "cut", "dops", "ds_mla", "head",
+           "indexer_head_dim", "indexer_of_cache", "indexer_of_rows", "mxfp4_indexer", "op_key", "rows_of",
+           "same_pages", "store_cast"]
 
 compiling = torch.compiler.is_compiling  # True while dynamo traces: the custom ops keep the graph whole
 _LAYOUTS: dict = {}
@@ -61,18 +64,54 @@ def rows_of(*tensors) -> int | None:
 
 
 def head(t, n: int | None):
-    """``t[:n]`` where ``t`` is a longer tensor, else ``t`` as given (so that cutting twice changes
-    nothing the second time)."""
+    """``t[:n]`` where ``t`` is a longer tensor, else ``t`` as given (tokenspeed reads the first
+    ``n`` entries of a longer tensor; a shorter one is left for the native call to refuse)."""
     if n is None or not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] <= n:
         return t
     return t[:n]
 
 
-def shortest(n: int | None, tensors: tuple) -> tuple | None:
-    """tokenspeed's length rule, applied after the native call refused the lengths: ``tensors``
-    cut to ``n`` rows, or None when cutting changes nothing (then the refusal stands)."""
-    cut = tuple(head(t, n) for t in tensors)
-    return None if all(a is b for a, b in zip(cut, tensors)) else cut
+def cut(count: tuple, tensors: tuple) -> tuple:
+    """tokenspeed's length rule: its tokens are the shortest first dimension of ``count`` (tensors
+    among ``tensors``), and it reads the first that many entries of each of ``tensors``.
+    ``tensors`` as given when their first dimensions are equal (the steady state: one shape read
+    per tensor), else the longer ones cut; where one is not a tensor with a first dimension, only
+    the others are (the native call then says what is wrong)."""
+    try:
+        n = -1
+        for t in tensors:
+            rows = t.shape[0]
+            if n < 0:
+                n = rows
+            elif rows != n:
+                break
+        else:
+            return tensors
+    except (AttributeError, IndexError, TypeError):
+        pass
+    tokens = rows_of(*count)
+    return tuple(head(t, tokens) for t in tensors)
+
+
+# integer dtypes tokenspeed's index helpers store into (a Triton store casts to the output's type)
+INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def store_cast(out, dtype) -> bool:
+    """Whether ``out`` is a tensor of another integer dtype than ``dtype``, which tokenspeed's
+    helpers store into (each value cast to ``out``'s type): the drop-in then writes the native
+    result into it with a cast."""
+    return isinstance(out, torch.Tensor) and out.dtype is not dtype and out.dtype in INT_DTYPES
+
+
+def check_int_out(name: str, out, rows: int, cols: int | None, device, min_cols: bool = False) -> None:
+    """The checks of an output tensor written with a cast: 1-D ``[>= rows]`` (``cols`` None) or
+    2-D ``[>= rows, cols]`` (``[>= rows, >= cols]`` with ``min_cols``), on ``device``."""
+    shape = (None,) if cols is None else (None, None if min_cols else cols)
+    check_tensor(name, out, dtypes=INT_DTYPES, shape=shape, device=device)
+    if out.shape[0] < rows or (min_cols and out.shape[1] < cols):
+        want = f"[>= {rows}]" if cols is None else f"[>= {rows}, {'>= ' if min_cols else ''}{cols}]"
+        raise InputError(f"{name} must be {want}, got {describe(out)}")
 
 
 _FROM_ROW_BYTES = {Fp8Indexer: spec.deepseek_v4_indexer_fp8_layout_from_row_bytes,

@@ -23,12 +23,11 @@ from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexe
 from kvformats.layout import storage_bytes
 from kvformats.runtime import deferred
 from tests.harness.compat_calls import compat_call_pairs
+from tests.compat.tokenspeed_forms import KINDS, check_forms
 from tests.harness.dsv4_scenarios import make_batch, sentinel_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 SIGS = json.loads((ROOT / "spec" / "tokenspeed-signatures.json").read_text())
-KINDS = {"positional_or_keyword": inspect.Parameter.POSITIONAL_OR_KEYWORD,
-         "keyword_only": inspect.Parameter.KEYWORD_ONLY}
 HCA_SMALL = {"seq_lens": (256, 130, 40), "new_tokens": (3, 4, 40), "base": (0, 0, 0), "missing": ((0, 20),)}
 
 
@@ -74,22 +73,41 @@ def clone_cache(c):
 
 
 # ----- names and signatures ---------------------------------------------------------------------
+FORMS = {"f3e4d1e2": SIGS["functions"], **{key: form["functions"] for key, form in SIGS["forms"].items()}}
+# drop-ins whose parameter list is the union of two versions' (docs/porting-from-tokenspeed.md,
+# "Call forms"): equal to no single version's, taking each version's calls
+UNIONS = {"fused_qnorm_rope_kv_insert", "deepseek_v4_csa_compress_kv_cache_insert",
+          "deepseek_v4_hca_compress_kv_cache_insert", "gather_paged_indexer_fp8_cache"}
+
+
 def test_names_are_tokenspeeds():
     assert ts.OPS_ALL == tuple(SIGS["ops_all"]["names"])
     assert len(ts.OPS_ALL) == 19
-    assert set(ts.__all__) == {*SIGS["ops_all"]["names"], *ts.ENGINE_NAMES, *SIGS["spec_imports"]["names"]}
-    assert set(SIGS["functions"]) | set(SIGS["constants"]) == set(ts.__all__)
+    assert ts.RELEASE_OPS_ALL == tuple(SIGS["forms"]["0.1.1"]["ops_all"]) and len(ts.RELEASE_OPS_ALL) == 10
+    assert ts.MAIN_OPS_ALL == tuple(SIGS["forms"]["f4d8ec6e"]["ops_all"]["names"]) and len(ts.MAIN_OPS_ALL) == 21
+    assert set(ts.__all__) == {*ts.OPS_ALL, *ts.RELEASE_OPS_ALL, *ts.MAIN_OPS_ALL, *ts.ENGINE_NAMES,
+                               *SIGS["spec_imports"]["names"]}
+    assert set(ts.RELEASE_OPS_ALL) - set(ts.OPS_ALL) - set(ts.ENGINE_NAMES) == {"deepseek_v4_prepare_indexer_q"}
+    assert {n for form in FORMS.values() for n in form} | set(SIGS["constants"]) == set(ts.__all__)
     ns = {}
     exec("from kvformats.compat.tokenspeed import *", ns)
     assert set(ns) - {"__builtins__"} == set(ts.__all__)
 
 
-@pytest.mark.parametrize("name", sorted(SIGS["functions"]))
-def test_signature_is_tokenspeeds(name):
-    want = SIGS["functions"][name]
-    assert want["commit"] in SIGS["commits"].values()
-    got = [(p.name, p.kind, p.default) for p in inspect.signature(getattr(ts, name)).parameters.values()]
-    assert got == [(p["name"], KINDS[p["kind"]], p.get("default", inspect.Parameter.empty)) for p in want["params"]]
+@pytest.mark.parametrize("form,name", [(f, n) for f, fns in FORMS.items() for n in sorted(fns)])
+def test_signature_takes_tokenspeeds_call_forms(form, name):
+    """Every call form of each version (positional, by keyword, defaults left out) binds, each
+    argument landing in the drop-in's parameter of that name (or its documented alias); the
+    signature is the version's own wherever the versions agree."""
+    want = FORMS[form][name]
+    assert want.get("commit", SIGS["forms"].get(form, {}).get("commit", "")) in ("", *SIGS["commits"].values())
+    sig = inspect.signature(getattr(ts, name))
+    check_forms(name, sig, want["params"])
+    got = [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+    if name not in UNIONS:
+        exact = [[(p["name"], KINDS[p["kind"]], p.get("default", inspect.Parameter.empty)) for p in f[name]["params"]]
+                 for f in FORMS.values() if name in f]
+        assert got in exact  # one version's signature (the latest where one added a parameter)
 
 
 def test_constants_and_spec_helpers():
@@ -207,7 +225,7 @@ def test_save_state_example_c():
     same(state, want)
     assert torch.allclose(state[0, 0], torch.tensor([0, 1, 2, 3, 0, 0.11, 0.22, 0.33]))
     assert torch.allclose(state[1, 1], torch.tensor([2.5, 3.5, 4.5, 5.5, 0.10, 0.21, 0.32, 0.43]))
-    runtime.mul_(2)  # a weight changed in place is read again (the checkpoint-order copy is per version)
+    runtime.mul_(2)  # a weight changed in place is read again (reordered on every call)
     ts.save_deepseek_v4_compressor_state(kv, score, runtime, state, torch.arange(8), torch.arange(8), 4, 4)
     dsv4.save_compressor_state(kv, score, ape * 2, want, ratio=4, positions=torch.arange(8), slots=torch.arange(8))
     same(state, want)
@@ -448,8 +466,8 @@ def test_bad_input_raises_typed_errors_before_any_write():
         "csa ratio": (InputError, lambda: ts.deepseek_v4_csa_compress_kv_cache_insert(*args, compress_ratio=128)),
         "hca ratio": (InputError, lambda: ts.deepseek_v4_hca_compress_kv_cache_insert(*args, compress_ratio=4)),
         "pages": (InputError, lambda: ts.deepseek_v4_csa_compress_kv_cache_insert(*args[:5], 8, *args[6:])),
-        "kv slots shorter than the tokens": (InputError, lambda: ts.deepseek_v4_csa_compress_kv_cache_insert(
-            *args[:10], b.target_slots[:-2], 4)),
+        "req indices shorter than the tokens (CSA)": (InputError, lambda: ts.deepseek_v4_csa_compress_kv_cache_insert(
+            b.state, b.req[:-2], *args[2:])),
         "req indices shorter than the tokens": (InputError, lambda: ts.deepseek_v4_csa_indexer_cache_insert(
             b.state, b.req[:-1], *args[2:9], idx, b.target_slots, 4, False)),
         "slots shorter than index_k, then beyond the cache": (InputError, lambda: ts.write_deepseek_v4_indexer_fp8_cache(

@@ -60,6 +60,7 @@ from kvformats.compat import tokenspeed as ts  # noqa: E402
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer  # noqa: E402
 from kvformats.layout import storage_bytes  # noqa: E402
 from kvformats.numerics.elements import ELEMENTS  # noqa: E402
+from tests.compat.tokenspeed_forms import check_forms, params_of  # noqa: E402
 from tests.harness.dsv4_scenarios import make_batch  # noqa: E402
 from kvformats.testing.tolerance import code_distance, ordinal  # noqa: E402
 
@@ -113,13 +114,13 @@ def randomized(lay, pages, g, device=DEV):
 
 # ----- any machine ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", [n for n in ts.__all__ if callable(getattr(ts, n)) and n not in NO_EXTENSION])
-def test_signature_equals_tokenspeeds_function(name):
+def test_signature_takes_tokenspeeds_call_forms(name):
+    """Every call form of tokenspeed's own function binds on the drop-in, each argument landing in
+    the parameter of its name (or the documented alias: tests/compat/tokenspeed_forms.py)."""
     fn = upstream(name)
     if fn is None:
         pytest.skip(f"{name} is not in the extracted files (f3e4d1e2)")
-    mine, theirs = inspect.signature(getattr(ts, name)), inspect.signature(fn)
-    assert [(p.name, p.kind, p.default) for p in mine.parameters.values()] == \
-           [(p.name, p.kind, p.default) for p in theirs.parameters.values()]
+    check_forms(name, inspect.signature(getattr(ts, name)), params_of(fn))
 
 
 def test_spec_names_equal_tokenspeeds():
@@ -298,7 +299,6 @@ def test_dequantize_and_gather():
     bytes_equal(o_ts, o_kvf)
 
 
-@gpu
 def _codes_within_one(got, want, element: str):
     """Quantized outputs of two Triton kernels: the same shape, every code of ``element`` equal or
     one apart, few apart (tokenspeed's own kernels round a value near a code boundary either way)."""
@@ -309,6 +309,7 @@ def _codes_within_one(got, want, element: str):
     assert int(apart.abs().max()) <= 1 and int((apart != 0).sum()) <= max(1, 1e-3 * apart.numel())
 
 
+@gpu
 def test_query_and_output_transforms():
     """Bytes equal to kvformats' reference (the CPU drop-in); against tokenspeed's Triton kernels,
     scales and weights equal and quantized codes at most one apart (docs/porting-from-tokenspeed.md)."""
