@@ -289,6 +289,17 @@ def paged_constants(body, values: dict, page_size: int, has_glen: bool, has_base
                             GLEN_SITE=SITES["gather_lens"], OUT_SITE=SITES["out"])
 
 
+def dequantize_gather_bf16(layout, cache: torch.Tensor, out: torch.Tensor, block_table, seq_lens, gather_lens, base,
+                           offset: int, cfg: dict, plan) -> None:
+    """bf16 ``out [R, W, head_dim]`` of a family whose decode body ``plan`` names (``plan(layout,
+    has_glen, has_base, cfg_items, hw) -> (block_m, constexprs)``) under launch config ``cfg``:
+    the paged kernel of rows_jit (launch_paged). Validated in kvformats.codec.paged_ops."""
+    u8, stride = byte_cache(layout, cache)
+    block_m, consts = plan(layout, gather_lens is not None, base is not None, tuple(cfg.items()), hw_cvt(cfg))
+    launch_paged(u8, stride, out.view(torch.int16), block_table, seq_lens, gather_lens, base, offset,
+                 cache.shape[0], block_m, consts)
+
+
 def launch_paged(cache: torch.Tensor, stride: int, out: torch.Tensor, table: torch.Tensor, seq_lens: torch.Tensor,
                  gather_lens, base, offset: int, num_pages: int, block_m: int, consts, aux=None) -> None:
     """Launch rows_jit's dequantize_gather kernel over (row blocks of the workspace, requests)

@@ -171,12 +171,8 @@ def _paged_plan(layout, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bo
 
 def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
     """bf16 ``out [R, W, head_dim]``: see kvformats.codec.paged_ops.dequantize_gather (validated there)."""
-    u8, stride = cm.byte_cache(layout, cache)
-    cfg = CONFIG["paged"]
-    block_m, consts = _paged_plan(layout, gather_lens is not None, base is not None, tuple(cfg.items()),
-                                  cm.hw_cvt(cfg))
-    cm.launch_paged(u8, stride, out.view(torch.int16), block_table, seq_lens, gather_lens, base, offset,
-                    cache.shape[0], block_m, consts)
+    cm.dequantize_gather_bf16(layout, cache, out, block_table, seq_lens, gather_lens, base, offset, CONFIG["paged"],
+                              _paged_plan)
 
 
 def decode_topk(layout, cache: torch.Tensor, topk_slots: torch.Tensor) -> torch.Tensor:

@@ -116,6 +116,16 @@ def check_int_out(name: str, out, rows: int, cols: int | None, device, min_cols:
 
 _FROM_ROW_BYTES = {Fp8Indexer: spec.deepseek_v4_indexer_fp8_layout_from_row_bytes,
                    Mxfp4Indexer: spec.deepseek_v4_indexer_mxfp4_layout_from_row_bytes}
+def cut_to(like, *tensors) -> tuple:
+    """``tensors`` each cut to the first ``len(like)`` entries where longer, as tokenspeed reads a
+    longer per-token tensor or a persistent per-request table; None, and anything that is not a
+    tensor with a first dimension, passes unchanged (the native call then says what is wrong)."""
+    if not (isinstance(like, torch.Tensor) and like.dim()):
+        return tensors
+    n = like.shape[0]
+    return tuple(t[:n] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] > n else t for t in tensors)
+
+
 _BY_WIDTH: dict = {}  # (layout class, cache width or head dim, block size) -> layout
 
 

@@ -17,8 +17,8 @@ import torch
 from kvformats.codec.paged_ops import dequantize_gather, gather_paged
 from kvformats.codec.slot_ops import gather as slot_gather
 from kvformats.compat import tokenspeed_spec as _spec
-from kvformats.compat._common import (cache_head_dim, check_int_out, compiling, dops, ds_mla, head, indexer_of_cache,
-                                      mxfp4_indexer, op_key, store_cast)
+from kvformats.compat._common import (cache_head_dim, check_int_out, compiling, cut_to, dops, ds_mla, head,
+                                      indexer_of_cache, mxfp4_indexer, op_key, store_cast)
 from kvformats.deepseek_v4.indices import (combine_dense_swa_indices, combine_topk_swa_indices,
                                            compressed_slot_mapping, decode_swa_indices_and_lens,
                                            dense_prefill_local_compressed_indices, global_topk_indices_and_lens)
@@ -70,14 +70,7 @@ def deepseek_v4_compute_global_topk_indices_and_lens(*, topk_indices, token_to_r
                                                      is_valid_token=None):
     """``(global int32 [T, K], lens int32 [T])`` (``dsv4.global_topk_indices_and_lens``); the first
     T entries of longer ``token_to_req_indices`` / ``is_valid_token`` are read."""
-    try:
-        n = topk_indices.shape[0]
-        if token_to_req_indices.shape[0] > n:
-            token_to_req_indices = token_to_req_indices[:n]
-        if is_valid_token is not None and is_valid_token.shape[0] > n:
-            is_valid_token = is_valid_token[:n]
-    except (AttributeError, IndexError, TypeError):
-        pass  # not tensors with a first dimension: the native call says which
+    token_to_req_indices, is_valid_token = cut_to(topk_indices, token_to_req_indices, is_valid_token)
     return (dops.global_topk_indices_and_lens if compiling() else global_topk_indices_and_lens)(
         topk_indices=topk_indices, req_indices=token_to_req_indices, block_table=block_table, page_size=block_size,
         is_valid_token=is_valid_token)
@@ -96,11 +89,7 @@ def deepseek_v4_combine_dense_swa_indices(*, positions, token_to_req_indices, se
                                           window_size, compress_ratio, workspace_width, compressed_base):
     """Dense-prefill rows ``[compressed | window]`` and their lengths (``dsv4.combine_dense_swa_indices``);
     the first T entries of a longer ``token_to_req_indices`` are read."""
-    try:
-        if token_to_req_indices.shape[0] > positions.shape[0]:
-            token_to_req_indices = token_to_req_indices[:positions.shape[0]]
-    except (AttributeError, IndexError, TypeError):
-        pass  # not tensors with a first dimension: the native call says which
+    token_to_req_indices, = cut_to(positions, token_to_req_indices)
     return (dops.combine_dense_swa_indices if compiling() else combine_dense_swa_indices)(
         positions=positions, req_indices=token_to_req_indices, seq_lens=seq_lens, compressed_lens=compressed_lens,
         gather_lens=gather_lens, window_size=window_size, ratio=compress_ratio, workspace_width=workspace_width,
@@ -116,16 +105,8 @@ def deepseek_v4_decode_swa_indices_and_lens(*, query_start_loc, seq_lens, token_
     offsets) is read for the first R = ``len(seq_lens)`` requests; ``is_valid_token`` for the
     first T = ``len(token_to_req_indices)`` tokens."""
     n = _rows(token_to_req_indices)
-    try:
-        r = seq_lens.shape[0]
-        if block_table.shape[0] > r:
-            block_table = block_table[:r]
-        if block_table_base_offsets is not None and block_table_base_offsets.shape[0] > r:
-            block_table_base_offsets = block_table_base_offsets[:r]
-        if is_valid_token is not None and is_valid_token.shape[0] > n:
-            is_valid_token = is_valid_token[:n]
-    except (AttributeError, IndexError, TypeError):
-        pass  # not tensors with a first dimension: the native call says which
+    block_table, block_table_base_offsets = cut_to(seq_lens, block_table, block_table_base_offsets)
+    is_valid_token, = cut_to(token_to_req_indices, is_valid_token)
     cast_i = out_indices is not None and store_cast(out_indices, torch.int32)
     cast_l = out_lens is not None and store_cast(out_lens, torch.int32)
     if cast_i or cast_l:
@@ -170,14 +151,7 @@ def deepseek_v4_dequantize_and_gather_k_cache(*, out, cache_2d, seq_lens, gather
     it changes no byte there, and none here (None or an int)."""
     if max_gather_len is not None and (isinstance(max_gather_len, bool) or not isinstance(max_gather_len, int)):
         raise InputTypeError(f"max_gather_len must be None or an int, got {describe(max_gather_len)}")
-    try:
-        r = seq_lens.shape[0]
-        if block_table.shape[0] > r:
-            block_table = block_table[:r]
-        if block_table_base_offsets is not None and block_table_base_offsets.shape[0] > r:
-            block_table_base_offsets = block_table_base_offsets[:r]
-    except (AttributeError, IndexError, TypeError):
-        pass  # not tensors with a first dimension: the native call says which
+    block_table, block_table_base_offsets = cut_to(seq_lens, block_table, block_table_base_offsets)
     if compiling():
         torch.ops.kvformats.dequantize_gather(*op_key("fp8_ds_mla", HEAD_DIM, block_size, ROPE_DIM), cache_2d, out,
                                               block_table, seq_lens, gather_lens, block_table_base_offsets, offset,
