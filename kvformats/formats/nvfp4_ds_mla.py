@@ -24,6 +24,7 @@ import attrs
 import torch
 
 from kvformats.errors import LayoutError
+from kvformats.formats._nope_rope import NopeRopeRows
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.numerics import codes as nx
 from kvformats.numerics.profiles import Profile, ProfiledLayout, declare, profile_field
@@ -82,7 +83,7 @@ PROFILES = declare(
 
 
 @attrs.frozen(kw_only=True)
-class Nvfp4DsMla(ProfiledLayout, Layout):
+class Nvfp4DsMla(NopeRopeRows, ProfiledLayout, Layout):
     """``Nvfp4DsMla(head_dim=576, rope_dim=64, page_size=64, profile="flashmla")``: 352 B
     token-interleaved rows ``[256 B e2m1 NoPE | 64 x e4m3 RoPE | 32 x e4m3 scale, permuted]``,
     22528 B pages.
@@ -110,23 +111,12 @@ class Nvfp4DsMla(ProfiledLayout, Layout):
     profile: str = profile_field()
 
     def _check_geometry(self) -> None:
-        nope, group = self.head_dim - self.rope_dim, QUANT_BLOCK * SCALE_QUADS
-        if nope <= 0 or nope % group:
+        super()._check_geometry()  # NopeRopeRows: NoPE dims in whole blocks, an even rope_dim
+        group = QUANT_BLOCK * SCALE_QUADS
+        if self.nope_dim % group:
             raise LayoutError(f"{self.name} needs head_dim - rope_dim to be a positive multiple of {group} "
                               f"({SCALE_QUADS} scale groups of {QUANT_BLOCK}-value blocks), got head_dim="
                               f"{self.head_dim}, rope_dim={self.rope_dim}")
-
-    @property
-    def decode_dtype(self) -> torch.dtype:
-        return torch.bfloat16
-
-    @property
-    def nope_dim(self) -> int:
-        return self.head_dim - self.rope_dim
-
-    @property
-    def num_blocks(self) -> int:
-        return self.nope_dim // QUANT_BLOCK
 
     # ----- the scale permutation -----------------------------------------------------------
     @functools.cached_property
