@@ -26,7 +26,7 @@ CODEC_OPS = ("encode", "decode", "gather", "dequantize_gather", "gather_paged", 
 
 if AVAILABLE:
     from kvformats.numerics.profiles import profile_tables
-    from kvformats_kernels import dsv4, fp8_ds_mla, indexer, nvfp4, state, transfer, v41
+    from kvformats_kernels import dsv4, dsv41, fp8_ds_mla, indexer, nvfp4, state, transfer, v41
 
     # Each format module names the layout classes it serves (SERVES) and whether its encode's
     # constexprs implement every numerics profile of them (ENCODES_PROFILES); the tables below,
@@ -45,7 +45,8 @@ def kernel_table() -> dict:
         return {}
     table: dict[tuple, object] = {(fmt, op): getattr(module, op) for fmt, module in IMPLEMENTATIONS.items()
              for op in CODEC_OPS if hasattr(module, op)}
-    table.update({("model op", dsv4.FAMILY, op): fn for op, fn in dsv4.LAUNCHERS.items()})
+    for family in (dsv4, dsv41):
+        table.update({("model op", family.FAMILY, op): fn for op, fn in family.LAUNCHERS.items()})
     table[("library", "transfer", "page_checksums")] = transfer.page_checksums
     return table
 

@@ -9,23 +9,11 @@ validated.
 
 from __future__ import annotations
 
-from kvformats.codec import registry
+from kvformats.codec.model_family import ModelOpFamily
 from kvformats.dsv4_constants import FAMILY
 
-MODEL_OPS: list[str] = []  # every model op with a reference, in registration order
-KEY = registry.OpFamily(FAMILY)  # built once: the call path resolves under it
-
-
-def reference(op: str):
-    """Decorator: register ``fn`` as the reference implementation of ``deepseek_v4.op``."""
-
-    def deco(fn):
-        MODEL_OPS.append(op)
-        return registry.register_model_op(FAMILY, op, "reference")(fn)
-
-    return deco
-
-
-def resolve(op: str, backend: str, device):
-    """The implementation of ``deepseek_v4.op`` that ``backend`` selects for ``device``."""
-    return registry.resolve(KEY, op, backend, device)
+_FAMILY = ModelOpFamily(FAMILY)
+MODEL_OPS: list[str] = _FAMILY.ops  # every model op with a reference, in registration order
+KEY = _FAMILY.key
+reference = _FAMILY.reference  # decorator: register fn as the reference of deepseek_v4.op
+resolve = _FAMILY.resolve  # the implementation of deepseek_v4.op that backend selects for device

@@ -833,22 +833,34 @@ def probe_casts() -> dict:
 
 # ----- tokenspeed-kernel's dsv41 cache codecs, called as its users call them ---------------------
 DSV41_CODECS = ("cache_pack", "cache_unpack", "cache_scatter", "cache_gather")
+# every dsv41 function a test may call: the public name -> (the Triton solution's name in
+# triton.py, the index of its ``out`` argument or None); the public wrapper of swa_rope_scatter
+# returns its ``out`` argument, the solution returns None
+DSV41_CALLS = {
+    "cache_pack": ("cache_pack", 2), "cache_unpack": ("cache_unpack", 2),
+    "cache_scatter": ("cache_scatter", None), "cache_gather": ("cache_gather", 3),
+    "swa_rope_scatter": ("triton_dsv41_swa_rope_scatter", 6), "compressor_pool": ("compressor_pool", 6),
+    "compressor_tail_scatter": ("compressor_tail_scatter", None), "index_q_quantize": ("index_q_quantize", 2),
+}
 
 
 def call_tokenspeed_dsv41(module, name: str, args: tuple) -> dict:
     """One call of tokenspeed-kernel 0.1.4's registered Triton solution ``name`` (one of
-    ``DSV41_CODECS``, what ``tokenspeed_kernel.ops.attention.dsv41.<name>`` selects on a GPU) on
+    ``DSV41_CALLS``, what ``tokenspeed_kernel.ops.attention.dsv41.<name>`` selects on a GPU) on
     copies of ``args``, under ``gpu_numerics``: ``{"result", "args"}`` (the returned value, the
     arguments after the call: its in-place writes) and ``"out_returned"`` (the result is the
     ``out`` argument passed), or ``{"error": (exception type name, message)}``; nothing of a
     refused call's arguments is changed (``"args"`` holds them as they are after it)."""
-    if name not in DSV41_CODECS:
-        raise ValueError(f"not a dsv41 codec: {name!r}")
+    if name not in DSV41_CALLS:
+        raise ValueError(f"not a dsv41 function the harness calls: {name!r}")
+    solution, out_index = DSV41_CALLS[name]
     args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
-    out = args[-1] if name in ("cache_pack", "cache_unpack", "cache_gather") else None
+    out = None if out_index is None else args[out_index]
     try:
         with gpu_numerics():
-            result = getattr(module, name)(*args)
+            result = getattr(module, solution)(*args)
+        if name == "swa_rope_scatter":
+            result = out
     except Exception as err:  # the released code's refusal, recorded as data
         return {"error": (type(err).__name__, str(err)), "args": args}
     return {"result": result, "args": args, "out_returned": out is not None and result is out}
