@@ -11,7 +11,6 @@ in ``kvformats.codec.registry``.
 
 from kvformats.deepseek_v41._dispatch import FAMILY, MODEL_OPS
 
-# rows ops (swa_rope_scatter, index_q_quantize): imported here
-# compressor ops (compressor_pool, compressor_tail_scatter): imported here
+from kvformats.deepseek_v41 import compressor, rows  # registers the references
 
 __all__ = ["FAMILY", "MODEL_OPS"]

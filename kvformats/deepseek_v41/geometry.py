@@ -8,7 +8,7 @@ blocks of each group one parent block holds.
 
 The figures are tokenspeed's declarations; the row widths come from kvformats' layouts of the same
 records (``row_bytes`` of ``fp8_ds_mla_v41``, ...), so a change of either shows up in
-tests/deepseek_v41/test_geometry.py, which also checks every packing against the parent size.
+tests/deepseek_v41/test_dsv41_geometry.py, which also checks every packing against the parent size.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ operation takes (already validated by the public function) and never synchronise
 """
 
 from kvformats.dsv41_constants import FAMILY
+from kvformats_kernels.dsv41 import compressor, rows
 
-MODULES = ()  # rows ops, compressor ops: their modules are added here
+MODULES = (compressor, rows)
 LAUNCHERS = {op: fn for module in MODULES for op, fn in module.LAUNCHERS.items()}
 
 __all__ = ["FAMILY", "LAUNCHERS", "MODULES"]
