@@ -7,7 +7,9 @@ spec/tokenspeed-signatures.json, beside the entries already there (the seed's f3
 
 ``--wheel``: a released tokenspeed wheel (from the package index: ``pip download --no-deps
 tokenspeed==0.1.1``): the ``__all__`` of its ``deepseek_v4_ops.py`` and the signature of each
-name, under ``forms["<version>"]``. ``--git`` / ``--commit``: a clone of lightseekorg/tokenspeed
+name, under ``forms["<version>"]``. ``--kernel-wheel``: a released tokenspeed-kernel wheel (``pip download --no-deps
+tokenspeed-kernel==0.1.4``): the cache-side functions of its ``dsv4``, ``dsv4.triton`` and ``dsv41``
+modules (``KERNEL_MODULES``), under ``kernel_forms["<version>"]``. ``--git`` / ``--commit``: a clone of lightseekorg/tokenspeed
 and a commit of its main branch: that commit's ``deepseek_v4_ops.__all__`` and the signature of
 every function ``kvformats.compat.tokenspeed`` exports that the commit has (looked for in the
 files of the boundary, in order), under ``forms["<commit[:8]>"]``. Nothing is imported or run:
@@ -97,6 +99,45 @@ def release_form(wheel: Path) -> tuple[str, dict]:
     }
 
 
+# tokenspeed-kernel's cache-side functions, per module of the wheel: what kvformats.compat.
+# tokenspeed_kernel mirrors (the attention kernels, dsv4_prefill / dsv4_decode / selected_attention
+# and the like, are out of scope: docs/porting-from-tokenspeed.md)
+KERNEL_ATTENTION = "tokenspeed_kernel/ops/attention/"
+KERNEL_MODULES = {
+    "dsv4": ("dsv4/__init__.py", ("dsv4_indexer_cache_format", "dsv4_swa_cache_insert",
+                                  "dsv4_csa_indexer_fp8_cache_insert")),
+    "dsv4.triton": ("dsv4/triton.py", None),  # None: its __all__ but the attention kernel below
+    "dsv41": ("dsv41/__init__.py", ("cache_pack", "cache_unpack", "cache_scatter", "cache_gather",
+                                    "swa_rope_scatter", "compressor_pool", "compressor_tail_scatter",
+                                    "index_q_quantize")),
+}
+KERNEL_OUT_OF_SCOPE = ("triton_dsv4_prefill",)
+
+
+def kernel_release_form(wheel: Path) -> tuple[str, dict]:
+    """The cache-side signatures of a tokenspeed-kernel wheel, per module (``KERNEL_MODULES``)."""
+    name, version = wheel.name.split("-")[:2]
+    modules = {}
+    with zipfile.ZipFile(wheel) as zf:
+        for module, (path, names) in KERNEL_MODULES.items():
+            text = zf.read(KERNEL_ATTENTION + path).decode()
+            fns = _functions(text)
+            if names is None:
+                names = tuple(n for n in _all(text) if n not in KERNEL_OUT_OF_SCOPE)
+            modules[module] = {"source": KERNEL_ATTENTION + path,
+                               "functions": {n: _signature(fns[n]) for n in names}}
+    return version, {
+        "kind": "release",
+        "package": name.replace("_", "-"),
+        "version": version,
+        "url": f"https://pypi.org/project/{name.replace('_', '-')}/{version}/",
+        "filename": wheel.name,
+        "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        "out_of_scope": list(KERNEL_OUT_OF_SCOPE),
+        "modules": modules,
+    }
+
+
 def _git_show(git: Path, commit: str, path: str) -> str | None:
     out = subprocess.run(["git", f"--git-dir={git}", "show", f"{commit}:{path}"], capture_output=True, text=True)
     return out.stdout if out.returncode == 0 else None
@@ -124,6 +165,8 @@ def main_form(git: Path, commit: str, wanted: list[str]) -> tuple[str, dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--wheel", type=Path, action="append", default=[], help="a released tokenspeed wheel")
+    p.add_argument("--kernel-wheel", type=Path, action="append", default=[],
+                   help="a released tokenspeed-kernel wheel (its cache-side dsv4 / dsv41 functions)")
     p.add_argument("--git", type=Path, help="a clone's git directory of lightseekorg/tokenspeed")
     p.add_argument("--commit", action="append", default=[], help="a full commit id on its main branch")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file would change")
@@ -134,6 +177,9 @@ def main(argv=None) -> int:
     for wheel in args.wheel:
         key, form = release_form(wheel)
         forms[key] = form
+    for wheel in args.kernel_wheel:
+        key, form = kernel_release_form(wheel)
+        data.setdefault("kernel_forms", {})[key] = form
     wanted = sorted({*data["functions"], *(n for f in forms.values() for n in f["functions"])})
     for commit in args.commit:
         if args.git is None:
