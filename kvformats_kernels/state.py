@@ -22,7 +22,7 @@ def _floats(nbytes: int) -> int:
 
 
 @functools.lru_cache(maxsize=512)
-def _encode_plan(layout, bf16: tuple, cfg_items: tuple, site: int):
+def _encode_plan(layout, bf16: tuple, ape_half: int, cfg_items: tuple, site: int):
     """(rows per program, column programs, every constexpr and launch option of the encode)
     for a layout, the inputs' bf16 flags (kv, score, ape), a launch config (its items: an
     overridden config is another key) and the record site; no tensor value or address. A layout
@@ -35,6 +35,7 @@ def _encode_plan(layout, bf16: tuple, cfg_items: tuple, site: int):
     return cfg["block_m"], cm.grid_rows(layout.width, cfg["block_w"]), cm.frozen(dict(
         PAGE_SIZE=layout.page_size, ROW_STRIDE=_floats(row_stride), KV_OFF=_floats(kv_off),
         SCORE_OFF=_floats(score_off), W=layout.width, APE=has_ape, RATIO=layout.ratio if has_ape else 1,
+        APE_HALF=ape_half,
         KV_BF16=kv_bf16, SCORE_BF16=score_bf16, APE_BF16=ape_bf16,
         BLOCK_M=cfg["block_m"], BLOCK_W=cfg["block_w"], SITE=site, **cm.launch_opts(cfg)))
 
@@ -61,16 +62,25 @@ def encode(layout, x, cache: torch.Tensor, slots: torch.Tensor, *, positions: to
     slots are checked."""
     if ape is None or positions is None:  # never read by the APE-free kernel: any pointers do
         ape, positions = x[0], slots
-    (kv, kv_bf16), (score, score_bf16), (ape, ape_bf16) = (cm.rows_input(t) for t in (*x, ape))
+    if ape.dim() == 3:  # the halves [ratio, 2, W/2]: two row strides, unit element stride
+        if ape.stride(2) != 1:
+            ape = ape.contiguous()
+        ape_half, ape_half_stride = ape.shape[2], ape.stride(1)
+        ape, ape_bf16 = (ape.view(torch.int16), True) if ape.dtype == torch.bfloat16 else (ape, False)
+        ape_stride = ape.stride(0)
+    else:
+        (ape, ape_bf16), ape_half, ape_half_stride = cm.rows_input(ape), layout.width, 0
+        ape_stride = cm.row_stride(ape)
+    (kv, kv_bf16), (score, score_bf16) = (cm.rows_input(t) for t in x)
     n = kv.shape[0]
     if n == 0:
         return
-    block_m, cols, consts = _encode_plan(layout, (kv_bf16, score_bf16, ape_bf16),
+    block_m, cols, consts = _encode_plan(layout, (kv_bf16, score_bf16, ape_bf16), ape_half,
                                          tuple(cm.config("state", "copy", n).items()), site)
     fast(jit.encode_kernel)[(cm.grid_rows(n, block_m), cols)](
         kv, score, positions, ape, slots, cache, cm.error_record(cache), n, cm.row_stride(kv), cm.row_stride(score),
-        positions.stride(0), cm.row_stride(ape), slots.stride(0), cache.shape[0] * layout.page_size, cache.stride(0),
-        **consts)
+        positions.stride(0), ape_stride, ape_half_stride, slots.stride(0), cache.shape[0] * layout.page_size,
+        cache.stride(0), **consts)
 
 
 def _gather_words(layout, cache: torch.Tensor, slots: torch.Tensor, split: int, dtype,

@@ -10,14 +10,17 @@ from kvformats_kernels.rows_jit import locate_slot, record_slots
 
 @triton.jit
 def encode_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, slots_ptr, cache_ptr, err_ptr, n_rows,
-                  kv_stride, score_stride, pos_stride, ape_stride, slot_stride, capacity, page_stride,
-                  PAGE_SIZE: tl.constexpr, ROW_STRIDE: tl.constexpr, KV_OFF: tl.constexpr,
+                  kv_stride, score_stride, pos_stride, ape_stride, ape_half_stride, slot_stride, capacity,
+                  page_stride, PAGE_SIZE: tl.constexpr, ROW_STRIDE: tl.constexpr, KV_OFF: tl.constexpr,
                   SCORE_OFF: tl.constexpr, W: tl.constexpr, APE: tl.constexpr, RATIO: tl.constexpr,
+                  APE_HALF: tl.constexpr,
                   KV_BF16: tl.constexpr, SCORE_BF16: tl.constexpr, APE_BF16: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr, SITE: tl.constexpr):
     """cache row = [kv | score + ape[p mod RATIO]] in float32 (offsets and strides in floats);
     with APE=False [kv | score] (positions and ape not read; -0.0 stays -0.0); a slot >= capacity
-    is skipped and recorded at SITE."""
+    is skipped and recorded at SITE. Column c of ape row r is at ``r * ape_stride + (c // APE_HALF)
+    * ape_half_stride + c % APE_HALF``: APE_HALF = W for a [RATIO, W] table, W/2 for its halves
+    [RATIO, 2, W/2] (a strided view of an engine's reordered table)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
@@ -29,7 +32,8 @@ def encode_kernel(kv_ptr, score_ptr, pos_ptr, ape_ptr, slots_ptr, cache_ptr, err
         p = tl.load(pos_ptr + rows * pos_stride, mask=in_range, other=0).to(tl.int64)
         r = p % RATIO
         r = tl.where(r < 0, r + RATIO, r)  # floor modulo, as torch's % on negative positions
-        score = score + nj.load_f32((ape_ptr + r * ape_stride)[:, None] + cols[None, :], mx, APE_BF16)
+        ape_col = (cols // APE_HALF) * ape_half_stride + cols % APE_HALF
+        score = score + nj.load_f32((ape_ptr + r * ape_stride)[:, None] + ape_col[None, :], mx, APE_BF16)
     at = (cache_ptr + page * page_stride + row * ROW_STRIDE)[:, None] + cols[None, :]
     tl.store(at + KV_OFF, kv, mask=m)
     tl.store(at + SCORE_OFF, score, mask=m)

@@ -200,27 +200,50 @@ def deepseek_v4_csa_indexer_cache_insert(state_cache, token_to_req_indices, posi
 
 
 def _unreorder(ape):
-    """The checkpoint-order ape of tokenspeed's runtime (window-order) C4 ape: tokenspeed keeps
-    ``cat([ape[:, :h], ape[:, h:]], 0).reshape(4, 2h)``; this is its inverse, a copy made on
-    ``ape``'s device (no host synchronization). A tensor that is not a C4 ape is returned as
-    given, for the native call to say what is wrong."""
+    """The checkpoint-order ape of tokenspeed's runtime (window-order) C4 ape, as a view of it:
+    tokenspeed keeps ``cat([ape[:, :h], ape[:, h:]], 0).reshape(4, 2h)``, so checkpoint row r is
+    ``cat(runtime[r], runtime[r + 4])`` over the ``[8, h]`` view: the halves form
+    ``[4, 2, h]`` kvformats' save takes with any strides. A view aliases the parameter's memory,
+    so an in-place reload (``.data.copy_``, ``inference_mode``) is read as it is now; the view is
+    kept per tensor and rebuilt when the tensor's address or geometry changes (``param.data =
+    other``). A tensor that is not a C4 ape is returned as given, for the native call to say what
+    is wrong."""
+    if compiling():  # traced once into the graph: a view op, no host-side table
+        return _ape_view(ape)
+    hit = _APE_VIEWS.get(id(ape))
+    if hit is not None and hit[0] is ape and hit[1] == ape.data_ptr() and hit[2] == ape.stride() \
+            and hit[3] == ape.shape:  # the dtype is the tensor's own for life
+        return hit[4]
+    view = _ape_view(ape)
+    if view is ape:
+        return ape
+    if len(_APE_VIEWS) >= 64:  # a few ape tensors per model; forget the oldest beyond that
+        _APE_VIEWS.pop(next(iter(_APE_VIEWS)))
+    _APE_VIEWS[id(ape)] = (ape, ape.data_ptr(), ape.stride(), ape.shape, view)
+    return view
+
+
+def _ape_view(ape):
+    """``ape [4, 2h]`` (runtime order) as ``[4, 2, h]`` in checkpoint order; ``ape`` itself where
+    it is not a tensor of that shape."""
     if not isinstance(ape, torch.Tensor) or ape.dim() != 2 or ape.shape[1] % 2:
         return ape
     ratio, width = ape.shape
-    h = width // 2
-    if ape.is_contiguous():  # one view op (its current storage and offset) and the copy
-        return ape.as_strided((ratio, 2, h), (h, ratio * h, 1)).reshape(ratio, width)
-    return ape.reshape(2, ratio, h).transpose(0, 1).reshape(ratio, width)
+    return ape.reshape(2, ratio, width // 2).transpose(0, 1)  # a view where the rows are one run
+
+
+# id(runtime ape) -> (the tensor, its address, strides and shape, the checkpoint-order view); the tensor
+# is held so that its id is not reused while the entry exists
+_APE_VIEWS: dict[int, tuple] = {}
 
 
 def save_deepseek_v4_compressor_state(kv, score, ape, state_cache, slot_mapping, positions, block_size,
                                       compress_ratio):
     """One ``[kv | score + ape[p % ratio]]`` state row per token (``dsv4.save_compressor_state``).
     ``ape`` is tokenspeed's runtime tensor (the C4 ape reordered at loading), as its callers pass
-    it: it is put back in checkpoint order on every call (a device copy of ``[4, W]``; nothing is
-    kept between calls, so a weight reloaded in place, through ``.data`` or under
-    ``torch.inference_mode()``, is read as it is now). tokenspeed's tokens: the shortest of kv and
-    the slot mapping."""
+    it: read in checkpoint order through a view of it (``_unreorder``: no copy, so a weight
+    reloaded in place, through ``.data`` or under ``torch.inference_mode()``, is read as it is
+    now). tokenspeed's tokens: the shortest of kv and the slot mapping."""
     same_pages("block_size", block_size, state_cache)
     kv, score, positions, slot_mapping = cut((slot_mapping, kv), (kv, score, positions, slot_mapping))
     return (dops.save_compressor_state if compiling() else save_compressor_state)(

@@ -28,7 +28,8 @@ class CompressorState(Layout):
     """``CompressorState(head_dim=512, ratio=4, page_size=4)``: float32 rows of 2W values.
 
     ``encode((kv, score), cache, slots, positions=..., ape=...)``: kv, score ``[N, W]``,
-    positions int ``[N]``, ape ``[ratio, W]`` in checkpoint order (no reordering); stores kv
+    positions int ``[N]``, ape ``[ratio, W]`` in checkpoint order (no reordering), or its halves
+    ``[ratio, 2, W/2]`` with any strides (``ape[r] = cat(ape[r, 0], ape[r, 1])``); stores kv
     and ``score + ape[p % ratio]`` in float32. ``decode`` returns ``(kv, score_state)``.
     ``gather`` returns the rows' bytes (uint8 ``[N, 8W]``; ``.view(torch.float32)`` for values).
     """
@@ -86,7 +87,13 @@ class CompressorState(Layout):
         n = kv.shape[0]
         check_tensor("score", score, dtypes=FLOAT_DTYPES, shape=(n, w), device=device)
         check_tensor("positions", kwargs["positions"], dtypes=INDEX_DTYPES, shape=(n,), device=device)
-        check_tensor("ape", kwargs["ape"], dtypes=FLOAT_DTYPES, shape=(self.ratio, w), device=device)
+        ape = kwargs["ape"]
+        if isinstance(ape, torch.Tensor) and ape.dim() == 3 and w % 2 == 0:
+            # the halves form: ape[r] = cat(ape[r, 0], ape[r, 1]), any strides, so that an engine's
+            # reordered table can be passed as a view of itself (no copy per call)
+            check_tensor("ape", ape, dtypes=FLOAT_DTYPES, shape=(self.ratio, 2, w // 2), device=device)
+        else:
+            check_tensor("ape", ape, dtypes=FLOAT_DTYPES, shape=(self.ratio, w), device=device)
         return n, kwargs
 
     def example_encode_args(self, n, values, gen):
@@ -105,14 +112,15 @@ class CompressorState(Layout):
                           ape: torch.Tensor) -> torch.Tensor:
         """``[kv | score + ape[p % ratio]]`` in float32, what decode gives back exactly."""
         kv, score = x
+        ape = ape.reshape(self.ratio, self.width)  # the halves form, as one row per residue
         return torch.cat([kv.float(), score.float() + ape.float()[positions.long() % self.ratio]], dim=1)
 
     def encode_rows(self, x, *, positions: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         # A cache write is not differentiable: inputs that require grad are read as plain values
         # (torch.add(out=) refuses them, and the byte formats accept them).
         kv, score = (t.detach() for t in x)
-        ape = ape.detach()
         w = self.width
+        ape = ape.detach().reshape(self.ratio, w)  # the halves form [ratio, 2, W/2] as [ratio, W]
         rows = torch.empty((kv.shape[0], 2 * w), dtype=torch.float32, device=kv.device)
         rows[:, :w] = kv
         torch.add(score.float(), ape.float()[positions.long() % self.ratio], out=rows[:, w:])

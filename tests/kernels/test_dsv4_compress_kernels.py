@@ -160,6 +160,32 @@ def test_save_compressor_state_equals_reference():
     assert int((got != 7.0).any(2).sum()) == int((slots >= 0).sum())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_save_takes_the_ape_halves_as_a_strided_view(dtype):
+    """``ape`` as its halves ``[ratio, 2, W/2]`` (here a strided view of an engine's window-order
+    table, as the tokenspeed drop-in passes it) stores what the ``[ratio, W]`` table stores, through
+    the kernel and the reference, and the view is read where it points (no copy kept)."""
+    g = torch.Generator().manual_seed(6)
+    layout = CompressorState(head_dim=64, ratio=4, page_size=4)
+    positions = torch.tensor([4, 5, 6, 9, 10, 0, 7, 8], device=DEV)
+    slots = torch.tensor([0, 3, 5, -1, 7, 9, 12, 14], device=DEV)
+    kv, score = (torch.randn(8, 128, generator=g).to(DEV) for _ in range(2))
+    ape = torch.randn(4, 128, generator=g).to(DEV, dtype)
+    runtime = torch.cat([ape[:, :64], ape[:, 64:]], 0).reshape(4, 128)  # window order
+    halves = runtime.view(2, 4, 64).transpose(0, 1)
+    assert halves.data_ptr() == runtime.data_ptr() and torch.equal(halves.reshape(4, 128), ape)
+    want = torch.full((4, 4, 256), 7.0, device=DEV)
+    dsv4.save_compressor_state(kv, score, ape, want, ratio=4, positions=positions, slots=slots, backend="reference")
+    for run in (lambda c: K.save_compressor_state(layout, kv, score, halves, c, positions, slots),
+                lambda c: dsv4.save_compressor_state(kv, score, halves, c, ratio=4, positions=positions, slots=slots,
+                                                     backend="reference")):
+        got = torch.full((4, 4, 256), 7.0, device=DEV)
+        run(got)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    with pytest.raises(kvf.InputError, match="ape"):
+        dsv4.save_compressor_state(kv, score, halves[:, :1], want, ratio=4, positions=positions, slots=slots)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_pool_matches_reference(case, plan):
     b, _ = batch(case)
