@@ -7,9 +7,10 @@ spec/tokenspeed-signatures.json, beside the entries already there (the seed's f3
 
 ``--wheel``: a released tokenspeed wheel (from the package index: ``pip download --no-deps
 tokenspeed==0.1.1``): the ``__all__`` of its ``deepseek_v4_ops.py`` and the signature of each
-name, under ``forms["<version>"]``. ``--kernel-wheel``: a released tokenspeed-kernel wheel (``pip download --no-deps
-tokenspeed-kernel==0.1.4``): the cache-side functions of its ``dsv4``, ``dsv4.triton`` and ``dsv41``
-modules (``KERNEL_MODULES``), under ``kernel_forms["<version>"]``. ``--git`` / ``--commit``: a clone of lightseekorg/tokenspeed
+name, under ``forms["<version>"]``. ``--kernel-wheel``: a released tokenspeed-kernel wheel
+(``pip download --no-deps tokenspeed-kernel==0.1.4``): the cache-side functions of its ``dsv4``,
+``dsv4.triton`` and ``dsv41`` modules (``KERNEL_MODULES``), under ``kernel_forms["<version>"]``.
+``--git`` / ``--commit``: a clone of lightseekorg/tokenspeed
 and a commit of its main branch: that commit's ``deepseek_v4_ops.__all__`` and the signature of
 every function ``kvformats.compat.tokenspeed`` exports that the commit has (looked for in the
 files of the boundary, in order), under ``forms["<commit[:8]>"]``. Nothing is imported or run:
