@@ -40,14 +40,17 @@ def test_get_format_help_lists_the_format_parameters_and_profiles(name):
     doc = inspect.getdoc(kvf.get_format)
     layout = kvf.get_format(name)
     line = next((ln for ln in doc.split("* ``")[1:] if ln.startswith(f"{name}``")), "")
-    assert f"({type(layout).__name__})" in line, name
+    where = f"the get_format docstring (kvformats/codec/registry.py) lists the package's formats; its line for {name}"
+    assert f"({type(layout).__name__})" in line, f"{where} must name the class {type(layout).__name__}: {line!r}"
     for field in attrs.fields(type(layout)):
         if field.name != "profile":
-            assert f"{field.name}={field.default}" in line, (name, field.name)
+            assert f"{field.name}={field.default}" in line, f"{where} must give {field.name}={field.default}: {line!r}"
     profiles = getattr(type(layout), "PROFILES", None)
     if profiles is not None:
-        assert "profile " + " | ".join(profiles.names) in " ".join(line.split()), name
-    assert f"{layout.row_bytes} B" in line or name == "compressor_state"
+        want = "profile " + " | ".join(profiles.names)
+        assert want in " ".join(line.split()), f"{where} must list {want!r}: {line!r}"
+    assert f"{layout.row_bytes} B" in line or name == "compressor_state", \
+        f"{where} must give the row size {layout.row_bytes} B: {line!r}"
 
 
 def test_get_format_help_names_its_errors():

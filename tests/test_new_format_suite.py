@@ -104,7 +104,7 @@ def test_the_suite_covers_a_format_declared_in_one_file(tmp_path):
                for c in cases}
     assert not [c.get("name") for c in cases if outcome[id(c)] in ("failure", "error")], tail
     ran = Counter(c.get("classname", "").split(".")[-1] + ".py" for c in cases if outcome[id(c)] == "passed")
-    assert sum(ran.values()) >= 60, ran
+    assert sum(ran.values()) >= 80, ran  # 82 when this was written: a drop means generic tests stopped covering it
     assert not [f for f in COVERED_FILES if not ran[f]], ran
     reasons = [next(child for child in c if child.tag == "skipped").get("message", "")
                for c in cases if outcome[id(c)] == "skipped"]

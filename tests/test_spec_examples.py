@@ -46,3 +46,15 @@ def test_prose_without_markers_is_reported(tmp_path):
     text = (SPEC_DIR / "fp8_indexer.md").read_text()
     (tmp_path / "fp8_indexer.md").write_text(text.replace(BEGIN, "").replace(END, ""))
     assert [p for p in check_examples(tmp_path) if "no generated worked example" in p]
+
+
+def test_spec_write_adds_the_marker_lines_a_new_prose_lacks(tmp_path):
+    """A new format's prose has no markers yet: ``spec --write`` appends a worked-example section
+    with them and fills its table, after which the check passes and a second write changes nothing."""
+    page = tmp_path / "fp8_indexer.md"
+    page.write_text("# `fp8_indexer`\n\nProse without a worked example.\n")
+    assert write_examples(tmp_path) == [page]
+    text = page.read_text()
+    assert text.startswith("# `fp8_indexer`\n\nProse without a worked example.\n\n## Worked example")
+    assert text.count(BEGIN) == 1 and text.count(END) == 1 and "| parameters | slot |" in text
+    assert check_examples(tmp_path) == [] and write_examples(tmp_path) == []
