@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import re
 import sys
+import textwrap
+
+USAGE = "usage: python3 -m benchmarks <name> [options]   (python3 -m benchmarks <name> --help: its options)"
 
 # name -> module: every script of the package with a main()
 BENCHMARKS = {
@@ -14,12 +18,21 @@ BENCHMARKS = {
 }
 
 
+def _summary(doc: str) -> str:
+    """A module docstring's first sentence as plain text (reST ``literals`` without their quotes)."""
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    sentence = re.split(r"(?<=\.)\s", first, maxsplit=1)[0]
+    return re.sub(r"`+([^`]*)`+", r"\1", sentence)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "--list"):
-        print(__doc__)
+        print(USAGE + "\n")
         for name, module in BENCHMARKS.items():
-            doc = (importlib.import_module(f"benchmarks.{module}").__doc__ or "").strip().splitlines()
-            print(f"  {name:<20} {doc[0] if doc else ''}")
+            summary = textwrap.wrap(_summary(importlib.import_module(f"benchmarks.{module}").__doc__ or ""), 76)
+            print(f"  {name:<20} {summary[0] if summary else ''}")
+            for line in summary[1:]:
+                print(" " * 23 + line)
         return 0 if argv else 2
     if argv[0] not in BENCHMARKS:
         print(f"unknown benchmark {argv[0]!r}; one of: {', '.join(BENCHMARKS)}", file=sys.stderr)

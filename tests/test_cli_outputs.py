@@ -130,3 +130,24 @@ def test_reference_cpu_unknown_format_is_one_line(capsys):
     assert bench_main(["reference_cpu", "--formats", "fp8_ds_mla", "nosuch"]) == 2
     cap = capsys.readouterr()
     assert cap.out == "" and cap.err.count("\n") == 1 and "unknown format 'nosuch'" in cap.err
+
+
+def test_benchmarks_help_is_plain_text(capsys):
+    """``python3 -m benchmarks --help`` lists every benchmark with its docstring's first sentence,
+    whole and without reST markup (it showed ``literals`` and lines cut mid-sentence)."""
+    from benchmarks.__main__ import BENCHMARKS
+    from benchmarks.__main__ import main as bench_main
+
+    assert bench_main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "`" not in out and out.startswith("usage: python3 -m benchmarks <name>")
+    for name in BENCHMARKS:
+        assert f"\n  {name} " in out
+    entries: list[str] = []
+    for line in out.split("\n\n", 1)[1].splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            entries.append(line)
+        elif entries:
+            entries[-1] += line
+    assert len(entries) == len(BENCHMARKS)
+    assert all(" ".join(e.split()).endswith(".") for e in entries), entries
