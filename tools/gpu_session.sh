@@ -9,6 +9,10 @@
 #   tools/gpu_session.sh all          # checks, then bench (alone on the GPU)
 #   tools/gpu_session.sh v41          # the V4.1 and nvfp4_ds_mla kernels: tests compiled, bandwidth, and the
 #                                     # released tokenspeed / vLLM writers compiled (carry .engines/released)
+#   tools/gpu_session.sh compat       # the tokenspeed drop-ins on CUDA: tests/compat against the seed's files
+#                                     # (carry .tokenspeed and .engines: .engines/ts-shims, and the released
+#                                     # wheels in .engines/cache/wheels for the tests that read them), the V4.1
+#                                     # model ops and the ape-halves save, compiled
 #
 # Logs go to $OUT (the device tool's folder) or ./gpu-logs; each part prints a short summary,
 # failures first, so a truncated console still shows what matters. Knobs (environment):
@@ -18,8 +22,8 @@
 # jobs): a hand-made `while pgrep -f NAME` loop also matches the shell running it and never ends.
 set -u
 case "${1:-all}" in
-  tests|bench|sanitize|fuzz|checks|all|v41) ;;
-  *) echo "usage: $0 tests|bench|sanitize|fuzz|checks|all|v41" >&2; exit 2 ;;
+  tests|bench|sanitize|fuzz|checks|all|v41|compat) ;;
+  *) echo "usage: $0 tests|bench|sanitize|fuzz|checks|all|v41|compat" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -78,6 +82,13 @@ v41() {
   fi
 }
 
+compat() {
+  TOKENSPEED_SRC=.tokenspeed TOKENSPEED_SHIMS=.engines/ts-shims KVFORMATS_TEST_CACHE=.engines/cache \
+    timeout "${TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-8}" -rfE --tb=line \
+    tests/compat tests/deepseek_v41 tests/kernels/test_dsv4_compress_kernels.py > "$LOG/compat_tests.log" 2>&1
+  echo "== compat tests (exit $?)"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOG/compat_tests.log" | tail -30
+}
+
 checks() {
   local sums
   sums=$(mktemp -d)
@@ -92,4 +103,5 @@ case "${1:-all}" in
   tests) tests ;; bench) bench ;; sanitize) sanitize ;; fuzz) fuzz ;; checks) checks ;;
   all) checks; bench ;;
   v41) v41 ;;
+  compat) compat ;;
 esac
