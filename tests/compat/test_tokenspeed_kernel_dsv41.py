@@ -179,10 +179,10 @@ def test_signatures_and_names_are_the_released_ones(released):
     _, root = released
     names, sigs = _released_api(root)
     assert set(sigs) == set(CODECS)
-    assert ts.__all__ == [n for n in names if n in CODECS] == list(CODECS)
-    # the model ops are future work: not stubbed
-    for name in ("swa_rope_scatter", "compressor_pool", "compressor_tail_scatter", "index_q_quantize"):
-        assert name in names and not hasattr(ts, name)
+    assert [n for n in names if n in CODECS] == list(CODECS)
+    # the model ops' own tests (test_tokenspeed_kernel_dsv41_rows.py, _compressor.py) check theirs
+    model_ops = ("index_q_quantize", "compressor_tail_scatter", "compressor_pool", "swa_rope_scatter")
+    assert ts.__all__ == [n for n in names if n in CODECS or n in model_ops]
     for name in CODECS:
         sig = inspect.signature(getattr(ts, name))
         got = [(p.name, p.kind, p.default, p.annotation) for p in sig.parameters.values()]

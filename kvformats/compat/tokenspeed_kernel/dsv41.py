@@ -78,7 +78,9 @@ from kvformats.layout import Layout
 from kvformats.codec.registry import get_format
 from kvformats.validation import check_slots
 
-__all__ = ["cache_pack", "cache_unpack", "cache_scatter", "cache_gather"]
+# the released __all__'s order of the names mirrored here
+__all__ = ["cache_pack", "cache_unpack", "cache_scatter", "cache_gather", "index_q_quantize",
+           "compressor_tail_scatter", "compressor_pool", "swa_rope_scatter"]
 
 PAGE_ROWS = 64  # rows of a page of tokenspeed's paged fields ([pages, 64, row_bytes])
 ROW_DTYPES = (torch.bfloat16, torch.float32)
@@ -318,3 +320,10 @@ def cache_gather(
     live = _live(slots.reshape(-1), cache.shape[0] * PAGE_ROWS)  # every live slot is inside the cache
     values = layout_of(spec.name, read=True).decode(cache_2d, live, check=False)
     return _rows_out(values, out, shape)
+
+
+# V4.1's model ops (kvformats.deepseek_v41) under tokenspeed's names; bound last, as those modules
+# read this one's helpers at call time
+from kvformats.compat.tokenspeed_kernel._dsv41_compressor import (  # noqa: E402
+    compressor_pool, compressor_tail_scatter)
+from kvformats.compat.tokenspeed_kernel._dsv41_rows import index_q_quantize, swa_rope_scatter  # noqa: E402
