@@ -4,13 +4,6 @@ wheel fetched at test time (tests/harness/released.py; skipped only when the pac
 be reached), its ``dsv41/__init__.py`` read with ``ast`` for the signatures, its ``triton.py``
 solutions run in one TRITON_INTERPRET=1 child process with the GPU's float conversions.
 
-The child is ``rel.run_tokenspeed_dsv41``'s (``rel._run_dsv41``) with one addition: the released
-``_compressor_pool`` calls ``libdevice.exp``, and the backend-neutral
-``triton.language.extra.libdevice`` the harness hands it is a set of placeholders under the
-interpreter (each returns None). The child maps it to ``tl.exp``, numpy's float32 exp there, as
-the interpreter maps ``tl.exp``. (Once the harness does this itself, ``run_released`` can be
-``rel.run_tokenspeed_dsv41``.)
-
 * signatures: names, kinds, defaults, annotations and return annotations of the two functions;
   both are in the released ``__all__``;
 * ``compressor_tail_scatter``: the whole tail after the call equals the released one bit for bit
@@ -30,9 +23,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -49,30 +39,6 @@ IE, TE, LE = kvf.InputError, kvf.InputTypeError, kvf.LayoutError
 ROOT = Path(__file__).resolve().parents[2]
 # documented bound where two exps differ: ULPS ulps of |c0 * w0| + |c1 * w1| (docs/reference/deepseek_v41.md)
 ULPS = 8
-
-LIBDEVICE_SHIM = """
-import sys
-import triton.language as tl
-from triton.language.extra import libdevice
-libdevice.exp = lambda x: tl.exp(x)  # the interpreter's exp (numpy's), as it runs tl.exp
-from tests.harness import released as rel
-rel._run_dsv41(sys.argv[1], sys.argv[2])
-"""
-
-
-def run_released(calls: list, files_dir: Path, workdir: Path) -> list[dict]:
-    """``rel.run_tokenspeed_dsv41`` with libdevice's exp answered in the child (module docstring)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    calls = [(name, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)) for name, args in calls]
-    torch.save({"calls": calls, "files": str(files_dir)}, workdir / "calls.pt")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    out = subprocess.run([sys.executable, "-c", LIBDEVICE_SHIM, str(workdir / "calls.pt"), str(workdir / "res.pt")],
-                         cwd=ROOT, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"the released compressor ops failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}")
-    return torch.load(workdir / "res.pt")
-
 
 # ----- inputs -------------------------------------------------------------------------------------
 def pool_args(seed: int, n: int = 12, pages: int = 4, *, norm=None, specials: bool = False, out: bool = False,
@@ -194,7 +160,8 @@ def released(tmp_path_factory):
     except rel.IndexUnreachable as err:  # the only reason to skip
         pytest.skip(f"tokenspeed-kernel 0.1.4 not fetched: {err}")
     plan = _plan()
-    results = run_released([call for _, call in plan], root, tmp_path_factory.mktemp("dsv41-compressor-run"))
+    results = rel.run_tokenspeed_dsv41([call for _, call in plan], root,
+                                       tmp_path_factory.mktemp("dsv41-compressor-run"))
     return {key: (call, res) for (key, call), res in zip(plan, results)}, root
 
 

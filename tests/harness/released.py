@@ -310,6 +310,10 @@ def load_tokenspeed_dsv41(files: dict[str, Path], interpret: bool = True) -> typ
     of Triton 3.8), stubs for the registry, platform and signature helpers (decorator and
     metadata only), and ``_same_device`` accepting CPU tensors."""
     triton, tl, libdevice = _triton_modules()
+    if interpret:
+        # the backend-neutral libdevice is placeholders under the interpreter (each returns None);
+        # its exp is the interpreter's tl.exp (numpy's float32 exp), as compressor_pool calls it
+        libdevice = types.SimpleNamespace(exp=lambda x: tl.exp(x))
 
     def register_kernel(*args, **kwargs):
         return lambda fn: fn
