@@ -76,6 +76,8 @@ import torch
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.layout import Layout
 from kvformats.codec.registry import get_format
+from kvformats.deepseek_v41.rows import fp8_row_scales
+from kvformats.numerics import codes as nx
 from kvformats.validation import check_slots
 
 # the released __all__'s order of the names mirrored here
@@ -219,10 +221,8 @@ def index_v4_rows(rows: torch.Tensor) -> torch.Tensor:
     two), values ``e4m3(clamp(fl32(x / scale), -448, 448))`` (round to nearest even), then the
     scale's four little-endian bytes. Finite rows only, as tokenspeed requires."""
     x = rows.float()
-    amax = x.abs().amax(dim=1)
-    scale = amax.clamp_min(1e-6) * (1.0 / 448.0)  # float32 ops: the scalars are taken as float32
-    codes = (x / scale.unsqueeze(1)).clamp_(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
-    return torch.cat([codes, scale.unsqueeze(1).view(torch.uint8)], dim=1)
+    scale = fp8_row_scales(x)  # the rule index_q_quantize's 'index_v4' queries use too
+    return torch.cat([nx.e4m3_quantize_by_scale(x, scale), scale.unsqueeze(1).view(torch.uint8)], dim=1)
 
 
 def _scatter_index_v4(rows: torch.Tensor, cache_2d: torch.Tensor, live: torch.Tensor) -> None:
