@@ -28,11 +28,11 @@ LAYERS = (
     ("numerics", ("kvformats.numerics",)),
     ("declaration", ("kvformats.layout",)),
     ("formats", ("kvformats.formats",)),
-    ("model constants", ("kvformats.dsv4_constants",)),  # what the model ops share with their kernels
+    ("model constants", ("kvformats.dsv4_constants", "kvformats.dsv41_constants")),  # what the model ops share with their kernels
     ("kernels", ("kvformats_kernels",)),
     ("codec", ("kvformats.codec",)),  # registry, dispatch, row I/O, paged ops, torch ops
     ("front", ("kvformats",)),
-    ("model ops", ("kvformats.deepseek_v4",)),
+    ("model ops", ("kvformats.deepseek_v4", "kvformats.deepseek_v41")),
     ("layer step", ("kvformats.dsv4_layer",)),  # the model ops' clients: layer-step reference, quality, inputs
     ("compat", ("kvformats.compat",)),  # other libraries' names over the model ops and the codec
     ("spec", ("kvformats.spec",)),  # spec JSON, golden vectors, generated docs

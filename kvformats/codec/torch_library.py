@@ -12,13 +12,22 @@ which bumps the version counters of mutated arguments).
 Rules the implementations keep (``custom_op`` enforced some of them): outputs never alias
 inputs, mutated arguments are declared ``Tensor(a!)`` in the schema, and the fake computes
 shapes, dtypes and strides only.
+
+``ModelOps`` defines the ops of a module of model operations (``kvformats.deepseek_v4.torch_ops``,
+``kvformats.deepseek_v41.torch_ops``) from a table of schemas that list the Python functions'
+parameters, and builds wrappers with the functions' signatures that go through them.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Callable
 
 import torch
+
+from kvformats.errors import InputTypeError, describe
+from kvformats.runtime import deferred
 
 NAMESPACE = "kvformats"
 
@@ -39,3 +48,132 @@ def shares_storage(t: torch.Tensor, others) -> bool:
     an implementation then returns a copy, as outputs never alias inputs nor each other."""
     ptr = t.untyped_storage().data_ptr()
     return any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == ptr for o in others)
+
+
+def rows(t: torch.Tensor) -> int:
+    """Rows of ``t`` (0 for a 0-dim tensor): sizes an ``out`` workspace before the function has
+    validated ``t``, which then reports the bad shape itself."""
+    return t.shape[0] if t.dim() else 0
+
+
+def arg_names(args: str) -> list[str]:
+    """The parameter names of a schema's argument list ``"Tensor x, float? scale, ..."``."""
+    return [a.split()[-1] for a in args.split(", ")]
+
+
+def fresh(t: torch.Tensor, inputs) -> torch.Tensor:
+    """``t`` contiguous and in storage of its own (custom-op outputs must not alias inputs)."""
+    t = t.contiguous()
+    return t.clone(memory_format=torch.contiguous_format) if shares_storage(t, inputs) else t
+
+
+def flat(result):
+    """A result with nested tuples as one flat tuple (a schema returns no nesting)."""
+    if isinstance(result, tuple):
+        return tuple(x for r in result for x in (flat(r) if isinstance(r, tuple) else (r,)))
+    return result
+
+
+# Python types a schema argument type takes from the wrappers (a bool is no int here: the op
+# would take True as 1 silently), and how an error names them.
+_PY_TYPES: dict[str, type | tuple[type, ...]] = {"Tensor": torch.Tensor, "int": int, "float": (int, float), "str": str}
+_TYPE_NAMES = {"Tensor": "a tensor", "int": "an int", "float": "a float", "str": "a string"}
+
+
+class ModelOps:
+    """The ``torch.library`` ops of one module of model operations (``kvformats.deepseek_v4``,
+    ``kvformats.deepseek_v41``) and wrappers with the Python functions' signatures.
+
+    ``schemas``: ``{name: (argument list, returns)}``; op ``kvformats::<prefix><name>`` takes the
+    parameters of ``module.<name>`` in definition order (checked here: a schema out of date with
+    its function fails at import). Its real implementation calls ``module.<name>`` (same
+    validation, errors and bytes); an op returning ``()`` writes in place, otherwise the nested
+    result is flattened and every output made contiguous and unaliased (``keep_layout``: names
+    whose outputs keep their documented strides). ``fakes[name]`` is the fake implementation.
+
+    ``workspaces[name](values)`` gives the ``out`` tensors the wrappers allocate where the caller
+    passes None (the op takes them as required ``Tensor(a!)``); ``results(name, arguments,
+    output)`` turns the op's output back into the function's return value.
+    """
+
+    def __init__(self, module, prefix: str, schemas: dict, fakes: dict, results: Callable, *,
+                 workspaces: dict | None = None, keep_layout=frozenset()):
+        self.module, self.prefix, self.schemas = module, prefix, schemas
+        self.results, self.workspaces, self.keep_layout = results, workspaces or {}, keep_layout
+        for name, (args, returns) in schemas.items():
+            define(prefix + name, f"({args}) -> {returns}", self._impl(name, arg_names(args)), fakes[name])
+        self.signatures = {name: self._signature(name) for name in schemas}
+        self.op_names = tuple(prefix + n for n in schemas)
+        self.wrappers = {name: self._wrapper(name) for name in schemas}
+
+    # ----- the real implementations: the public functions ----------------------------------------
+    def _impl(self, name: str, names: list[str]):
+        fn = getattr(self.module, name)
+        in_place = self.schemas[name][1] == "()"  # the result is the written arguments themselves
+        keep = name in self.keep_layout
+
+        def impl(*values):
+            result = fn(**dict(zip(names, values)))
+            if in_place:
+                return None
+            result = flat(result)
+            if keep:
+                return result
+            if not isinstance(result, tuple):
+                return fresh(result, values)
+            outs: list[torch.Tensor] = []  # nor may outputs alias each other (views of one buffer at T * H <= 1)
+            for r in result:
+                outs.append(fresh(r, (*values, *outs)))
+            return tuple(outs)
+
+        return impl
+
+    # ----- wrappers ------------------------------------------------------------------------------
+    def _signature(self, name: str):
+        fn, args = getattr(self.module, name), self.schemas[name][0]
+        fields = [a.rsplit(" ", 1) for a in args.split(", ")]  # [schema type, name]
+        params = inspect.signature(fn).parameters
+        if list(params) != [n for _, n in fields]:  # a programming error of this package, found at import
+            raise TypeError(f"schema of {self.prefix}{name} out of date with {fn.__qualname__}")
+        positional = [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+        defaults = {n: p.default for n, p in params.items() if p.default is not p.empty}
+        kinds = {n: (t.split("(")[0].rstrip("?"), t.endswith("?") or defaults.get(n, 0) is None) for t, n in fields}
+        return positional, defaults, kinds
+
+    def op_arguments(self, name: str, *args, **kwargs) -> dict:
+        """The arguments of op ``<prefix><name>`` (in schema order) for the call
+        ``module.<name>(*args, **kwargs)``: defaults filled in, scalar types checked, ``out``
+        workspaces allocated where None."""
+        positional, defaults, kinds = self.signatures[name]
+        if len(args) > len(positional) or any(k not in kinds for k in kwargs):
+            raise InputTypeError(f"{name}() takes {len(positional)} positional arguments and keywords {list(kinds)}")
+        values = {**defaults, **dict(zip(positional, args)), **kwargs}
+        for n, (kind, optional) in kinds.items():  # the op schema would reject these less helpfully
+            if n not in values:
+                raise InputTypeError(f"{name}() missing argument {n!r}")
+            v = values[n]
+            if n == "check":  # the schema's bool carries True / False; "strict" is applied around the call
+                if v is not True and v is not False and v != "strict":
+                    raise InputTypeError(f"check must be True, False or 'strict', got {describe(v)}")
+                values[n] = v is not False
+            elif kind == "bool":  # the Python functions take any truth value
+                values[n] = bool(v)
+            elif not (v is None and optional) and not (isinstance(v, _PY_TYPES[kind]) and not isinstance(v, bool)):
+                raise InputTypeError(f"{n} must be {_TYPE_NAMES[kind]}, got {describe(v)}")
+        if name in self.workspaces:
+            values.update({k: t for k, t in self.workspaces[name](values).items() if values[k] is None})
+        return {n: values[n] for n in kinds}
+
+    def _wrapper(self, name: str):
+        op = getattr(getattr(torch.ops, NAMESPACE), self.prefix + name).default
+        results, op_arguments = self.results, self.op_arguments
+
+        @functools.wraps(getattr(self.module, name))
+        def call(*args, **kwargs):
+            arguments = op_arguments(name, *args, **kwargs)
+            if kwargs.get("check") == "strict":  # a bool in the schema: strict mode around the call instead
+                with deferred.strict_checks():
+                    return results(name, arguments, op(*arguments.values()))
+            return results(name, arguments, op(*arguments.values()))
+
+        return call

@@ -8,7 +8,8 @@
 Op ``kvformats::dsv4_<op>`` for each ``op`` in ``kvformats.deepseek_v4.MODEL_OPS``; its schema lists the
 Python function's parameters in definition order (positional, then keyword-only, same names), so
 every argument is positional at the op level. The real implementation calls the public function:
-same validation, same typed errors, same bytes. Conventions (as ``kvformats.codec.torch_ops``):
+same validation, same typed errors, same bytes (the ops and wrappers are built by
+``kvformats.codec.torch_library.ModelOps``). Conventions (as ``kvformats.codec.torch_ops``):
 
 * caches and ``q`` written in place are declared mutated (``Tensor(a!)``) and the op returns
   ``()``; so do the index helpers with ``out=`` workspaces, whose ``out`` arguments are required
@@ -30,16 +31,12 @@ without dispatch: torch.compile traces them directly, so they have no op.
 
 from __future__ import annotations
 
-import functools
-import inspect
-
 import torch
 
 from kvformats import deepseek_v4 as dsv4
-from kvformats.codec.torch_library import NAMESPACE, define, shares_storage
+from kvformats.codec.torch_library import NAMESPACE, ModelOps, rows
 from kvformats.deepseek_v4.indices import ALIGN, round_up
-from kvformats.errors import InputError, InputTypeError, describe
-from kvformats.runtime import deferred
+from kvformats.errors import InputError
 
 PREFIX = "dsv4_"
 
@@ -140,104 +137,16 @@ FAKES = {
 }
 
 
-# ----- real implementations: the public functions ---------------------------------------------------
-def _arg_names(args: str) -> list[str]:
-    return [a.split()[-1] for a in args.split(", ")]
-
-
-def _fresh(t: torch.Tensor, inputs) -> torch.Tensor:
-    """``t`` contiguous and in storage of its own (custom-op outputs must not alias inputs)."""
-    t = t.contiguous()
-    return t.clone(memory_format=torch.contiguous_format) if shares_storage(t, inputs) else t
-
-
-def _flat(result):
-    if isinstance(result, tuple):
-        return tuple(x for r in result for x in (_flat(r) if isinstance(r, tuple) else (r,)))
-    return result
-
-
-def _impl(name: str, names: list[str]):
-    fn = getattr(dsv4, name)
-
-    def impl(*values):
-        result = fn(**dict(zip(names, values)))
-        if SCHEMAS[name][1] == "()":  # the result is q / the out workspaces themselves
-            return None
-        result = _flat(result)
-        if name in KEEP_LAYOUT:
-            return result
-        if not isinstance(result, tuple):
-            return _fresh(result, values)
-        outs: list[torch.Tensor] = []  # nor may outputs alias each other (views of one buffer at T * H <= 1)
-        for r in result:
-            outs.append(_fresh(r, (*values, *outs)))
-        return tuple(outs)
-
-    return impl
-
-
-for _name, (_args, _returns) in SCHEMAS.items():
-    define(PREFIX + _name, f"({_args}) -> {_returns}", _impl(_name, _arg_names(_args)), FAKES[_name])
-
-
 # ----- wrappers with the signatures of kvformats.deepseek_v4 ---------------------------------------
-_PY_TYPES: dict[str, type | tuple[type, ...]] = {"Tensor": torch.Tensor, "int": int, "float": (int, float), "str": str}
-_TYPE_NAMES = {"Tensor": "a tensor", "int": "an int", "float": "a float", "str": "a string"}
-
-
-def _rows(t: torch.Tensor) -> int:
-    return t.shape[0] if t.dim() else 0
-
-
 WORKSPACES = {  # out= arguments the wrappers allocate when None (exactly the size of the result)
     "compressed_slot_mapping": lambda v: dict(
         out=v["block_table"].new_empty(max(v["num_tokens"], 0), dtype=torch.int64)),
     "decode_swa_indices_and_lens": lambda v: dict(
-        out_indices=_i32(v["req_indices"], _rows(v["req_indices"]), max(v["window_size"], 0)),
-        out_lens=_i32(v["req_indices"], _rows(v["req_indices"]))),
+        out_indices=_i32(v["req_indices"], rows(v["req_indices"]), max(v["window_size"], 0)),
+        out_lens=_i32(v["req_indices"], rows(v["req_indices"]))),
     "dense_prefill_local_compressed_indices": lambda v: dict(
-        out=_i32(v["positions"], _rows(v["positions"]), max(v["width"], 0))),
+        out=_i32(v["positions"], rows(v["positions"]), max(v["width"], 0))),
 }
-
-
-def _signature(name: str):
-    fn, args = getattr(dsv4, name), SCHEMAS[name][0]
-    fields = [a.rsplit(" ", 1) for a in args.split(", ")]  # [schema type, name]
-    params = inspect.signature(fn).parameters
-    assert list(params) == [n for _, n in fields], f"schema of {name} out of date with {fn.__qualname__}"
-    positional = [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
-    defaults = {n: p.default for n, p in params.items() if p.default is not p.empty}
-    kinds = {n: (t.split("(")[0].rstrip("?"), t.endswith("?") or defaults.get(n, 0) is None) for t, n in fields}
-    return positional, defaults, kinds
-
-
-_SIGNATURES = {name: _signature(name) for name in SCHEMAS}
-
-
-def op_arguments(name: str, *args, **kwargs) -> dict:
-    """The arguments of ``torch.ops.kvformats.dsv4_<name>`` (in schema order) for the call
-    ``kvformats.deepseek_v4.<name>(*args, **kwargs)``: defaults filled in, scalar types checked,
-    ``out`` workspaces allocated where None."""
-    positional, defaults, kinds = _SIGNATURES[name]
-    if len(args) > len(positional) or any(k not in kinds for k in kwargs):
-        raise InputTypeError(f"{name}() takes {len(positional)} positional arguments and keywords {list(kinds)}")
-    values = {**defaults, **dict(zip(positional, args)), **kwargs}
-    for n, (kind, optional) in kinds.items():  # the op schema would reject these less helpfully
-        if n not in values:
-            raise InputTypeError(f"{name}() missing argument {n!r}")
-        v = values[n]
-        if n == "check":  # the schema's bool carries True / False; "strict" is applied around the call
-            if v is not True and v is not False and v != "strict":
-                raise InputTypeError(f"check must be True, False or 'strict', got {describe(v)}")
-            values[n] = v is not False
-        elif kind == "bool":  # the Python functions take any truth value
-            values[n] = bool(v)
-        elif not (v is None and optional) and not (isinstance(v, _PY_TYPES[kind]) and not isinstance(v, bool)):
-            raise InputTypeError(f"{n} must be {_TYPE_NAMES[kind]}, got {describe(v)}")
-    if name in WORKSPACES:
-        values.update({k: t for k, t in WORKSPACES[name](values).items() if values[k] is None})
-    return {n: values[n] for n in kinds}
 
 
 def results(name: str, arguments: dict, output):
@@ -258,21 +167,18 @@ def results(name: str, arguments: dict, output):
     return output
 
 
-def _wrapper(name: str):
-    op = getattr(getattr(torch.ops, NAMESPACE), PREFIX + name).default
-
-    @functools.wraps(getattr(dsv4, name))
-    def call(*args, **kwargs):
-        arguments = op_arguments(name, *args, **kwargs)
-        if kwargs.get("check") == "strict":  # a bool in the schema: strict mode around the call instead
-            with deferred.strict_checks():
-                return results(name, arguments, op(*arguments.values()))
-        return results(name, arguments, op(*arguments.values()))
-
-    return call
+# Defines the ops (real implementations: the public functions) and builds the wrappers.
+_OPS = ModelOps(dsv4, PREFIX, SCHEMAS, FAKES, results, workspaces=WORKSPACES, keep_layout=KEEP_LAYOUT)
 
 
-WRAPPERS = {_name: _wrapper(_name) for _name in SCHEMAS}
+def op_arguments(name: str, *args, **kwargs) -> dict:
+    """The arguments of ``torch.ops.kvformats.dsv4_<name>`` (in schema order) for the call
+    ``kvformats.deepseek_v4.<name>(*args, **kwargs)``: defaults filled in, scalar types checked,
+    ``out`` workspaces allocated where None."""
+    return _OPS.op_arguments(name, *args, **kwargs)
+
+
+WRAPPERS = _OPS.wrappers
 globals().update(WRAPPERS)
 
 
@@ -290,6 +196,6 @@ def _fixed_ratio(label: str, fixed: int):
 
 csa_compress_kv_insert = _fixed_ratio("CSA", 4)
 hca_compress_kv_insert = _fixed_ratio("HCA", 128)
-TORCH_OP_NAMES = tuple(PREFIX + n for n in SCHEMAS)
+TORCH_OP_NAMES = _OPS.op_names
 __all__ = ["NAMESPACE", "SCHEMAS", "TORCH_OP_NAMES", "op_arguments", "results", *SCHEMAS, "csa_compress_kv_insert",
            "hca_compress_kv_insert"]

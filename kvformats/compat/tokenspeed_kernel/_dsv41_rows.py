@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import torch
 
+from kvformats.compat.tokenspeed_kernel import _dsv41_fields as _ts
 from kvformats.deepseek_v41 import rows as _ops
 from kvformats.errors import InputError, InputTypeError, describe
 
@@ -105,6 +106,3 @@ def index_q_quantize(
     return _ops.index_q_quantize(q, fmt=fmt, out=out)
 
 
-# dsv41 re-exports this module's names, so its helpers are bound after the definitions above (and
-# read at call time): either module may be imported first.
-from kvformats.compat.tokenspeed_kernel import dsv41 as _ts  # noqa: E402
