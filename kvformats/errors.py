@@ -108,3 +108,24 @@ def describe(t: object) -> str:
     if isinstance(t, torch.Tensor):
         return f"{t.dtype} tensor of shape {tuple(t.shape)} on {t.device}"
     return f"{type(t).__name__} {t!r}"
+
+
+def memory_problem(t) -> str | None:
+    """Why a kernel cannot take tensor ``t``'s memory as its values, as the end of a sentence
+    that names the argument ("x is a sparse_coo tensor ..."), or None when it can. Kernels read
+    and write a strided tensor's memory as it lies: a sparse (or mkldnn) tensor has no such
+    memory, and a view with the conjugate or negative bit set (``x.conj()``, ``x.conj().imag``)
+    holds its values unconjugated or unnegated, the bit being applied lazily by torch, so a
+    kernel would silently read (or write) the other values."""
+    import torch
+
+    if t.layout != torch.strided:
+        return (f"is a {str(t.layout).replace('torch.', '')} tensor ({describe(t)}); kvformats ops take strided "
+                f"(dense) tensors: pass .to_dense()")
+    if t.is_conj():
+        return (f"is a view with the conjugate bit set ({describe(t)}): its memory holds the values "
+                f"unconjugated; pass .resolve_conj()")
+    if t.is_neg():
+        return (f"is a view with the negative bit set ({describe(t)}, e.g. the .imag of a conjugated complex "
+                f"tensor): its memory holds the values unnegated; pass .resolve_neg()")
+    return None

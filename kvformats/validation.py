@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.errors import InputError, InputTypeError, LayoutError, describe
+from kvformats.errors import InputError, InputTypeError, LayoutError, describe, memory_problem
 from kvformats.runtime import deferred
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
+_STRIDED = torch.strided
 
 
 def _names(dtypes) -> str:
@@ -40,15 +41,25 @@ def _shape_fits(got, shape: tuple) -> bool:
     return True
 
 
+def check_memory(name: str, t: torch.Tensor) -> None:
+    """InputTypeError unless a kernel can take ``t``'s memory as its values: a strided tensor
+    without the conjugate or negative bit (``kvformats.errors.memory_problem``)."""
+    if t.layout is not _STRIDED or t.is_neg() or t.is_conj():
+        raise InputTypeError(f"{name} {memory_problem(t)}")
+
+
 def check_tensor(name: str, t, *, dtypes, shape: tuple, device: torch.device | None = None) -> None:
-    """``t`` is a tensor of one of ``dtypes`` with ``shape`` (None = any size) on ``device``."""
+    """``t`` is a strided tensor (no conjugate or negative bit: ``check_memory``) of one of
+    ``dtypes`` with ``shape`` (None = any size) on ``device``."""
     # One boolean chain for the common case, then the failing test named (every op runs this on
-    # each argument, so it is part of every eager call's host cost).
-    if (isinstance(t, torch.Tensor) and t.dtype in dtypes and _shape_fits(t.shape, shape)
-            and (device is None or t.device == device)):
+    # each argument, so it is part of every eager call's host cost). The conjugate bit needs no
+    # test here: only a complex tensor carries it, and no op takes a complex dtype.
+    if (isinstance(t, torch.Tensor) and t.dtype in dtypes and t.layout is _STRIDED and not t.is_neg()
+            and _shape_fits(t.shape, shape) and (device is None or t.device == device)):
         return
     if not isinstance(t, torch.Tensor):
         raise InputTypeError(f"{name} must be a torch.Tensor, got {describe(t)}")
+    check_memory(name, t)  # before the shape: a sparse CSR tensor has no strides to read
     if t.dtype not in dtypes:
         raise InputTypeError(f"{name} must have dtype {_names(dtypes)}, got {describe(t)}")
     if not _shape_fits(t.shape, shape):
@@ -112,11 +123,15 @@ def _cache_fits(layout, cache) -> bool:
 
 
 def check_cache(layout, cache) -> None:
-    """The cache fits the layout: container dtype and rank, page width, contiguous rows."""
-    if isinstance(cache, torch.Tensor) and _cache_fits(layout, cache):
+    """The cache fits the layout: a strided tensor (``check_memory``) of the container dtype and
+    rank, page width, contiguous rows."""
+    # the layout first: a sparse CSR tensor has no strides for _cache_fits to read
+    if isinstance(cache, torch.Tensor) and cache.layout is _STRIDED and not cache.is_neg() \
+            and _cache_fits(layout, cache):
         return  # else the checks below, in order, name what is wrong
     if not isinstance(cache, torch.Tensor):
         raise InputTypeError(f"cache must be a torch.Tensor, got {describe(cache)}")
+    check_memory("cache", cache)
     page_shape = layout.page_shape
     if cache.dtype != layout.container_dtype or cache.dim() != 1 + len(page_shape):
         raise InputTypeError(f"{layout.name} cache must be a {layout.container_dtype} tensor "

@@ -275,3 +275,54 @@ def test_a_closed_pipe_ends_quietly_in_a_real_process(tmp_path):
         os.close(write_end)
     assert proc.returncode == 141
     assert proc.stderr == ""
+
+
+@pytest.fixture
+def demo_never_runs(monkeypatch):
+    import kvformats.cli.demo as demo
+
+    monkeypatch.setattr(demo, "run_demo", lambda **kw: pytest.fail("the demo ran"))
+
+
+def _usage_line(code, out, err, *words):
+    assert code == 2 and out == "" and err.startswith("kvformats: error:") and err.count("\n") == 1, out + err
+    for w in words:
+        assert w in err, err
+
+
+def test_demo_refuses_more_rows_than_the_memory_here(capsys, demo_never_runs):
+    """Issue 44 item 13: ``--rows 100000000`` (about 11 TB) went on to allocate until the
+    allocator or the machine gave out."""
+    code, out, err = run(capsys, "demo", "--rows", "100000000", "--device", "cpu")
+    _usage_line(code, out, err, "--rows 100000000", "cpu memory", "fewer --rows")
+
+
+def test_demo_sizes_its_run_against_the_memory_available(capsys, demo_never_runs, monkeypatch):
+    import kvformats.cli.args as args
+    from kvformats.cli.demo import memory_needed
+
+    assert 0 < memory_needed(64) < memory_needed(4096) < 2 << 30  # the default run: under 2 GiB
+    monkeypatch.setattr(args, "available_memory", lambda device="cpu": memory_needed(64) - 1)
+    code, out, err = run(capsys, "demo", "--rows", "64", "--device", "cpu")
+    _usage_line(code, out, err, "available here")
+
+
+def test_demo_says_an_allocator_refusal_in_one_line(capsys, monkeypatch):
+    import torch
+
+    import kvformats.cli.demo as demo
+
+    def refuse(**kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 TiB")
+
+    monkeypatch.setattr(demo, "run_demo", refuse)
+    code, out, err = run(capsys, "demo", "--rows", "64", "--device", "cpu")
+    _usage_line(code, out, err, "ran out of cpu memory")
+
+
+def test_demo_refuses_an_empty_save_name(capsys, tmp_path, monkeypatch, demo_never_runs):
+    """``--save ''`` ran the demo, wrote nothing and exited 0 without saying so."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "demo", "--rows", "64", "--device", "cpu", "--save", "")
+    _usage_line(code, out, err, "--save", "empty")
+    assert list(tmp_path.iterdir()) == []

@@ -51,3 +51,55 @@ def test_quality_usage_errors(capsys, tmp_path):
 
 def test_recall_counts_overlap():
     assert recall(torch.tensor([[1, 2, -1]]), torch.tensor([[2, 3, -1]])) == 0.5
+
+
+def _one_line(rc, cap, *words):
+    assert rc == 2 and cap.out == "" and cap.err.startswith("kvformats: error:") and cap.err.count("\n") == 1, cap
+    for w in words:
+        assert w in cap.err, cap.err
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """The report and its inputs fail the test if they are reached (and allocate nothing)."""
+    import kvformats.dsv4_layer.quality as quality
+    import kvformats.dsv4_layer.synthetic as synthetic
+
+    monkeypatch.setattr(synthetic, "activations", lambda *a, **k: pytest.fail("the activations were drawn"))
+    monkeypatch.setattr(quality, "report", lambda *a, **k: pytest.fail("the report ran"))
+
+
+@pytest.mark.parametrize("seed", ["99999999999999999999999", str(-(1 << 63) - 1), str(1 << 64)])
+def test_quality_refuses_a_seed_torch_cannot_take(capsys, nothing_runs, seed):
+    """Issue 44 item 13: a seed beyond 64 bits was a traceback from torch's generator."""
+    rc, cap = _run(["quality", "--tiny", "--seed", seed], capsys)
+    _one_line(rc, cap, "--seed", seed)
+
+
+def test_quality_refuses_a_run_larger_than_the_memory_here(capsys, nothing_runs):
+    """``--requests 100000`` (about 20 TB) went on to allocate until the allocator or the machine gave out."""
+    rc, cap = _run(["quality", "--requests", "100000"], capsys)
+    _one_line(rc, cap, "100000 requests", "memory", "--requests")
+
+
+def test_quality_sizes_its_run_against_the_memory_available(capsys, nothing_runs, monkeypatch):
+    import kvformats.cli.args as args
+
+    monkeypatch.setattr(args, "available_memory", lambda device="cpu": 64 << 20)  # 64 MiB left
+    rc, cap = _run(["quality", "--tiny"], capsys)
+    _one_line(rc, cap, "0.1 GiB available", "cpu memory")
+
+
+def test_quality_says_an_allocator_refusal_in_one_line(capsys, monkeypatch):
+    import kvformats.dsv4_layer.quality as quality
+
+    def refuse(*a, **k):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 4503599627370496 bytes.")
+
+    monkeypatch.setattr(quality, "report", refuse)
+    rc, cap = _run(["quality", "--tiny"], capsys)
+    _one_line(rc, cap, "ran out of memory")
+    monkeypatch.setattr(quality, "report", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("another failure")))
+    with pytest.raises(RuntimeError, match="another failure"):  # any other error is not disguised
+        main(["quality", "--tiny"])

@@ -167,3 +167,39 @@ def test_every_key_of_the_kernel_table_is_one_the_registry_reads():
         assert (kernels_dsv4.FAMILY, op) not in registry._OPS  # not in the formats' key space
     assert registry.library_kernel("transfer", "page_checksums") is table[(registry.LIBRARY, "transfer",
                                                                              "page_checksums")]
+
+
+@pytest.mark.parametrize("name", ["../escaped", "a/b", "Upper", "dash-ed", "dot.ted", "", " spaced", "line\n",
+                                  "ünï", "..", None, 7])
+def test_a_format_name_that_could_leave_the_spec_folder_is_refused(name):
+    """Issue 44 item 12: ``spec --write`` and ``docs --write`` build file names from a format's
+    name, so a format named "../escaped" wrote outside the spec folder."""
+    import attrs
+
+    @attrs.frozen
+    class Named:
+        pass
+
+    Named.name = name  # a class attribute, as a layout's name is
+    before = kvf.list_formats()
+    try:
+        with pytest.raises(kvf.LayoutError, match=r"\[a-z0-9_\]\+"):
+            registry.register_format(Named)
+        assert kvf.list_formats() == before
+    finally:
+        if isinstance(name, str) and name in registry._FORMATS:  # registered after all: undone
+            registry.unregister_format(name)
+
+
+def test_a_plain_format_name_registers():
+    import attrs
+
+    @registry.register_format
+    @attrs.frozen
+    class Plain:
+        name = "plain_rows_2"
+
+    try:
+        assert "plain_rows_2" in kvf.list_formats()
+    finally:
+        registry.unregister_format("plain_rows_2")

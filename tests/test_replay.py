@@ -8,6 +8,7 @@ tests compare a replayed call's bytes with the reference (tests/kernels/test_rep
 from __future__ import annotations
 
 import functools
+import threading
 import types
 
 import pytest
@@ -16,13 +17,13 @@ import torch
 pytest.importorskip("triton")
 
 import kvformats as kvf  # noqa: E402
-from kvformats.codec import slot_ops  # noqa: E402
+from kvformats.codec import registry, slot_ops  # noqa: E402
 from kvformats.errors import InputError, InputTypeError  # noqa: E402
 from kvformats.runtime import replay, replay_plan  # noqa: E402
 from tests.harness.calls import public_calls  # noqa: E402
 from tests.harness.capabilities import require  # noqa: E402
 from tests.harness.launch_stub import Address  # noqa: E402
-from replay_fuzz import normalized, stub_with_replay  # noqa: E402  (tests/, as conftest's folder)
+from replay_fuzz import addresses, normalized, stub_with_replay  # noqa: E402  (tests/, as conftest's folder)
 
 NAMES = sorted(public_calls("meta", 64))
 
@@ -195,6 +196,76 @@ def test_launch_hooks_and_the_switch_turn_replay_off(stub, monkeypatch):
     replay.ENABLED[0] = False
     lay.decode(cache, slots)
     assert used == [1]
+
+
+def _change_during_the_recording(monkeypatch, change) -> list:
+    """Make the next recorded launch run ``change`` in another thread first (joined there): a
+    deterministic interleaving of a change from another thread with a recording under way."""
+    real = replay_plan.Recording.launch
+    done: list = []
+
+    def launch(self, *args):
+        if not done:
+            other = threading.Thread(target=change)
+            other.start()
+            other.join()
+            done.append(True)
+        return real(self, *args)
+
+    monkeypatch.setattr(replay_plan.Recording, "launch", launch)
+    return done
+
+
+def _launches(stub, fn, enabled: bool) -> list:
+    replay.ENABLED[0] = enabled
+    stub.clear()
+    fn()
+    replay.ENABLED[0] = True
+    return list(stub)
+
+
+def test_a_settings_change_during_a_recording_drops_its_plan(stub, launch_settings, monkeypatch):
+    """Issue 44 item 9: the settings' change emptied the plan tables while a call was being
+    recorded; the recording then stored a plan of the old settings, replayed by every later call."""
+    lay, cache, x, slots = _codec()
+    call = lambda: lay.encode(x, cache, slots)  # noqa: E731
+    call()  # counted: the next call of these metadata is recorded
+    # without the small-call overrides, the indexer encode takes another block of rows (its grid)
+    done = _change_during_the_recording(monkeypatch, lambda: launch_settings("bounds", "small_rows", 0))
+    call()
+    monkeypatch.undo()
+    assert done
+    assert not any(isinstance(p, replay_plan.Plan) for p in slot_ops.encode.__wrapped_plans__.values())
+    want = _launches(stub, call, enabled=False)
+    for _ in range(3):  # counted, recorded (under the new settings), replayed
+        got = _launches(stub, call, enabled=True)
+        at = addresses(got, want)
+        assert normalized(got, [x, cache, slots], at) == normalized(want, [x, cache, slots], at)
+
+
+def test_an_implementation_registered_during_a_recording_drops_its_plan(stub, monkeypatch):
+    """The registry's changes drop the plans the same way: a plan recorded while another thread
+    registers a new implementation would replay the launches of the one it replaced."""
+    lay, cache, x, slots = _codec()
+    call = lambda: lay.encode(x, cache, slots)  # noqa: E731
+    key = (lay.name, "encode")
+    kernel = registry._OPS[key]["triton"]
+    call()
+    # the new "triton" encode: the reference (torch operations, no kernel launch: never recorded)
+    done = _change_during_the_recording(
+        monkeypatch, lambda: registry.register_op(lay.name, "encode", "triton")(slot_ops.encode_reference))
+    try:
+        call()
+        monkeypatch.undo()
+        assert done
+        assert not any(isinstance(p, replay_plan.Plan) for p in slot_ops.encode.__wrapped_plans__.values())
+        for _ in range(3):
+            assert _launches(stub, call, enabled=True) == []  # the reference launches nothing
+    finally:
+        registry._OPS[key]["triton"] = kernel
+        registry._KERNEL_FNS.discard(slot_ops.encode_reference)
+        registry._RESOLVED.clear()
+        replay.clear()
 
 
 CUDA = torch.cuda.is_available()

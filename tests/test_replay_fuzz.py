@@ -7,16 +7,32 @@ grids, scalars by their bits, each input address), as must its result and its er
 Runs on a CPU through the stand-in launcher (tests.harness.launch_stub). Each of the fixes it
 holds in place was checked to make it fail when reverted (the closing note of issue 34 lists
 them): argument aliasing in the key, floats keyed by their bits, launch settings dropping the
-plans, and the refusal of kernels launched outside kvformats_kernels.launch.
+plans, and the refusal of kernels launched outside kvformats_kernels.launch. A launch setting
+that moves the launches of one of a program's ops is changed after a plan of it exists (issue 44
+item 10: with random changes alone, about 1 program in 25 caught a revert of ``settings.change``'s
+``replay.clear()``, so a fixed set of programs could let it through; now every program with an
+op other than the canary does).
+
+The ci profile is derandomized: CI explores the same programs on every run. .ci/run adds a run
+from a fresh seed, time-boxed (``test_programs_from_a_fresh_seed``; it prints its seed):
+
+    KVFORMATS_REPLAY_FUZZ_SECONDS=30 [KVFORMATS_REPLAY_FUZZ_SEED=N] python3 -m pytest -n 0 \
+        tests/test_replay_fuzz.py -k fresh_seed
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import random
+import secrets
+import sys
 import threading
+import time
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("triton")
@@ -37,17 +53,59 @@ from kvformats_kernels import triton_abi  # noqa: E402
 from kvformats_kernels.launch import fast  # noqa: E402
 
 NAMES = sorted(base_calls(8, False, True, 0))
-# (table, key, values): changes a step may make; each changes some launches of the calls drawn
+
+
+def _other(table: str, key, **entries) -> tuple:
+    """A change of entry ``key`` of ``table`` between its value as declared and that value with
+    ``entries`` replaced."""
+    declared = dict(ks.SETTINGS.tables[table][key])
+    return table, key, (declared, {**declared, **entries})
+
+
+# (table, key, values): changes a step may make, each moving some launches of the calls drawn
+# (moving_changes finds which); every op of NAMES has one that moves its launches at 4 and 12 rows
 CHANGES = [("bounds", "few_rows", (0, 128)), ("bounds", "small_rows", (0, 512)),
            ("small", ("fp8_ds_mla", "encode"), ({"block_m": 1, "num_warps": 1}, {"block_m": 4, "num_warps": 2})),
            ("compress_bounds", "one_token_max_t", (0, 2048)), ("swa", "block_kv", (8, 2)),
            ("indices", "table_slot_mapping", ({"block": 512, "num_warps": 4}, {"block": 64, "num_warps": 1})),
            ("query", "indexer_q", ({"block_h": 32, "num_warps": 1, "lane_load": 1, "lane_store": 0, "maxnreg": 160},
-                                   {"block_h": 8, "num_warps": 1, "lane_load": 0, "lane_store": 0, "maxnreg": 0}))]
+                                   {"block_h": 8, "num_warps": 1, "lane_load": 0, "lane_store": 0, "maxnreg": 0})),
+           ("compress_bounds", "split_max_t", (2048, 0)), ("swa", "block_h", (8, 4)),
+           *(_other("v41", key, block_m=2) for key in ("encode", "encode_lanes", "decode", "paged")),
+           *(_other("nvfp4", key, block_m=2) for key in ("encode", "decode", "paged")),
+           _other("config", ("gather", "paged"), tile_bytes=1024),
+           _other("config", ("fp8_ds_mla", "paged"), block_m=2), _other("config", ("indexer", "paged"), block_m=2),
+           _other("indices", "compressed_slot_mapping", block=64, num_warps=1),
+           *(_other("indices", key, few_rows=0) for key in (
+               "global_topk_indices_and_lens", "combine_topk_swa_indices", "combine_dense_swa_indices",
+               "decode_swa_indices_and_lens", "dense_prefill_local_compressed_indices")),
+           _other("query", "inv_rope", lanes=4), _other("query", "hadamard", num_warps=2)]
 
 
 def fresh_stub():
     return stub_with_replay(name for name, _, _ in CHANGES)
+
+
+@functools.lru_cache(maxsize=4096)
+def moving_changes(name: str, config: tuple) -> tuple[int, ...]:
+    """Indices of the CHANGES whose two values give the full path of ``name``'s variant
+    ``config`` (``_call``'s items) other launches: kernels, grids or scalars (the declared
+    settings otherwise)."""
+    fn = _call(name, dict(config))
+    inputs = tensors_of(fn)
+    moving = []
+    with fresh_stub() as log:
+        for i, (table, key, values) in enumerate(CHANGES):
+            saved = ks.snapshot(table)
+            launches = []
+            for value in values:
+                ks.change(table, key, value)
+                got = outcome(fn, log, enabled=False)[0]
+                launches.append(normalized(got, inputs, addresses(got)))
+            ks.restore(table, saved)
+            if launches[0] != launches[1]:
+                moving.append(i)
+    return tuple(moving)
 
 
 @pytest.fixture
@@ -117,8 +175,13 @@ def programs(draw):
     base variant and, per field that matters to it, one with that field flipped (other tensors,
     storage offset, one tensor for two arguments, signed zero, index or row dtype); each flipped
     variant is called after a plan of the base exists and the base after a plan of the flipped
-    one, so a key that misses the field replays the wrong plan. Random steps follow."""
-    names = draw(st.lists(st.sampled_from(["canary"] + NAMES), min_size=1, max_size=2, unique=True))
+    one, so a key that misses the field replays the wrong plan. Then, for an op whose launches a
+    launch setting of CHANGES moves (``moving_changes``), that setting is changed after a plan
+    exists and changed back after a plan of the new value exists, a call following each: a
+    change that leaves the plans in place replays the other setting's launches. Random steps
+    follow."""
+    # the canary last: hypothesis draws the first entry most, and the canary has no launch settings
+    names = draw(st.lists(st.sampled_from(NAMES + ["canary"]), min_size=1, max_size=2, unique=True))
     variants, steps = [], []
     for name in names:
         # two sizes of decode step; the launch-setting changes of "bounds" move either across the
@@ -135,6 +198,15 @@ def programs(draw):
             flipped = len(variants) - 1
             steps += [("clear",), ("call", first), ("call", first), ("call", flipped),
                       ("clear",), ("call", flipped), ("call", flipped), ("call", first)]
+        # strict checks never replay: this part calls the op in a replaying mode
+        replaying = dict(base, check=True if base["check"] == "strict" else base["check"])
+        moving = moving_changes(name, tuple(replaying.items())) if name != "canary" else ()
+        if moving:
+            checked = len(variants)
+            variants.append((name, replaying))
+            change = ("set", *CHANGES[draw(st.sampled_from(moving))])
+            steps += [("clear",), ("call", checked), ("call", checked), change, ("call", checked),
+                      ("call", checked), change, ("call", checked)]
     for _ in range(draw(st.integers(2, 10))):
         if draw(st.integers(0, 3)) == 0:
             steps.append(("set", *draw(st.sampled_from(CHANGES))))
@@ -153,9 +225,7 @@ def _check(fn, log):
     assert shape_of(got_result, inputs) == shape_of(want_result, inputs)
 
 
-@settings(max_examples=100)
-@given(program=programs())
-def test_a_replayed_call_launches_exactly_what_its_full_path_launches(program):
+def run_program(program) -> None:
     variants, steps = program
     calls = [_call(name, cfg) for name, cfg in variants]
     with fresh_stub() as log:
@@ -168,6 +238,43 @@ def test_a_replayed_call_launches_exactly_what_its_full_path_launches(program):
                 ks.change(table, key, values[1] if now == values[0] else values[0])
             else:
                 _check(calls[step[1]], log)
+
+
+@settings(max_examples=100)
+@given(program=programs())
+def test_a_replayed_call_launches_exactly_what_its_full_path_launches(program):
+    run_program(program)
+
+
+FUZZ_SECONDS = float(os.environ.get("KVFORMATS_REPLAY_FUZZ_SECONDS", "0") or 0)
+BATCH = 25  # programs per hypothesis run of the timed fuzz (a few seconds each); the budget is checked between runs
+
+
+@pytest.mark.skipif(not FUZZ_SECONDS, reason="a timed run from a fresh seed: KVFORMATS_REPLAY_FUZZ_SECONDS (.ci/run)")
+def test_programs_from_a_fresh_seed():
+    """New programs on every run (the ci profile's are fixed), for KVFORMATS_REPLAY_FUZZ_SECONDS
+    (the run in progress finishes); KVFORMATS_REPLAY_FUZZ_SEED repeats a run. A failure is
+    reported unshrunk (shrinking has no time bound) with the seed that repeats it."""
+    master = int(os.environ.get("KVFORMATS_REPLAY_FUZZ_SEED") or secrets.randbits(64))
+    rng = random.Random(master)
+    deadline = time.monotonic() + FUZZ_SECONDS
+    runs = 0
+    while runs == 0 or time.monotonic() < deadline:
+        run_seed = rng.getrandbits(64)
+        test = settings(max_examples=BATCH, derandomize=False, database=None, deadline=None, phases=[Phase.generate],
+                        suppress_health_check=list(HealthCheck))(given(program=programs())(run_program))
+        try:
+            seed(run_seed)(test)()
+        except BaseException as err:
+            note = (f"replay fuzz: failed with KVFORMATS_REPLAY_FUZZ_SEED={master} (hypothesis run {runs}, "
+                    f"seed {run_seed}); repeat: KVFORMATS_REPLAY_FUZZ_SEED={master} "
+                    f"KVFORMATS_REPLAY_FUZZ_SECONDS={FUZZ_SECONDS:g} python3 -m pytest -n 0 "
+                    f"tests/test_replay_fuzz.py -k fresh_seed")
+            print(note, file=sys.stderr)
+            err.add_note(note)
+            raise
+        runs += 1
+    print(f"replay fuzz: seed {master}, {runs} runs of {BATCH} programs", file=sys.stderr)
 
 
 def test_the_fuzzer_replays(stub):

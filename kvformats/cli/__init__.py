@@ -178,13 +178,18 @@ def cmd_spec(args, out) -> int:
 def cmd_demo(args, out) -> int:
     import torch
 
-    from kvformats.cli.demo import best_device, run_demo
+    from kvformats.cli.args import check_memory, out_of_memory
+    from kvformats.cli.demo import best_device, memory_needed, run_demo
 
     if args.rows <= 0:
         raise UsageError(f"--rows must be positive, got {args.rows}")
     device = args.device or best_device()
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here")
+    if args.save == "":  # else taken as "no --save": the caches would be written nowhere, silently
+        raise UsageError("--save: the file name is empty; name the cache file to keep (--save demo.safetensors) "
+                         "or leave --save out")
+    check_memory(memory_needed(args.rows), device, f"demo --rows {args.rows}", "pass fewer --rows")
     if args.save:  # checked before the demo runs, not after
         from kvformats.caches.files import IO_HINT, cache_file_destination, io_available
 
@@ -195,7 +200,12 @@ def cmd_demo(args, out) -> int:
         except KVFormatError as err:
             raise UsageError(f"--save: {str(err).splitlines()[0]}") from None
         check_output(args.save, "cache file", "--save", regular_only=True)  # a place that refuses files
-    results = run_demo(rows=args.rows, device=device, out=out, save_to=args.save or None)
+    try:
+        results = run_demo(rows=args.rows, device=device, out=out, save_to=args.save)
+    except Exception as err:  # noqa: BLE001  (re-raised unless an allocator refused)
+        if not out_of_memory(err):
+            raise
+        raise UsageError(f"demo --rows {args.rows} ran out of {device} memory; pass fewer --rows") from None
     return 0 if all(r["ratio"] <= 1 and r["file_ok"] is not False for r in results) else 1
 
 

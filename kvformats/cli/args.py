@@ -102,3 +102,52 @@ def check_output(path, what: str, flag: str = "", *, regular_only: bool = False)
         raise UsageError(f"{lead}cannot write the {what} {path}: {parent} refuses new files "
                          f"({err.strerror or err})") from None
     return path
+
+
+def available_memory(device: str = "cpu") -> int | None:
+    """Bytes a run may still allocate on ``device``: the kernel's estimate of the memory available
+    without swapping (MemAvailable of /proc/meminfo; the free pages where there is none) for
+    "cpu", the free memory of the current CUDA device for "cuda"; None where it cannot be read
+    (the run then goes ahead, and an allocator's refusal is still one line: ``out_of_memory``)."""
+    if device == "cuda":
+        import torch
+
+        try:
+            return int(torch.cuda.mem_get_info()[0])  # a driver query: nothing on a stream waits
+        except (RuntimeError, AssertionError):
+            return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_memory(need: int, device: str, what: str, fix: str) -> None:
+    """UsageError (one line) when ``what`` needs about ``need`` bytes on ``device``, more than
+    ``available_memory`` says is there: checked before the run, so that an oversized one neither
+    dies in the allocator with a traceback nor pushes the machine into swap."""
+    have = available_memory(device)
+    if have is not None and need > have:
+        raise UsageError(f"{what} needs about {_gib(need)} of {device} memory, more than the {_gib(have)} "
+                         f"available here; {fix}")
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is an allocator's refusal: Python's MemoryError, torch's OutOfMemoryError
+    (CUDA), or the RuntimeError of torch's CPU allocator ("can't allocate memory")."""
+    import torch
+
+    if isinstance(err, (MemoryError, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError))):
+        return True
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in str(err) or "not enough memory" in str(err))

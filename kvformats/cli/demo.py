@@ -150,6 +150,24 @@ def _header(layout) -> list[str]:
             *("  " + line for line in table)]
 
 
+# Bytes per row and decoded element that one format's step holds at its peak: the bf16 input and
+# the float32 values it is drawn from, the float32 reference, bound and its block temporaries,
+# the decoded rows and their float32 copy, the error and the relative error (about 12 float32
+# copies; measured: ~100 KB per row at 2048 elements, compressor_state's, the widest).
+BYTES_PER_ELEMENT = 48
+
+
+def memory_needed(rows: int) -> int:
+    """About the bytes ``run_demo(rows)`` holds at its peak (measured within 1.2x at 65536 rows):
+    the widest format's step (``BYTES_PER_ELEMENT`` per decoded element) beside every format's
+    cache, kept for the file step, or that step, which holds them three times (the caches, the
+    file's buffer, the caches read back), whichever is more."""
+    layouts = [kvf.get_format(name) for name in kvf.list_formats()]
+    widest = max(sum(region.count for region in layout.data_regions) for layout in layouts)
+    caches = sum((-(-rows // layout.page_size) + 1) * layout.page_bytes for layout in layouts)
+    return max(rows * widest * BYTES_PER_ELEMENT + caches, 3 * caches)
+
+
 def run_demo(rows: int = 4096, device: str | None = None, out=print, save_to: str | None = None) -> list[dict]:
     """Run every registered format; print a report through ``out`` (lines of at most ``WIDTH``
     columns); return one dict per format (``ratio`` <= 1: the bound holds; ``file_ok``: the
@@ -258,4 +276,4 @@ def slot_lines(layout, cache: torch.Tensor, slot: int) -> list[str]:
     return [line[:WIDTH] for line in lines]
 
 
-__all__ = ["run_demo", "best_device", "element_bound", "verdict", "WIDTH"]
+__all__ = ["run_demo", "best_device", "element_bound", "memory_needed", "verdict", "WIDTH"]

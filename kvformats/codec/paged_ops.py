@@ -24,7 +24,8 @@ from kvformats.codec.blocktable import table_slots
 from kvformats.codec.rows import read_rows
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.runtime import deferred, replay
-from kvformats.validation import INDEX_DTYPES, capturing, check_cache, check_no_overlap, check_slots, check_tensor
+from kvformats.validation import (INDEX_DTYPES, capturing, check_cache, check_memory, check_no_overlap, check_slots,
+                                  check_tensor)
 
 PAGED_OPS = ("dequantize_gather", "gather_paged", "decode_topk")
 _SITES = {"gather_lens": deferred.site("dequantize_gather", "gather_lens"),
@@ -113,6 +114,7 @@ def _workspaces(layout, cache, out):
         if not isinstance(ws, torch.Tensor) or ws.device != cache.device or ws.dim() not in (1, 2):
             raise InputTypeError(f"{seg.name} workspace must be a tensor [T, ...] on {cache.device}, "
                                  f"got {describe(ws)}")
+        check_memory(f"the {seg.name} workspace", ws)  # the kernel writes its memory as it lies
         raw = ws.view(torch.uint8) if ws.dim() == 2 else ws.unsqueeze(1).view(torch.uint8)
         if raw.shape[1] < seg.record_bytes or raw.stride(1) != 1:
             raise InputError(f"{seg.name} workspace rows must hold {seg.record_bytes} contiguous bytes, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import re
 from typing import Callable, NamedTuple
 
 import attrs
@@ -50,9 +51,22 @@ def is_kernel(fn: Callable) -> bool:
     return fn in _KERNEL_FNS
 
 
+# A format's name becomes file names (``kvformats spec --write``: spec/formats/<name>.json, and the
+# generated docs pages), so it is held to characters that cannot leave a folder or name another
+# place: "../escaped" would write outside it, "a/b" into a subfolder, "A" and "a" collide on
+# case-insensitive file systems.
+FORMAT_NAME = re.compile(r"[a-z0-9_]+")
+
+
 def register_format(cls):
-    """Class decorator: make a Layout subclass reachable by ``get_format(cls.name)``."""
-    _FORMATS[cls.name] = cls
+    """Class decorator: make a Layout subclass reachable by ``get_format(cls.name)``. LayoutError
+    (nothing registered) for a name that is not lower-case letters, digits and underscores."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or FORMAT_NAME.fullmatch(name) is None:
+        raise LayoutError(f"format name {name!r} of {getattr(cls, '__name__', cls)!r} is not [a-z0-9_]+ "
+                          f"(lower-case letters, digits, underscores): the name becomes file names of "
+                          f"`kvformats spec --write` and `kvformats docs --write`")
+    _FORMATS[name] = cls
     return cls
 
 

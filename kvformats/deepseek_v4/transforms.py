@@ -14,7 +14,7 @@ from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.rope import cos_sin_cache, rope_tail
 from kvformats.errors import BackendUnavailableError, InputError, InputTypeError, describe
 from kvformats.runtime import replay
-from kvformats.validation import FLOAT_DTYPES
+from kvformats.validation import FLOAT_DTYPES, check_memory
 
 __all__ = ["cos_sin_cache", "hadamard_transform", "rms_norm", "rope_tail"]
 
@@ -55,6 +55,7 @@ def hadamard_transform(x: torch.Tensor, scale: float | None = None, *, backend: 
     C.check_mode(check)
     if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
         raise InputTypeError(f"x must be a bf16, fp16 or fp32 tensor, got {describe(x)}")
+    check_memory("x", x)  # x takes no check_tensor (any rank): its memory is checked here
     d = x.shape[-1] if x.dim() else 0
     if not _is_pow2(d):
         raise InputError(f"hadamard_transform needs a power-of-two last dim, got {describe(x)}")

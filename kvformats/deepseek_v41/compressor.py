@@ -37,7 +37,7 @@ from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import CompressorStateV41
 from kvformats.runtime import deferred, replay
 from kvformats.validation import (FLOAT_DTYPES, HOST_CHECK_MAX, INDEX_DTYPES, REPEATED_SLOTS, check_cache,
-                                  check_no_overlap, check_tensor, repeats)
+                                  check_memory, check_no_overlap, check_tensor, repeats)
 
 __all__ = ["WIDTH", "compressor_pool", "compressor_tail_scatter", "tail_layout"]
 
@@ -64,6 +64,7 @@ def _tail_cache(tail) -> tuple[CompressorStateV41, torch.Tensor]:
             f"[pages, P, {2 * WIDTH}] (compressor_state_v41's cache)")
     if not isinstance(tail, torch.Tensor) or tail.dtype != torch.float32 or tail.dim() not in (3, 4):
         raise InputTypeError(f"{want}, got {describe(tail)}")
+    check_memory("tail", tail)  # before its strides are read (a sparse tensor has none)
     if tail.shape[1] < 1:
         raise LayoutError(f"{want} with at least one row a page, got {describe(tail)}")
     if tail.dim() == 4:

@@ -28,17 +28,25 @@ Python scalar its type and value, floats by their bits (so 0.0 and -0.0, or two 
 apart); the argument names; the current device; whether strict checks are on in this context.
 Everything else the launchers read is a launch setting (``kvformats_kernels.settings``), whose
 every change drops the plans.
+
+A change may come from another thread while a call is being recorded: the recording would then
+hold launches worked out with the old settings (or the implementation replaced), stored after the
+tables were emptied, and replayed for every later call. So ``clear`` also moves a generation
+counter, which a recording reads when it starts; a plan whose generation moved meanwhile is not
+kept (the call's own result stands: it ran in full).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import struct
 from typing import Any, Callable
 
 import torch
 
+from kvformats.errors import InputTypeError, memory_problem
 from kvformats.runtime import deferred
 from kvformats.runtime import replay_plan as rp
 from kvformats.runtime.replay_plan import persistent, recording  # noqa: F401  (the launcher's entry points)
@@ -50,10 +58,16 @@ ANY_DEVICE = [False]  # CUDA tensors only, unless a stand-in launcher (tests.har
 BY_ID: tuple[type, ...] = ()
 _SCALARS = (bool, float, str, type(None), torch.dtype, torch.device)
 _TABLES: list[dict] = []  # every replayable function's plans and counts (cleared together)
+# Set by every ``clear`` to a new token (module doc): a recording that began under another is dropped.
+# A token, not a count: next() is atomic, so two threads clearing at once never store one value twice.
+_TOKENS = itertools.count(1)
+_GENERATION = [0]
 MAX_PLANS = 4096  # per function; a table that fills up starts again (engines need a few dozen)
 ATTEMPTS = 2  # recordings of one signature that may fail before it stays on the full path
 _SLOW = object()
 _DOUBLE = struct.Struct("<d")
+_COMPLEX = frozenset({torch.complex32, torch.complex64, torch.complex128})  # the dtypes a conjugate bit comes with
+_NO_MEMORY = (RuntimeError, NotImplementedError)  # what data_ptr / untyped_storage raise for a sparse tensor
 
 
 def by_id(cls: type) -> type:
@@ -66,6 +80,9 @@ def by_id(cls: type) -> type:
 def clear() -> None:
     """Forget every plan (the registry calls this when an implementation changes, the launch
     settings when they change)."""
+    # Moved before the tables are emptied: a recording that stores its plan after this point sees
+    # the new generation when it checks, one that stored it before has it removed below.
+    _GENERATION[0] = next(_TOKENS)
     for table in _TABLES:
         table.clear()
 
@@ -90,14 +107,28 @@ def _signature(args, tensors: list, ptrs: list, keep: list, shared: dict) -> tup
             d = a.get_device()
             if d < 0 and not ANY_DEVICE[0]:
                 return None
-            p = a.data_ptr()
-            s = a.untyped_storage().data_ptr()
+            # Tensors whose memory does not hold their values are refused before the key reads it
+            # (kvformats.errors.memory_problem): a view with the negative or conjugate bit has the
+            # metadata, and so the key, of a plain tensor, and a plan would launch on its raw
+            # memory. The conjugate bit is read only for complex dtypes, the only ones that carry
+            # it, and the layout only when the addresses cannot be read (every layout but strided
+            # has no storage: data_ptr raises), keeping the common case at one extra call.
+            dt = a.dtype
+            if a.is_neg() or dt in _COMPLEX and a.is_conj():
+                raise InputTypeError(f"a tensor argument {memory_problem(a)}")
+            try:
+                p = a.data_ptr()
+                s = a.untyped_storage().data_ptr()
+            except _NO_MEMORY:
+                if a.layout is torch.strided:
+                    raise
+                raise InputTypeError(f"a tensor argument {memory_problem(a)}") from None
             first = shared.get(s)
             if first is None:
                 shared[s] = (len(tensors), p, a)
-                parts.append((a.dtype, a.shape, a.stride(), d, p & 15))
+                parts.append((dt, a.shape, a.stride(), d, p & 15))
             else:  # memory shared with an earlier argument: where, and whether it is that tensor
-                parts.append((a.dtype, a.shape, a.stride(), d, p & 15, first[0], p - first[1], a is first[2]))
+                parts.append((dt, a.shape, a.stride(), d, p & 15, first[0], p - first[1], a is first[2]))
             tensors.append(a)
             ptrs.append(p)
         elif t is int:
@@ -151,6 +182,7 @@ def replayable(fn: Callable) -> Callable:
             # again (a prefill's token count), so it is recorded on its second call
             _store(seen, key, tries + 1)
             return fn(*args, **kwargs)
+        generation = _GENERATION[0]
         with rp.Recording(tensors) as rec:
             result = fn(*args, **kwargs)
         plan = rec.plan(result)
@@ -163,6 +195,13 @@ def replayable(fn: Callable) -> Callable:
             seen.pop(key, None)
         else:
             _store(seen, key, tries + 1)
+        # Checked after the store, so that a clear() in another thread at any point is seen:
+        # before the store it moved the generation (the entry is taken out here), after it the
+        # clear itself emptied the table. What was recorded under other settings or another
+        # implementation is dropped (a plan another thread stored meanwhile may go too, which
+        # costs a recording, never a wrong launch); this call's result stands (it ran in full).
+        if generation != _GENERATION[0]:
+            plans.pop(key, None)
         return result
 
     call.__wrapped_plans__ = plans  # type: ignore[attr-defined]  # the tests read a wrapper's plans

@@ -255,11 +255,47 @@ def index_calls(rows: int, device, g: torch.Generator, topk: int = 512,
     }
 
 
+def dsv41_calls(rows: int, device, g: torch.Generator, check=True,
+                custom: bool = False) -> dict[str, Callable[[], object]]:
+    """DeepSeek V4.1's model ops (``kvformats.deepseek_v41``; its ``torch_ops`` when ``custom``): the
+    SWA rows, the indexer queries, the compressor tail and its pooling, a step of ``rows`` tokens."""
+    if custom:
+        import kvformats.deepseek_v41.torch_ops as m
+    else:
+        from kvformats import deepseek_v41 as m
+    s = _step(rows, g)
+    pos = s["pos"].to(device)
+    cs = cos_sin_cache(ROPE, int(s["seq"].max()) + 1).to(device)
+    swa = get_format("fp8_ds_mla_v41", page_size=PAGE)
+    pages = -(-rows // PAGE) + 1
+    cache = swa.allocate(pages, device=device)
+    slots = torch.randperm(pages * PAGE, generator=g)[:rows].to(device)
+    values = _randn(device, rows, HEAD, dtype=torch.bfloat16)
+    iq = _randn(device, rows, HEADS, INDEX_HEAD, dtype=torch.bfloat16)
+    tail_pages = rows + 2  # 2 rows a page: every token a row of its own, page 0 the null page
+    tail = torch.zeros(tail_pages, 2, 2, HEAD, device=device)
+    tail_slots = (torch.randperm(2 * tail_pages - 2, generator=g)[:rows] + 2).to(device)
+    content, scores = _randn(device, rows, HEAD), _randn(device, rows, HEAD)
+    previous = (torch.arange(rows) - 1).to(device)  # each pair's first half the row before; row 0 the tail
+    active = (torch.arange(rows) % 2 == 1).to(device)
+    weight = _randn(device, HEAD)
+    return {
+        "dsv41.swa_rope_scatter": lambda: m.swa_rope_scatter(values, pos, cs, cache, slots, check=check),
+        "dsv41.index_q_quantize": lambda: m.index_q_quantize(iq, check=check),
+        "dsv41.compressor_tail_scatter": lambda: m.compressor_tail_scatter(content, scores, tail, slots=tail_slots,
+                                                                           check=check),
+        "dsv41.compressor_pool": lambda: m.compressor_pool(content, scores, tail, previous=previous,
+                                                           tail_slots=tail_slots, active=active, norm_weight=weight,
+                                                           norm_eps=1e-6, check=check),
+    }
+
+
 def public_calls(device, rows: int = 64, *, check=True, custom: bool = False,
                  seed: int = 0) -> dict[str, Callable[[], object]]:
     """Name -> one prepared call of every public op (codec ops of every format, deepseek_v4 ops,
-    index helpers) at ``rows`` tokens on ``device``; through the ``torch.library`` custom ops
-    (``kvformats.codec.torch_ops``, ``kvformats.deepseek_v4.torch_ops``) when ``custom``."""
+    index helpers, deepseek_v41 ops) at ``rows`` tokens on ``device``; through the ``torch.library``
+    custom ops (``kvformats.codec.torch_ops``, ``kvformats.deepseek_v4.torch_ops``,
+    ``kvformats.deepseek_v41.torch_ops``) when ``custom``."""
     g = torch.Generator().manual_seed(seed)
     _NORMAL.pop(str(torch.device(device)), None)
     calls: dict[str, Callable[[], object]] = {}
@@ -268,4 +304,5 @@ def public_calls(device, rows: int = 64, *, check=True, custom: bool = False,
     calls.update(compress_calls(rows, device, g, check, custom))
     calls.update(query_calls(rows, device, g, check, custom))
     calls.update(index_calls(rows, device, g, custom=custom))
+    calls.update(dsv41_calls(rows, device, g, check, custom))
     return calls
