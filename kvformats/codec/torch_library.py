@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from kvformats.errors import InputTypeError, describe
+from kvformats.errors import InputTypeError, KVFormatError, describe
 from kvformats.runtime import deferred
 
 NAMESPACE = "kvformats"
@@ -134,7 +134,7 @@ class ModelOps:
         fields = [a.rsplit(" ", 1) for a in args.split(", ")]  # [schema type, name]
         params = inspect.signature(fn).parameters
         if list(params) != [n for _, n in fields]:  # a programming error of this package, found at import
-            raise TypeError(f"schema of {self.prefix}{name} out of date with {fn.__qualname__}")
+            raise KVFormatError(f"schema of {self.prefix}{name} out of date with {fn.__qualname__}")
         positional = [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
         defaults = {n: p.default for n, p in params.items() if p.default is not p.empty}
         kinds = {n: (t.split("(")[0].rstrip("?"), t.endswith("?") or defaults.get(n, 0) is None) for t, n in fields}

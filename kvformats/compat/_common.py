@@ -4,10 +4,12 @@ integer dtype, and the switch to the ``torch.library`` ops under torch.compile."
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 import kvformats.codec.torch_ops  # noqa: F401  (registers torch.ops.kvformats.*, called under torch.compile)
-import kvformats.deepseek_v4.torch_ops as dops
+import kvformats.deepseek_v4.torch_ops as _dops
 from kvformats.compat import tokenspeed_spec as spec
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
@@ -17,6 +19,9 @@ __all__ = ["INT_DTYPES", "cache_head_dim", "check_int_out", "compiling", "cut", 
            "indexer_head_dim", "indexer_of_cache", "indexer_of_rows", "mxfp4_indexer", "op_key", "rows_of",
            "same_pages", "store_cast"]
 
+# the custom-op wrappers are made from the schema table at import (codec.torch_library.ModelOps),
+# so a type checker sees none of their names
+dops: Any = _dops
 compiling = torch.compiler.is_compiling  # True while dynamo traces: the custom ops keep the graph whole
 _LAYOUTS: dict = {}
 
