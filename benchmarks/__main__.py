@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 import sys
 import textwrap
+from pathlib import Path
 
 USAGE = "usage: python3 -m benchmarks <name> [options]   (python3 -m benchmarks <name> --help: its options)"
 
@@ -16,6 +18,12 @@ BENCHMARKS = {
     "bounds_gpu": "bench_bounds_gpu", "profile_host_gpu": "profile_host_gpu", "host_overhead_cpu": "host_overhead_cpu",
     "reference_cpu": "bench_reference_cpu", "check_cpu": "bench_check_cpu", "transfer_cpu": "bench_transfer_cpu",
 }
+
+
+def _docstring(module: str) -> str:
+    """A benchmark module's docstring, read without importing it (some set up the environment at
+    import: host_overhead_cpu turns the Triton interpreter off for the process)."""
+    return ast.get_docstring(ast.parse((Path(__file__).parent / f"{module}.py").read_text())) or ""
 
 
 def _summary(doc: str) -> str:
@@ -29,7 +37,7 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "--list"):
         print(USAGE + "\n")
         for name, module in BENCHMARKS.items():
-            summary = textwrap.wrap(_summary(importlib.import_module(f"benchmarks.{module}").__doc__ or ""), 76)
+            summary = textwrap.wrap(_summary(_docstring(module)), 76)
             print(f"  {name:<20} {summary[0] if summary else ''}")
             for line in summary[1:]:
                 print(" " * 23 + line)
