@@ -103,3 +103,14 @@ def test_quality_says_an_allocator_refusal_in_one_line(capsys, monkeypatch):
     monkeypatch.setattr(quality, "report", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("another failure")))
     with pytest.raises(RuntimeError, match="another failure"):  # any other error is not disguised
         main(["quality", "--tiny"])
+
+
+def test_quality_says_when_top_k_takes_every_row(capsys):
+    """A top-k that covers every compressed row a token sees selects them whatever the scores:
+    recall 1.0 says nothing there, and the table says so (issue 44 item 17)."""
+    rc, cap = _run(["quality", "--tiny", "--decode", "4", "--topk", "60"], capsys)
+    assert rc == 0 and "note: top-k 60 covers every compressed row of some measured tokens" in cap.out
+    rc, cap = _run(["quality", "--tiny", "--decode", "4", "--json", "--topk", "60"], capsys)
+    assert 0 < json.loads(cap.out)["fewest_visible_rows"] <= 60
+    rc, cap = _run(["quality", "--tiny", "--decode", "4"], capsys)  # top-k 8
+    assert rc == 0 and "note:" not in cap.out

@@ -112,4 +112,8 @@ def cmd_quality(args, out) -> int:
     for row in rep["rows"]:
         cells = [("—" if row[k] is None else f"{row[k]:.4f}") for k in ("swa", "csa", "hca", "layer", "recall")]
         out(f"{row['run']:48s} " + " ".join(f"{c:>8s}" for c in cells))
+    if cfg.topk >= rep["fewest_visible_rows"]:
+        out(f"note: top-k {cfg.topk} covers every compressed row of some measured tokens (as few as "
+            f"{rep['fewest_visible_rows']}): their recall is 1.0 whatever the indexer scores; pass a smaller "
+            f"--topk or more --tokens for a recall that measures the indexer")
     return 0

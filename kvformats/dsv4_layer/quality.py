@@ -184,6 +184,9 @@ def report(cfg: LayerConfig, x: torch.Tensor, prefill: int, decode: int) -> dict
             keys = _roundtrip(cls(head_dim=cfg.index_dim, page_size=cfg.page_size, profile=prof), exact.index)
             rows.append({"run": f"{fmt} profile {prof}", **dict.fromkeys(PATHS),
                          "recall": recall(exact_topk(run, qv, hwq, keys), want_topk)})
+    # the fewest compressed rows a measured token sees: a top-k that takes them all selects them
+    # whatever the scores, so recall@k is 1.0 by construction there and says nothing
+    fewest = int((visible_rows(run.dec_pos, cfg.csa_rows, CSA_RATIO) >= 0).sum(1).min()) if len(run.dec_pos) else 0
     return {"config": attrs.asdict(cfg), "prefill": prefill, "decode": decode, "tokens_measured": len(run.dec_pos),
-            "rows": rows}
+            "fewest_visible_rows": fewest, "rows": rows}
 
