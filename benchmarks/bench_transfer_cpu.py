@@ -2,6 +2,8 @@
 
     python3 -m benchmarks transfer_cpu [--engines nixl mooncake] [--tokens 8192 65536 131072]
         [--layers 4] [--repeat 5] [--json out.json] [--svg chart.svg]
+    python3 -m benchmarks transfer_cpu --checksums [--tokens 8192 65536] [--layers 4] [--repeat 5]
+        [--device cpu | cuda]
 
 A layer stack of DeepSeek V4 shapes (head_dim 512, rope 64, page_size 64, MXFP4 indexer),
 alternating CSA layers (SWA window, CSA rows, indexer rows, CSA and indexer compressor states)
@@ -12,6 +14,11 @@ and the best of ``--repeat`` times (after one untimed round) for (a) the engine 
 pushing one contiguous buffer of the same size, (c) an in-process copy of that buffer (one
 thread). "in-order pools": the segments after coalescing had the request held consecutive pages
 on both sides.
+
+``--checksums`` instead times the checksum of the same request's pages (``expected_checksums``'
+path): the position-mixed words of issue 44 against the linear sums it replaced, per cache kind.
+On the CPU both are the torch reference (the old one restated here as ``linear_checksums``); with
+``--device cuda`` both are Triton kernels (the old one restated as ``linear_kernel``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,12 @@ import time
 import torch
 
 from kvformats.formats import CompressorState, Fp8DsMla, Mxfp4Indexer
+
+try:  # the GPU baseline of --checksums --device cuda
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
 
 PAGE = 64
 WAIT_S = 300.0
@@ -66,7 +79,11 @@ def stack(tokens: int, layers: int, seed: int):
 def _engine(name: str):
     from kvformats.transfer.engines import make_engine
 
-    return make_engine(name, loopback=True) if name == "nixl" else make_engine(name, host="127.0.0.1")
+    # NIXL without its progress thread: _recv progresses the engine while it waits, and the thread
+    # would compete for one of the two cores (the figures on docs/transfer.md were taken so)
+    if name == "nixl":
+        return make_engine(name, loopback=True, progress_thread=False)
+    return make_engine(name, host="127.0.0.1")
 
 
 def _recv(conn, here):
@@ -150,6 +167,118 @@ def measure(engine: str, tokens: int, layers: int, repeat: int) -> dict:
             "GB/s in-process copy": round(gbps["copy"], 2)}
 
 
+def linear_checksums(layout, cache: torch.Tensor, pages: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The checksum before issue 44 (s1 = sum x, s2 = sum (j + 1) x, mod 2**32, per region over
+    the moved rows; page pad left out), restated as it was computed: the baseline of
+    ``--checksums``."""
+    from kvformats.caches.regions import region_nbytes
+    from kvformats.layout import storage_bytes
+
+    u8, stride = layout.byte_pages(cache)
+    whole, start = storage_bytes(cache), u8.storage_offset()
+    out = torch.zeros(pages.shape[0], len(layout.regions), 2, dtype=torch.int64, device=cache.device)
+    for g, region in enumerate(layout.regions):
+        nbytes = region_nbytes(layout, cache, region)
+        if region.per_page or nbytes == 0:
+            continue
+        view = whole.as_strided((cache.shape[0], layout.page_size, nbytes), (stride, region.row_stride, 1),
+                                start + region.offset)
+        r = torch.arange(layout.page_size, device=cache.device)[None, :, None]
+        k = torch.arange(nbytes, device=cache.device)[None, None, :]
+        for c in range(0, pages.shape[0], 64):
+            x = view[pages[c:c + 64]].to(torch.int64)
+            a, b = rows[c:c + 64, 0, None, None], rows[c:c + 64, 1, None, None]
+            x = torch.where((r >= a) & (r < b), x, 0)
+            out[c:c + 64, g, 0] = x.sum((1, 2)) & 0xFFFFFFFF
+            out[c:c + 64, g, 1] = (x * ((r - a) * nbytes + k + 1)).sum((1, 2)) & 0xFFFFFFFF
+    return out
+
+
+if triton is not None:
+    @triton.jit
+    def _linear_kernel(bytes_ptr, pages_ptr, rows_ptr, out_ptr, page_stride, offset, row_stride, out_stride,
+                       NBYTES: tl.constexpr, N_ROWS: tl.constexpr, BLOCK: tl.constexpr):
+        """The kernel before issue 44 (page pad left out): (s1, s2) of one region of one page."""
+        i = tl.program_id(0).to(tl.int64)
+        page = tl.load(pages_ptr + i).to(tl.int64)
+        a = tl.load(rows_ptr + 2 * i).to(tl.int64)
+        b = tl.load(rows_ptr + 2 * i + 1).to(tl.int64)
+        base = bytes_ptr + page * page_stride + offset
+        s1 = tl.zeros([BLOCK], dtype=tl.int64)
+        s2 = tl.zeros([BLOCK], dtype=tl.int64)
+        for t0 in range(0, N_ROWS * NBYTES, BLOCK):
+            t = t0 + tl.arange(0, BLOCK).to(tl.int64)
+            row = t // NBYTES
+            k = t % NBYTES
+            x = tl.load(base + row * row_stride + k, mask=(t < N_ROWS * NBYTES) & (row >= a) & (row < b),
+                        other=0).to(tl.int64)
+            s1 += x
+            s2 += x * ((row - a) * NBYTES + k + 1)
+        tl.store(out_ptr + i * out_stride, tl.sum(s1, 0) & 0xFFFFFFFF)
+        tl.store(out_ptr + i * out_stride + 1, tl.sum(s2, 0) & 0xFFFFFFFF)
+
+
+def linear_kernel(layout, cache: torch.Tensor, pages: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``linear_checksums`` by the Triton kernel it had before issue 44 (CUDA caches)."""
+    from kvformats.layout import storage_bytes
+
+    u8, stride = layout.byte_pages(cache)
+    out = torch.zeros(pages.shape[0], len(layout.regions), 2, dtype=torch.int64, device=cache.device)
+    for g, r in enumerate(layout.regions):
+        if not r.per_page:
+            _linear_kernel[(pages.shape[0],)](storage_bytes(cache), pages, rows, out[:, g], stride,
+                                              u8.storage_offset() + r.offset, r.row_stride, out.stride(0),
+                                              NBYTES=r.nbytes, N_ROWS=layout.page_size,
+                                              BLOCK=min(1024, triton.next_power_of_2(layout.page_size * r.nbytes)))
+    return out
+
+
+def measure_checksums(tokens: int, layers: int, repeat: int, device: str = "cpu") -> list[dict]:
+    """Best-of-``repeat`` seconds of both checksums over one request's pages, per cache kind."""
+    from kvformats.transfer import page_checksums
+
+    caches, pages = stack(tokens, layers, seed=1)
+    g = torch.Generator().manual_seed(0)
+    for name, (layout, cache) in caches.items():
+        layout.byte_pages(cache)[0].copy_(torch.randint(0, 256, layout.byte_pages(cache)[0].shape, generator=g,
+                                                        dtype=torch.uint8))
+        caches[name], pages[name] = (layout, cache.to(device)), pages[name].to(device)
+    cuda = device != "cpu"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    kinds: dict[str, list] = {}
+    for name, (layout, cache) in caches.items():
+        kinds.setdefault(name.split(".", 1)[1], []).append((layout, cache, pages[name]))
+    out = []
+    variants = (("linear", linear_kernel if cuda else linear_checksums), ("mixed", page_checksums))
+    for kind, items in [*kinds.items(), ("request", [i for v in kinds.values() for i in v])]:
+        nbytes = sum(layout.page_bytes * p.numel() for layout, _, p in items)
+        times: dict[str, list[float]] = {"linear": [], "mixed": []}
+        for _ in range(repeat + 1):  # the variants alternate, so both meet the same load; round 0 untimed
+            for label, fn in variants:
+                sync()
+                t = time.perf_counter()
+                for layout, cache, p in items:
+                    fn(layout, cache, p, torch.tensor([[0, layout.page_size]] * p.numel(), device=device))
+                sync()
+                times[label].append(time.perf_counter() - t)
+        best = {k: min(v[1:]) for k, v in times.items()}
+        out.append({"device": device, "tokens": tokens, "cache": kind, "pages": sum(p.numel() for _, _, p in items),
+                    "bytes": nbytes,
+                    "linear_ms": round(best["linear"] * 1e3, 2), "mixed_ms": round(best["mixed"] * 1e3, 2),
+                    "ratio": round(best["mixed"] / best["linear"], 2),
+                    "mixed_GB/s": round(nbytes / best["mixed"] / 1e9, 3)})
+    return out
+
+
+def checksum_table(rows: list[dict]) -> str:
+    lines = ["| device | tokens | cache | pages | MB | linear sums (before), ms | mixed words, ms | ratio | "
+             "mixed GB/s |", "|" + "---|" * 9]
+    for r in rows:
+        lines.append(f"| {r['device']} | {r['tokens']} | {r['cache']} | {r['pages']} | {r['bytes'] / 1e6:.2f} | "
+                     f"{r['linear_ms']} | {r['mixed_ms']} | {r['ratio']} | {r['mixed_GB/s']} |")
+    return "\n".join(lines)
+
+
 def svg(rows: list[dict]) -> str:
     """Grouped bars: GB/s of plan / contiguous / in-process copy per (engine, tokens). Plain SVG."""
     series = (("GB/s plan", "#1565c0", "engine, the plan's segments"),
@@ -200,7 +329,15 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json")
     p.add_argument("--svg")
+    p.add_argument("--checksums", action="store_true", help="time the checksums instead of the engines")
+    p.add_argument("--device", default="cpu", help="with --checksums: cpu (torch) or cuda (the Triton kernels)")
     args = p.parse_args()
+    if args.checksums:
+        rows = [r for tokens in args.tokens for r in measure_checksums(tokens, args.layers, args.repeat, args.device)]
+        where = torch.cuda.get_device_name() if args.device != "cpu" else f"{torch.get_num_threads()} CPU threads"
+        print(f"torch {torch.__version__}, {where}")
+        print(checksum_table(rows))
+        return 0
     from kvformats.transfer.engines import available
 
     rows = []

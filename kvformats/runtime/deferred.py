@@ -77,7 +77,7 @@ SITES = (
     ("inv_rope_fp8_quant", "positions"), ("prepare_indexer_q_mxfp4", "positions"),
     ("prepare_indexer_q_fp8", "positions"), ("compressed_slot_mapping", "query_start_loc"),
     ("combine_topk_swa_indices", "query_start_loc"), ("decode_swa_indices_and_lens", "query_start_loc"),
-    ("rope_tail", "positions"), ("swa_rope_scatter", "positions"),
+    ("rope_tail", "positions"), ("swa_rope_scatter", "positions"), ("page_checksums", "pages"),
 )
 _SITE_INDEX = {site: i for i, site in enumerate(SITES)}
 

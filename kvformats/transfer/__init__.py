@@ -1,9 +1,11 @@
 """Prefill/decode disaggregation: describe, move and verify a request's cache pages.
 
-``describe_caches`` and ``handshake`` (describe.py) compare both sides' caches;
-``plan_transfer`` (plan.py) lists the byte segments to move; ``page_checksums`` (checksum.py)
-and ``verify`` (verify.py) check what arrived; ``kvformats.transfer.engines`` moves the bytes
-with NIXL or Mooncake (optional extras, imported only when used). See docs/transfer.md.
+``describe_caches`` and ``handshake`` (describe.py) compare both sides' caches, a peer's
+descriptions checked first (bounds.py); ``plan_transfer`` (plan.py) lists the byte segments to
+move; ``page_checksums`` (checksum.py, its argument checks in checks.py) and ``verify``
+(verify.py) check what arrived; ``kvformats.transfer.engines`` moves the bytes with NIXL or
+Mooncake (optional extras, imported only when used); ``endpoint.Endpoint`` is one side.
+See docs/transfer.md and examples/transfer_two_process.py.
 """
 
 from kvformats.transfer.checksum import page_checksums, reference_checksums

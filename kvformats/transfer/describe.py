@@ -3,13 +3,20 @@
 A ``CacheDesc`` is everything about one cache that decides where its bytes lie: the record
 identity (``kvformats.codec.records``: record name, version, layout kind, bytes per token, head
 size), the format, its parameters (the numerics profile among them), the spec fingerprint, the
-page stride and where the pages start in their storage. Two sides may move pages only between
-caches whose descriptions agree on all of these except the page count and storage placement;
-``handshake`` compares them before any byte moves. Two records of the same bytes per token (the
-V4.1 528 B record page-planar and token-interleaved) are refused first, naming both identities:
-a size that agrees says nothing about where the bytes lie. A description travels as JSON, so an
-engine can pass it on whatever side channel it already has (its metadata exchange); one from a
-peer that carries no record identity (an older kvformats) gets the one its format gives.
+rows per page, the page width and stride, and where the pages start in their arena (the memory
+an engine registers). Two sides may move pages only between caches whose descriptions agree on
+all of these except the page count and placement; ``handshake`` compares them before any byte
+moves. Two records of the same bytes per token (the V4.1 528 B record page-planar and
+token-interleaved) are refused first, naming both identities: a size that agrees says nothing
+about where the bytes lie. A description travels as JSON, so an engine can pass it on whatever
+side channel it already has (its metadata exchange); one from a peer that carries no record
+identity (an older kvformats) gets the one its format gives. A peer's description is checked
+against the layout its format gives before anything uses it (``kvformats.transfer.bounds``).
+
+An arena is every cache whose storage memory overlaps another's (a strided arena's fields, or
+one buffer seen through two storages: DLPack, ``torch.from_numpy``), found by comparing address
+ranges, not storage objects; it is named after its first member in name order, so the order in
+which the caches were inserted changes nothing.
 """
 
 from __future__ import annotations
@@ -20,22 +27,23 @@ from typing import Mapping
 import attrs
 import torch
 
-from kvformats.codec.records import identity_label, identity_problem, record_identity, record_of, same_record
+from kvformats.codec.records import identity_problem, record_identity, record_of, same_record
 from kvformats.errors import HandshakeError, InputError, InputTypeError, describe
 from kvformats.layout import Layout
+from kvformats.transfer.bounds import LIMIT, checked_layout, label, loads, short
 from kvformats.validation import check_cache
 
 # Fields two sides must agree on, in the order a mismatch is reported.
-COMPARED = ("format", "params", "profile", "fingerprint", "page_bytes", "page_stride", "arena", "record")
+COMPARED = ("format", "params", "profile", "fingerprint", "page_size", "page_bytes", "page_stride", "arena", "record")
 
 
 @attrs.frozen
 class CacheDesc:
     """One cache as a transfer sees it. Byte counts: ``page_bytes`` is the width of one page
     of this cache, ``page_stride`` the distance between pages, ``offset`` where page 0 starts
-    in the cache's storage (non-zero for a field of an arena) and ``storage_bytes`` the
-    storage's size (the bytes an engine registers). ``record`` is the record identity
-    (``Record.identity()``)."""
+    in its arena (non-zero for a field of an arena) and ``storage_bytes`` the arena's size (the
+    bytes an engine registers). ``arena`` names the arena (its first member by name);
+    ``record`` is the record identity (``Record.identity()``)."""
 
     name: str
     format: str
@@ -48,7 +56,7 @@ class CacheDesc:
     num_pages: int
     offset: int
     storage_bytes: int
-    arena: str = ""  # the first cache (by name) sharing this storage: fields of one arena agree here
+    arena: str = ""  # the first cache (by name) of this memory: fields of one arena agree here
     record: dict = attrs.field(factory=dict)
 
     def to_json(self) -> dict:
@@ -56,30 +64,38 @@ class CacheDesc:
 
     @classmethod
     def from_json(cls, d) -> "CacheDesc":
+        """A peer's description, checked (``bounds.checked_layout``); HandshakeError otherwise."""
         keys = {f.name for f in attrs.fields(cls)}
         if isinstance(d, Mapping) and set(d) == keys - {"record"}:  # an older peer: no record identity
             d = {**d, "record": None}
         if not isinstance(d, Mapping) or set(d) != keys:
             raise HandshakeError(f"a peer's cache description must have the keys "
-                                 f"{sorted(f.name for f in attrs.fields(cls))}, got {describe(d)}")
+                                 f"{sorted(f.name for f in attrs.fields(cls))}, got {short(d)}")
         for f in attrs.fields(cls):
             if f.name == "record":
                 continue
             kind: type = dict if f.name == "params" else int if f.type in ("int", int) else str
             v = d[f.name]
-            if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, int) and v < 0):
-                raise HandshakeError(f"a peer's cache description has {f.name} = {v!r}, not a "
-                                     f"{'non-negative int' if kind is int else kind.__name__}")
+            if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, int) and not 0 <= v < LIMIT):
+                what = "non-negative int below 2**62" if kind is int else kind.__name__
+                raise HandshakeError(f"a peer's cache description has {f.name} = {short(v)}, not a {what}")
+        if not d["name"] or not d["arena"]:
+            raise HandshakeError(f"a peer's cache description has an empty name or arena: {short(d)}")
         record = d["record"]
         if record is None:
             record = record_identity(d["format"], dict(d["params"])) or {}
         elif (problem := identity_problem(record)) is not None:
             raise HandshakeError(f"a peer's cache description of {d['name']!r} has a bad record identity: {problem}")
-        return cls(**{**d, "record": dict(record)})
+        desc = cls(**{**d, "record": dict(record)})
+        # the handshake compares the record and names both identities; a plan checks it again
+        checked_layout(desc, "the peer's ", record=False)
+        return desc
 
 
-def describe_cache(name: str, layout: Layout, cache: torch.Tensor, arena: str = "") -> CacheDesc:
-    """The description of one cache (checked against its layout first)."""
+def describe_cache(name: str, layout: Layout, cache: torch.Tensor, arena: str = "", *,
+                   span: tuple[int, int] | None = None) -> CacheDesc:
+    """The description of one cache (checked against its layout first). ``span``: (address,
+    bytes) of its arena; by default the cache's own storage."""
     from kvformats.spec.formats import fingerprint
 
     if not isinstance(name, str) or not name:
@@ -87,31 +103,58 @@ def describe_cache(name: str, layout: Layout, cache: torch.Tensor, arena: str = 
     if not isinstance(layout, Layout):
         raise InputTypeError(f"caches[{name!r}] needs a Layout, got {describe(layout)}")
     check_cache(layout, cache)
+    if cache.device.type == "meta":
+        raise InputError(f"caches[{name!r}] is on the meta device: it has no memory to move ({describe(cache)})")
     u8, stride = layout.byte_pages(cache)
     width = 1
     for d in u8.shape[1:]:
         width *= d
+    base, extent = span if span is not None else storage_span(cache)
     params = json.loads(json.dumps(layout.params))  # as the peer will read it (tuples become lists)
-    return CacheDesc(name=name, format=layout.name, params=params, profile=str(params.get("profile", "")),
+    desc = CacheDesc(name=name, format=layout.name, params=params, profile=str(params.get("profile", "")),
                      fingerprint=fingerprint(layout), page_size=layout.page_size, page_bytes=width,
                      page_stride=stride if cache.shape[0] > 1 else max(stride, width),
-                     num_pages=cache.shape[0], offset=int(u8.storage_offset()),
-                     storage_bytes=cache.untyped_storage().nbytes(), arena=arena or name,
-                     record=record_of(layout).identity())
+                     num_pages=cache.shape[0], offset=u8.data_ptr() - base, storage_bytes=extent,
+                     arena=arena or name, record=record_of(layout).identity())
+    checked_layout(desc)  # what the peer will check: a cache that fails it is refused here first
+    return desc
+
+
+def storage_span(cache: torch.Tensor) -> tuple[int, int]:
+    """(address, bytes) of the cache's storage."""
+    storage = cache.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+def arena_spans(caches: Mapping[str, tuple[Layout, torch.Tensor]]) -> dict[str, tuple[str, int, int]]:
+    """Cache name -> (arena name, arena address, arena bytes). An arena is a maximal set of
+    caches on one device whose storage address ranges overlap, directly or through others:
+    comparing addresses, not storage objects, also joins two storages over one buffer (DLPack,
+    ``torch.from_numpy`` of overlapping arrays). It is named after its first member by name."""
+    items = sorted((str(c.device), *storage_span(c), name) for name, (_, c) in caches.items())
+    groups: list[list] = []  # [device, start, end, names], by start address
+    for device, start, nbytes, name in items:
+        last = groups[-1] if groups else None
+        if last is not None and last[0] == device and start < last[2] and nbytes:  # overlaps the group
+            last[2], last[3] = max(last[2], start + nbytes), last[3] + [name]
+        else:
+            groups.append([device, start, start + nbytes, [name]])
+    return {name: (min(names), start, end - start) for _, start, end, names in groups for name in names}
 
 
 def describe_caches(caches: Mapping[str, tuple[Layout, torch.Tensor]]) -> dict[str, CacheDesc]:
-    """``{name: (layout, cache)}`` -> ``{name: CacheDesc}``."""
+    """``{name: (layout, cache)}`` -> ``{name: CacheDesc}``; caches sharing memory form one arena
+    (``arena_spans``), whatever the order of the mapping."""
     if not isinstance(caches, Mapping) or not caches:
         raise InputTypeError(f"caches must be a non-empty mapping {{name: (layout, cache)}}, got {describe(caches)}")
-    out: dict[str, CacheDesc] = {}
-    arenas: dict[tuple[torch.device, int], str] = {}
     for name, item in caches.items():
+        if not isinstance(name, str) or not name:
+            raise InputError(f"cache names must be non-empty strings, got {name!r}")
         if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor)):
             raise InputTypeError(f"caches[{name!r}] must be a (layout, cache) tuple, got {describe(item)}")
-        key = (item[1].device, item[1].untyped_storage().data_ptr())
-        out[name] = describe_cache(name, *item, arena=arenas.setdefault(key, name))
-    return out
+    spans = arena_spans(caches)
+    return {name: describe_cache(name, *item, arena=spans[name][0], span=spans[name][1:])
+            for name, item in caches.items()}
 
 
 def to_json(descs: Mapping[str, CacheDesc]) -> str:
@@ -120,19 +163,17 @@ def to_json(descs: Mapping[str, CacheDesc]) -> str:
 
 
 def from_json(text: str | bytes) -> dict[str, CacheDesc]:
-    """A peer's descriptions from ``to_json``; HandshakeError for anything else."""
-    try:
-        items = json.loads(text)
-    except (TypeError, ValueError) as err:
-        raise HandshakeError(f"a peer's cache descriptions are not JSON: {err}") from None
+    """A peer's descriptions from ``to_json``; HandshakeError for anything else, a cache named
+    twice among them included."""
+    items = loads(text, "a peer's cache description list")
     if not isinstance(items, list):
         raise HandshakeError(f"a peer's cache descriptions must be a JSON list, got {type(items).__name__}")
     descs = [CacheDesc.from_json(d) for d in items]
+    names = [d.name for d in descs]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise HandshakeError(f"a peer's cache descriptions name {twice} more than once")
     return {d.name: d for d in descs}
-
-
-def _label(record: dict) -> str:
-    return identity_label(record) if record else "none (a format this kvformats does not know)"
 
 
 def handshake(local: Mapping[str, CacheDesc], peer: Mapping[str, CacheDesc]) -> None:
@@ -148,16 +189,16 @@ def handshake(local: Mapping[str, CacheDesc], peer: Mapping[str, CacheDesc]) -> 
         a, b = local[name], peer[name]
         agree = a.record == b.record or (a.format == b.format and a.params == b.params
                                          and same_record(a.record, b.record, a.format, a.params))
-        records = "" if agree else f" (record here {_label(a.record)}, at the peer {_label(b.record)})"
+        records = "" if agree else f" (record here {label(a.record)}, at the peer {label(b.record)})"
         if records and a.record and b.record and a.record["bytes_per_token"] == b.record["bytes_per_token"]:
             raise HandshakeError(f"cache {name!r}: record differs at the same {a.record['bytes_per_token']} bytes "
-                                 f"per token: here {_label(a.record)}, at the peer {_label(b.record)}; the bytes "
+                                 f"per token: here {label(a.record)}, at the peer {label(b.record)}; the bytes "
                                  f"of a token lie elsewhere in the other record, so no page can move between them")
         for field in COMPARED:
             if field == "record":
                 if records:
-                    raise HandshakeError(f"cache {name!r}: record differs: here {_label(a.record)}, "
-                                         f"at the peer {_label(b.record)}")
+                    raise HandshakeError(f"cache {name!r}: record differs: here {label(a.record)}, "
+                                         f"at the peer {label(b.record)}")
                 continue
             if getattr(a, field) != getattr(b, field):
                 raise HandshakeError(f"cache {name!r}: {field} differs: here {getattr(a, field)!r}, "

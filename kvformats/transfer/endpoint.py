@@ -1,36 +1,53 @@
 """One side of a transfer: its caches registered with an engine, its hello, push and pull.
 
 The call pattern (both sides hold an ``Endpoint``; the hellos and the "done" message go over
-whatever control channel the serving engine already has):
+whatever control channel the serving engine already has; examples/transfer_two_process.py is
+it, complete):
 
-    here = Endpoint(engine, caches)                 # registers each cache storage once
+    here = Endpoint(engine, caches)                 # registers each arena once
     peer = here.connect(hello_from_peer)            # handshake, then the engine connects
     plan = plan_transfer(here.descs, peer.descs, src_pages, dst_pages)
     here.push(peer, plan, timeout=30)               # or, on the destination, here.pull(...)
     sums = expected_checksums(plan, caches)         # sender -> receiver with "done"
     verify(plan, caches_at_receiver, sums)          # receiver, before it marks pages valid
 
-Every batch has a deadline; a refused, failed or late batch raises TransferError and the plan's
-destination pages must be treated as not valid (the receiver never saw a "done").
+A side that the peer writes to or reads from must let its engine progress while it waits: NIXL
+does so on its own thread by default; with ``progress_thread=False`` wait with ``Endpoint.wait``.
+The deadline covers the whole push or pull, every batch; a refused, failed or late batch raises
+TransferError and the plan's destination pages must be treated as not valid (the receiver never
+saw a "done").
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import math
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import attrs
 import torch
 
-from kvformats.errors import HandshakeError, InputError, TransferError
+from kvformats.errors import HandshakeError, InputError, InputTypeError, TransferError, describe
 from kvformats.layout import Layout
+from kvformats.transfer.bounds import loads, short
 from kvformats.transfer.describe import CacheDesc, describe_caches, from_json, handshake, to_json
-from kvformats.transfer.engines.base import BUSY, DONE, Engine
+from kvformats.transfer.engines.base import BUSY, DONE, Engine, batch_size
 from kvformats.transfer.plan import TransferPlan
 
 POLL_S = 0.0005  # sleep between polls of a busy batch
+ADDRESS_LIMIT = 1 << 63  # an arena's last byte must have an int64 address (segment rows are int64)
+
+
+def seconds(value, what: str = "timeout") -> float:
+    """A positive, finite number of seconds; InputTypeError for a bool or a non-number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputTypeError(f"{what} must be a number of seconds, got {describe(value)}")
+    if not 0 < value < math.inf:
+        raise InputError(f"{what} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
 
 
 @attrs.frozen(eq=False)
@@ -38,7 +55,7 @@ class Peer:
     """What a side knows of its peer after ``connect``."""
 
     descs: dict[str, CacheDesc]
-    bases: dict[str, int]  # cache name -> address of its storage at the peer
+    bases: dict[str, int]  # cache name -> address of its arena at the peer
     handle: object  # the engine's handle of the peer
 
 
@@ -49,36 +66,51 @@ class Endpoint:
         self.engine = engine
         self.caches = dict(caches)
         self.descs = describe_caches(self.caches)
-        self.bases = {n: c.untyped_storage().data_ptr() for n, (_, c) in self.caches.items()}
+        # every cache's arena address: its page 0's address less its offset in the arena
+        self.bases = {n: layout.byte_pages(c)[0].data_ptr() - self.descs[n].offset
+                      for n, (layout, c) in self.caches.items()}
         for name, d in self.descs.items():
-            if d.arena == name:  # one registration per storage
+            if d.arena == name:  # one registration per arena
                 engine.register(self.bases[name], d.storage_bytes, self.caches[name][1].device)
 
     def hello(self) -> bytes:
         """What the peer's ``connect`` needs: descriptions (each with its record identity),
-        storage addresses, engine metadata."""
+        arena addresses, engine metadata."""
         return json.dumps({"engine": self.engine.name, "caches": to_json(self.descs), "bases": self.bases,
                            "metadata": base64.b64encode(self.engine.metadata()).decode()}).encode()
 
     def connect(self, hello: bytes) -> Peer:
         """Handshake against the peer's hello (HandshakeError on any difference, a cache of
         another record ABI of the same bytes per token among them: the message names both record
-        identities), then connect."""
-        try:
-            msg = json.loads(hello)
-            engine, caches, bases, meta = msg["engine"], msg["caches"], msg["bases"], msg["metadata"]
-        except (TypeError, ValueError, KeyError) as err:
-            raise HandshakeError(f"the peer's hello is not a kvformats hello: {err!r}") from None
+        identities; and on anything malformed: every field is checked before use), then connect."""
+        msg = loads(hello, "the peer's hello")
+        if not isinstance(msg, dict) or set(msg) != {"engine", "caches", "bases", "metadata"}:
+            raise HandshakeError(f"the peer's hello is not a kvformats hello: {short(msg)}")
+        engine, caches, bases, meta = msg["engine"], msg["caches"], msg["bases"], msg["metadata"]
         if engine != self.engine.name:
-            raise HandshakeError(f"the peer uses engine {engine!r}, this side {self.engine.name!r}")
+            raise HandshakeError(f"the peer uses engine {short(engine)}, this side {self.engine.name!r}")
         descs = from_json(caches)
         handshake(self.descs, descs)
-        if not isinstance(bases, dict) or set(bases) != set(descs) or not all(type(v) is int for v in bases.values()):
-            raise HandshakeError("the peer's hello has no storage address for each cache")
-        return Peer(descs=descs, bases=bases, handle=self.engine.connect(base64.b64decode(meta)))
+        if not isinstance(bases, dict) or set(bases) != set(descs):
+            raise HandshakeError("the peer's hello has no arena address for each cache")
+        for name, base in bases.items():
+            top = base + descs[name].storage_bytes if type(base) is int else 0  # noqa: E721 - not a bool
+            if type(base) is not int or base <= 0 or top >= ADDRESS_LIMIT:  # noqa: E721
+                raise HandshakeError(f"the peer's hello gives cache {name!r} the arena address {short(base)}: not a "
+                                     f"positive int whose arena of {descs[name].storage_bytes} bytes ends below "
+                                     f"2**63")
+        if not isinstance(meta, str):
+            raise HandshakeError(f"the peer's engine metadata must be base64 text, got {short(meta)}")
+        try:
+            raw = base64.b64decode(meta, validate=True)
+        except (binascii.Error, ValueError) as err:
+            raise HandshakeError(f"the peer's engine metadata is not base64: {err}") from None
+        return Peer(descs=descs, bases=bases, handle=self.engine.connect(raw))
 
     def _rows(self, plan: TransferPlan, peer: Peer, local_side: str) -> torch.Tensor:
         """int64 ``[N, 3]`` (local address, remote address, length) of every segment of the plan."""
+        if not isinstance(plan, TransferPlan):
+            raise InputTypeError(f"plan must be a TransferPlan (plan_transfer), got {describe(plan)}")
         local_descs, remote_descs = (plan.src, plan.dst) if local_side == "src" else (plan.dst, plan.src)
         if local_descs != self.descs or remote_descs != peer.descs:
             raise InputError(f"the plan was made for other caches: make it from this endpoint's and the peer's "
@@ -91,32 +123,50 @@ class Endpoint:
         return torch.cat(parts) if parts else torch.zeros(0, 3, dtype=torch.int64)
 
     def push(self, peer: Peer, plan: TransferPlan, *, timeout: float = 30.0) -> None:
-        """Write the plan's source pages (here) to its destination pages (at the peer)."""
+        """Write the plan's source pages (here) to its destination pages (at the peer); every
+        batch within ``timeout`` seconds of the call."""
         self._run("write", self._rows(plan, peer, "src"), peer, timeout)
 
     def pull(self, peer: Peer, plan: TransferPlan, *, timeout: float = 30.0) -> None:
-        """Read the plan's source pages (at the peer) into its destination pages (here)."""
+        """Read the plan's source pages (at the peer) into its destination pages (here); every
+        batch within ``timeout`` seconds of the call."""
         self._run("read", self._rows(plan, peer, "dst"), peer, timeout)
 
+    def wait(self, ready: Callable[[], bool], *, timeout: float = 30.0, what: str = "the peer's message") -> None:
+        """Return once ``ready()`` is true (e.g. ``conn.poll`` of a pipe or socket wrapper),
+        letting the engine progress meanwhile: a peer's write into this side's caches, or its read
+        from them, may need this side's engine to progress (NIXL without its progress thread).
+        TransferError after ``timeout`` seconds."""
+        deadline = time.monotonic() + seconds(timeout)
+        while not ready():
+            self.engine.progress()
+            if time.monotonic() > deadline:
+                raise TransferError(f"no {what} within {timeout} s")
+            time.sleep(POLL_S)
+
     def _run(self, op: str, rows: torch.Tensor, peer: Peer, timeout: float) -> None:
-        if not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
-            raise InputError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        timeout = seconds(timeout)
+        size = batch_size(self.engine.max_batch)  # an attribute: it may have been set after construction
         deadline = time.monotonic() + timeout
-        size = self.engine.max_batch
         batches = (rows.shape[0] + size - 1) // size
         for i in range(batches):
             chunk = rows[i * size:(i + 1) * size]
+            if time.monotonic() > deadline:  # the deadline is the whole call's, not each batch's
+                raise TransferError(self._late(op, timeout, i, batches))
             handle = self.engine.post(op, peer.handle, chunk)
             while (state := self.engine.poll(handle)) == BUSY:
                 if time.monotonic() > deadline:
                     self.engine.abandon(handle)
-                    raise TransferError(f"{self.engine.name} {op} timed out after {timeout} s in batch {i + 1} of "
-                                        f"{batches}; the destination pages are not valid")
+                    raise TransferError(self._late(op, timeout, i, batches))
                 time.sleep(POLL_S)
             if state != DONE:
                 raise TransferError(f"{self.engine.name} {op} failed in batch {i + 1} of {batches} "
                                     f"({chunk.shape[0]} segments, {int(chunk[:, 2].sum())} bytes); the destination "
                                     f"pages are not valid")
+
+    def _late(self, op: str, timeout: float, i: int, batches: int) -> str:
+        return (f"{self.engine.name} {op} timed out after {timeout} s in batch {i + 1} of {batches}; the destination "
+                f"pages are not valid. Likely cause: {self.engine.stall_hint}")
 
     def close(self) -> None:
         self.engine.close()

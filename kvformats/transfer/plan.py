@@ -12,6 +12,9 @@ storage (what an engine registers): an engine adds each side's base address. Two
 
 Segments are coalesced where both sides are contiguous, so adjacent pages move as one. Every
 check runs here, on the host, before an engine sees the plan: a plan that exists is safe to run.
+Both sides' descriptions are checked against the layouts their formats give
+(``bounds.checked_layout``) and rows per page come from that layout, never from a peer's
+number; every count is below 2**62, so no offset computed here wraps.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from typing import Mapping
 import attrs
 import torch
 
-from kvformats.errors import HandshakeError, InputError, InputTypeError, describe
+from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.layout import Layout
+from kvformats.transfer.bounds import checked_layout
 from kvformats.transfer.describe import CacheDesc, handshake
 
 
@@ -31,8 +36,10 @@ class CachePlan:
 
     ``src_pages``/``dst_pages``: int64 ``[P]`` page ids, paired; ``rows``: int64 ``[P, 2]``, the
     rows [start, stop) of each page that move (the checksum covers those rows of every region,
-    and the page pad when whole pages move); ``src``/``dst``: int64 ``[N, 2]`` coalesced
-    (offset, length) segments; ``segments_before``: their count before coalescing."""
+    and the page pad when whole pages move); ``field_rows``: the same per cache of ``caches``
+    (fields of one arena may have different rows per page: ``rows_of``); ``src``/``dst``: int64
+    ``[N, 2]`` coalesced (offset, length) segments; ``segments_before``: their count before
+    coalescing."""
 
     name: str
     caches: tuple[str, ...]
@@ -43,10 +50,15 @@ class CachePlan:
     dst: torch.Tensor
     segments_before: int
     include_pad: bool = True  # whole pages move (the page pad too); False when only rows move
+    field_rows: dict = attrs.field(factory=dict)  # cache name -> its rows [P, 2], where not ``rows``
 
     @property
     def nbytes(self) -> int:
         return int(self.src[:, 1].sum())
+
+    def rows_of(self, name: str) -> torch.Tensor:
+        """The rows of each page of cache ``name`` (one of ``caches``) that move."""
+        return self.field_rows.get(name, self.rows)
 
 
 @attrs.frozen(eq=False)
@@ -81,9 +93,14 @@ def _page_ids(what: str, pages, desc: CacheDesc) -> torch.Tensor:
     if isinstance(pages, (list, tuple)):
         if not all(type(p) is int for p in pages):  # noqa: E721 - not a bool
             raise InputTypeError(f"{what} must be ints, got {pages!r}")
+        bad = [p for p in pages if not 0 <= p < desc.num_pages]  # before torch, which refuses ints past int64
+        if bad:
+            raise InputError(f"{what} names page {bad[0]}, beyond the cache's {desc.num_pages} pages")
         pages = torch.tensor(pages, dtype=torch.int64)
     if not isinstance(pages, torch.Tensor) or pages.dtype not in (torch.int32, torch.int64) or pages.dim() != 1:
         raise InputTypeError(f"{what} must be a 1-D int32/int64 tensor or a list of ints, got {describe(pages)}")
+    if pages.device.type == "meta":
+        raise InputError(f"{what} is on the meta device: it holds no page ids ({describe(pages)})")
     pages = pages.to("cpu", torch.int64)
     if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= desc.num_pages):
         bad = pages[(pages < 0) | (pages >= desc.num_pages)][0]
@@ -136,18 +153,8 @@ def _segments(desc: CacheDesc, layout_segments, pages: torch.Tensor, rows: torch
     return torch.stack(parts, 1).flatten(0, 1)
 
 
-def _layout_segments(desc: CacheDesc) -> list[tuple[int, int]]:
-    """(in-page offset, record bytes) of each segment of the described format, whose record
-    identity must be the one the description carries (else a HandshakeError naming both: the
-    segments would be another record's)."""
-    from kvformats.codec.records import accepted_identities, identity_label, record_of
-    from kvformats.codec.registry import get_format
-
-    layout = get_format(desc.format, **desc.params)
-    record = record_of(layout).identity()
-    if desc.record and desc.record not in accepted_identities(layout):
-        raise HandshakeError(f"cache {desc.name!r} is described as {desc.format}, whose record is "
-                             f"{identity_label(record)}, but carries the record {identity_label(desc.record)}")
+def _layout_segments(layout: Layout) -> list[tuple[int, int]]:
+    """(in-page offset, record bytes) of each segment of the layout."""
     return [(layout.segment_offsets[s.name], s.record_bytes) for s in layout.segments]
 
 
@@ -182,9 +189,15 @@ def plan_transfer(src: Mapping[str, CacheDesc], dst: Mapping[str, CacheDesc], sr
     that side, in request order (the i-th pages pair up). ``rows``: cache name -> (start, stop)
     rows of the request to move (rows of the i-th page are [i * page_size, (i + 1) * page_size));
     caches not named move whole pages. ``whole_pages``: move each arena's physical pages once
-    (then no ``rows``). Raises HandshakeError (the handshake's, or a description whose record
-    identity is not its format's), InputError, InputTypeError; moves nothing."""
+    (then no ``rows``). Raises HandshakeError (the handshake's, or a description that its
+    format's layout contradicts: ``bounds.checked_layout``), InputError, InputTypeError; moves
+    nothing."""
     handshake(src, dst)
+    if not isinstance(whole_pages, bool):
+        raise InputTypeError(f"whole_pages must be a bool, got {describe(whole_pages)}")
+    layouts = {name: checked_layout(src[name], "source ") for name in src}
+    for name in dst:
+        checked_layout(dst[name], "destination ")
     for what, pages in (("src_pages", src_pages), ("dst_pages", dst_pages)):
         if not isinstance(pages, Mapping):
             raise InputTypeError(f"{what} must be a mapping cache name -> page ids, got {describe(pages)}")
@@ -205,17 +218,18 @@ def plan_transfer(src: Mapping[str, CacheDesc], dst: Mapping[str, CacheDesc], sr
         dp = _page_ids(f"dst_pages[{name!r}]", dst_pages[name], dst[name])
         if sp.numel() != dp.numel():
             raise InputError(f"cache {name!r}: {sp.numel()} source pages but {dp.numel()} destination pages")
-        r = _row_ranges(name, rows.get(name), sp.numel(), src[name].page_size)
+        r = _row_ranges(name, rows.get(name), sp.numel(), layouts[name].page_size)
         keep = r[:, 1] > r[:, 0]  # pages the row range does not reach move nothing
         checked[name] = (sp[keep], dp[keep], r[keep])
     plans = _whole_page_plans(src, dst, checked) if whole_pages else [
-        _cache_plan(name, src[name], dst[name], *checked[name], whole=name not in rows) for name in checked]
+        _cache_plan(name, layouts[name], src[name], dst[name], *checked[name], whole=name not in rows)
+        for name in checked]
     _check_no_overlap(plans, dst)
     return TransferPlan(caches={p.name: p for p in plans}, src=dict(src), dst=dict(dst), whole_pages=whole_pages)
 
 
-def _cache_plan(name, s: CacheDesc, d: CacheDesc, sp, dp, r, *, whole: bool) -> CachePlan:
-    layout_segments = _layout_segments(s)
+def _cache_plan(name, layout: Layout, s: CacheDesc, d: CacheDesc, sp, dp, r, *, whole: bool) -> CachePlan:
+    layout_segments = _layout_segments(layout)
     width = s.page_bytes if whole else None
     a, b = _segments(s, layout_segments, sp, r, width), _segments(d, layout_segments, dp, r, width)
     live = a[:, 1] > 0
@@ -254,6 +268,7 @@ def _whole_page_plans(src, dst, checked) -> list[CachePlan]:
         seg_d = torch.stack([d_base + dp * dst[members[0].name].page_stride, torch.full_like(dp, span)], 1)
         before = seg_s.shape[0]
         seg_s, seg_d = coalesce(seg_s, seg_d)
+        # every field's own rows: fields of one arena may hold different rows per page
         plans.append(CachePlan(name=arena, caches=tuple(names), src_pages=sp, dst_pages=dp, rows=r, src=seg_s,
-                               dst=seg_d, segments_before=before))
+                               dst=seg_d, segments_before=before, field_rows={n: checked[n][2] for n in names}))
     return plans

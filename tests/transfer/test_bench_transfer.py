@@ -35,3 +35,28 @@ def test_chart_and_table_show_every_row():
     assert svg.startswith("<svg") and svg.count("<rect") == 3 + 3 * len(rows)
     assert "mooncake 128k" in svg
     assert len(bench.table(rows).splitlines()) == 2 + len(rows)
+
+
+def test_checksum_cost_rows_cover_every_cache_kind_and_the_request():
+    rows = bench.measure_checksums(1024, 2, repeat=1)
+    assert [r["cache"] for r in rows] == ["swa", "csa", "index", "csa_state", "idx_state", "hca", "hca_state",
+                                          "request"]
+    assert rows[-1]["bytes"] == sum(r["bytes"] for r in rows[:-1]) and all(r["mixed_ms"] > 0 for r in rows)
+    assert len(bench.checksum_table(rows).splitlines()) == 2 + len(rows)
+
+
+def test_the_baseline_is_the_old_linear_sums():
+    """linear_checksums restates the checksum issue 44 replaced: a swap of two equal-sum blocks
+    leaves it unchanged (why it was replaced), a single changed byte does not."""
+    import torch
+
+    layout = bench.INDEX
+    cache = layout.allocate(1)
+    u8 = layout.byte_pages(cache)[0]
+    u8[0, :8] = torch.tensor([1, 2, 3, 4, 4, 3, 2, 1], dtype=torch.uint8)
+    rows, page = torch.tensor([[0, 64]]), torch.tensor([0])
+    base = bench.linear_checksums(layout, cache, page, rows)
+    u8[0, :8] = torch.tensor([4, 3, 2, 1, 1, 2, 3, 4], dtype=torch.uint8)  # the two 4-byte blocks swapped
+    assert torch.equal(bench.linear_checksums(layout, cache, page, rows), base)
+    u8[0, 0] += 1
+    assert not torch.equal(bench.linear_checksums(layout, cache, page, rows), base)

@@ -72,9 +72,18 @@ def test_a_byte_changed_in_flight_is_caught(engine, direction):
     assert out["B"][3] == [0]  # request 0 arrived intact; request 1 was never marked valid
 
 
+MXFP4 = "dsv4-mxfp4-indexer-68 (V4 / V4.1, 68 B/token, head_dim 128, page-planar)"
+FP8 = "dsv4-fp8-indexer-132 (V4, 132 B/token, head_dim 128, page-planar)"
+
+
 @pytest.mark.parametrize("engine", ["nixl", "mooncake"])
 def test_another_layout_fails_the_handshake(engine):
+    """Both sides refuse, each with the whole message from its own point of view (a prefix
+    alone would pass with the fields after it ignored)."""
     out = run(engine, "push", "mismatch")
-    for side in "AB":
+    want = {"A": ("mxfp4_indexer", "fp8_indexer", MXFP4, FP8), "B": ("fp8_indexer", "mxfp4_indexer", FP8, MXFP4)}
+    for side, (here, there, rec_here, rec_there) in want.items():
         assert out[side][1] == "error", out[side][2:]
-        assert out[side][2].startswith("HandshakeError: cache 'index': format differs")
+        assert out[side][2].splitlines()[0] == (
+            f"HandshakeError: cache 'index': format differs: here {here!r}, at the peer {there!r} "
+            f"(record here {rec_here}, at the peer {rec_there})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import torch
 from hypothesis import given, settings
@@ -76,8 +77,9 @@ def test_whole_pages_move_exactly_and_coalesce():
 def test_arena_whole_pages_move_each_physical_page_once():
     src, dst = arena(8, seed=2), arena(10, seed=None)
     plan = plan_transfer(describe_caches(src), describe_caches(dst), SRC_PAGES, DST_PAGES, whole_pages=True)
-    assert set(plan.caches) == {"kv", "state"} and plan.caches["kv"].caches == ("kv", "index")
-    assert plan.caches["kv"].src.shape[0] == 2  # 3,4,5 -> 6,7,8 coalesce into one segment
+    # an arena is named after its first member by name, whatever the insertion order
+    assert set(plan.caches) == {"index", "state"} and plan.caches["index"].caches == ("kv", "index")
+    assert plan.caches["index"].src.shape[0] == 2  # 3,4,5 -> 6,7,8 coalesce into one segment
     apply(plan, src, dst)
     verify(plan, dst, expected_checksums(plan, src))
     with pytest.raises(InputError, match="same pages"):
@@ -85,6 +87,36 @@ def test_arena_whole_pages_move_each_physical_page_once():
                       DST_PAGES, whole_pages=True)
     with pytest.raises(InputError, match="every field of arena"):
         plan_transfer(describe_caches(src), describe_caches(dst), {"kv": [1]}, {"kv": [2]}, whole_pages=True)
+
+
+def test_whole_pages_verify_every_row_of_fields_with_other_page_sizes():
+    """An arena of an fp8_ds_mla field of 16 rows per page beside an MXFP4 indexer field of 64
+    (issue 44 item 2): each field's checksum covers its own rows; before, every field was
+    checked over the first field's rows [0, 16) and a change in row 40 of the index field passed."""
+    index = Mxfp4Indexer(head_dim=128, page_size=64)
+
+    def mixed(pages, seed):
+        stride = KV.page_bytes + index.page_bytes
+        buf = torch.zeros(pages * stride, dtype=torch.uint8)
+        if seed is not None:
+            buf.random_(0, 256, generator=torch.Generator().manual_seed(seed))
+        return {"kv": (KV, buf.as_strided((pages, KV.page_bytes), (stride, 1), 0)),
+                "index": (index, buf.as_strided((pages, index.page_bytes), (stride, 1), KV.page_bytes))}
+
+    src, dst = mixed(4, seed=8), mixed(5, seed=None)
+    pages = {"kv": [1, 3], "index": [1, 3]}
+    there = {"kv": [4, 0], "index": [4, 0]}
+    plan = plan_transfer(describe_caches(src), describe_caches(dst), pages, there, whole_pages=True)
+    sums = expected_checksums(plan, src)
+    apply(plan, src, dst)
+    verify(plan, dst, sums)
+    layout, cache = dst["index"]
+    cache[0, layout.region("values").offset + 40 * 64 + 5] ^= 0x10  # row 40 of dst page 0 (request page 1)
+    with pytest.raises(IntegrityError, match=r"cache 'index': page 0 \(sender's page 3, request page 1\) differs in "
+                                             r"region 'values'"):
+        verify(plan, dst, sums)
+    (entry,) = plan.caches.values()
+    assert entry.rows_of("kv").tolist() == [[0, 16]] * 2 and entry.rows_of("index").tolist() == [[0, 64]] * 2
 
 
 def test_row_range_moves_only_those_rows():
@@ -135,12 +167,12 @@ def test_bad_types_are_refused():
 
 def test_overlapping_destination_segments_are_refused():
     """Two caches described over one storage whose pages overlap (a bad arena declaration)."""
-    buf = torch.zeros(4 * KV.page_bytes, dtype=torch.uint8)
-    a = buf.as_strided((3, KV.page_bytes), (KV.page_bytes, 1), 0)
-    b = buf.as_strided((3, KV.page_bytes), (KV.page_bytes, 1), 100)
-    src = describe_caches({"a": (KV, KV.allocate(3)), "b": (KV, KV.allocate(3))})
-    dst = describe_caches({"a": (KV, a), "b": (KV, b)})
-    src = {n: d.__class__(**{**d.to_json(), "arena": dst[n].arena, "offset": dst[n].offset}) for n, d in src.items()}
+    def overlapping():
+        buf = torch.zeros(4 * KV.page_bytes, dtype=torch.uint8)
+        return {"a": (KV, buf.as_strided((3, KV.page_bytes), (KV.page_bytes, 1), 0)),
+                "b": (KV, buf.as_strided((3, KV.page_bytes), (KV.page_bytes, 1), 100))}
+
+    src, dst = describe_caches(overlapping()), describe_caches(overlapping())
     with pytest.raises(InputError, match="overlap"):
         plan_transfer(src, dst, {"a": [0], "b": [0]}, {"a": [1], "b": [0]})
 
@@ -169,6 +201,27 @@ def test_handshake_names_the_difference():
         from_json(json.dumps(bad))
     with pytest.raises(HandshakeError, match="not JSON"):
         from_json("{")
+
+
+def test_the_handshake_compares_every_field_with_its_full_message():
+    """Each compared field alone differing fails the handshake with the whole message (a check
+    of the prefix alone passed even when a field such as ``arena`` was ignored)."""
+    here = describe_caches(arena(8, 0))
+    changes = {"arena": ("kv", "kv"), "page_bytes": ("state", here["state"].page_bytes + 4),
+               "page_stride": ("state", here["state"].page_stride + 64), "profile": ("kv", "vllm"),
+               "page_size": ("index", 64), "fingerprint": ("index", "0" * 64)}
+    for field, (name, theirs) in changes.items():
+        other = dict(here, **{name: attrs.evolve(here[name], **{field: theirs})})
+        with pytest.raises(HandshakeError) as err:
+            handshake(here, other)
+        assert str(err.value) == f"cache {name!r}: {field} differs: here {getattr(here[name], field)!r}, " \
+                                 f"at the peer {theirs!r}"
+    # the same caches, the index field in its own memory at the peer: the arenas differ
+    split = describe_caches({**arena(8, 0), "index": (IDX, IDX.allocate(8, page_stride=KV.page_bytes +
+                                                                       IDX.page_bytes))})
+    with pytest.raises(HandshakeError) as err:
+        handshake(here, split)
+    assert str(err.value) == "cache 'kv': arena differs: here 'index', at the peer 'kv'"
 
 
 def test_verify_names_cache_page_and_region_and_diff_shows_the_bytes(tmp_path):

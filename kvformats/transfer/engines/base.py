@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import torch
 
+from kvformats.errors import InputError
+
 BUSY, DONE, FAILED = "busy", "done", "failed"
+
+
+def batch_size(value) -> int:
+    """A positive int of segments per batch (0 would divide by zero, a negative one post
+    nothing and report success); InputError otherwise."""
+    if type(value) is not int or value < 1:  # noqa: E721 - a bool is refused too
+        raise InputError(f"max_batch must be a positive int (segments per batch), got {value!r}")
+    return value
 
 
 class Engine:
@@ -18,6 +28,8 @@ class Engine:
 
     name = ""
     max_batch = 1024  # segments per posted batch (the engine's queue limit, or a bounded list)
+    # what a batch that outlives its deadline most likely means (the timeout message's last words)
+    stall_hint = "the peer stalled or is unreachable"
 
     def register(self, addr: int, nbytes: int, device: torch.device | None = None) -> None:
         """Make ``nbytes`` at ``addr`` (a cache's storage, on ``device``) reachable by peers."""

@@ -11,24 +11,36 @@ start). Measured here (0.3.13.post1, TCP): after an asynchronous batch,
 ``transfer_check_status(batch)`` answers 1 ("done") while some of its bytes have not landed
 (64 MiB in 256 segments: 40-53 MB in place when it said done), and an asynchronous write to an
 unreachable peer crashed the process (SIGSEGV); the blocking batch calls do neither, so they
-are used. ``MC_TCP_BIND_ADDRESS`` is set to ``host``; even so this version's handshake
-listener binds 0.0.0.0 and its TCP listener all addresses (traffic goes only where peers are
-told: ``host``). The wheel that needs no GPU is ``mooncake-transfer-engine-non-cuda``; it needs
-Debian's ``libibverbs1``. A batch of 4,096 segments overflowed its default per-peer queue in the
+are used. A blocking call to a stalled peer returns only after ``MC_TRANSFER_TIMEOUT`` (30 s by
+default), and it releases the GIL (measured: another thread ran throughout), so each batch runs
+on a worker thread and ``Endpoint`` keeps the caller's deadline across batches; a batch left
+behind at the deadline still runs until Mooncake's own timeout, and ``close`` waits for it
+before unregistering the memory it may still touch. ``initialize`` logs one ERROR line ("Local
+segment descriptor not found", transfer_metadata.cpp) on every successful start; that line
+alone is dropped from what it writes to stderr, every other line is passed on.
+``MC_TCP_BIND_ADDRESS`` is set to ``host``; even so this version's handshake listener binds
+0.0.0.0 and its TCP listener all addresses (traffic goes only where peers are told: ``host``).
+The wheel that needs no GPU is ``mooncake-transfer-engine-non-cuda``; it needs Debian's
+``libibverbs1``. A batch of 4,096 segments overflowed its default per-peer queue in the
 feasibility run of issue 37, so batches here hold at most 256.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
+import threading
+from typing import cast
 
 import torch
 
-from kvformats.errors import BackendUnavailableError, TransferError
-from kvformats.transfer.engines.base import DONE, FAILED, Engine
+from kvformats.errors import BackendUnavailableError, HandshakeError, InputError, TransferError
+from kvformats.transfer.engines.base import BUSY, DONE, FAILED, Engine, batch_size
 
 INSTALL = ("pip install mooncake-transfer-engine-non-cuda and apt-get install libibverbs1 "
            "(see docs/transfer.md)")
+BENIGN = b"Local segment descriptor not found"  # logged as an error by every successful initialize
 
 
 def _import():
@@ -39,19 +51,62 @@ def _import():
     return TransferEngine
 
 
+def _quiet_call(fn, *args):
+    """``fn(*args)`` with file descriptor 2 sent to a temporary file, then every line of it but
+    the BENIGN one written back to stderr (Mooncake logs through glog straight to fd 2)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            return fn(*args)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            kept = b"".join(line for line in log.read().splitlines(keepends=True) if BENIGN not in line)
+            if kept:
+                os.write(2, kept)
+
+
+class _Batch:
+    """One blocking batch call on a worker thread; ``rc`` is its return once the thread ends."""
+
+    def __init__(self, fn, args):
+        self.rc: int | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn, args), name="kvformats-mooncake", daemon=True)
+        self.thread.start()
+
+    def _run(self, fn, args):
+        try:
+            self.rc = fn(*args)
+        except Exception:  # noqa: BLE001 - any failure of the call is a failed batch
+            self.rc = -1
+
+
 class MooncakeEngine(Engine):
     name = "mooncake"
+    stall_hint = "the peer stalled or is unreachable (Mooncake gives each batch MC_TRANSFER_TIMEOUT seconds as well)"
 
     def __init__(self, *, host: str = "127.0.0.1", protocol: str = "tcp", max_batch: int = 256,
                  timeout_s: int = 30):
+        self.max_batch = batch_size(max_batch)
+        if type(timeout_s) is not int or timeout_s < 1:  # noqa: E721 - a bool is refused too
+            raise InputError(f"timeout_s must be a positive int of seconds, got {timeout_s!r}")
         os.environ.setdefault("MC_TCP_BIND_ADDRESS", host)
         os.environ.setdefault("MC_TRANSFER_TIMEOUT", str(timeout_s))  # bounds each batch's wait
         self.engine = _import()()
-        rc = self.engine.initialize(host, "P2PHANDSHAKE", protocol, "")
+        rc = _quiet_call(self.engine.initialize, host, "P2PHANDSHAKE", protocol, "")
         if rc != 0:
             raise TransferError(f"mooncake could not start on {host} over {protocol} (returned {rc})")
-        self.host, self.max_batch = host, max_batch
+        self.host = host
+        try:  # the engine's own bound on a batch (the environment may have set it before us)
+            bound = int(os.environ["MC_TRANSFER_TIMEOUT"])
+        except ValueError:
+            bound = timeout_s
+        self.wait_s = bound + 5  # how long close() waits for a batch left at a deadline
         self._registered: list = []
+        self._left: list[_Batch] = []  # batches abandoned at a deadline, maybe still running
 
     def register(self, addr: int, nbytes: int, device: torch.device | None = None) -> None:
         rc = self.engine.register_memory(addr, nbytes)
@@ -63,19 +118,35 @@ class MooncakeEngine(Engine):
         return f"{self.host}:{self.engine.get_rpc_port()}".encode()
 
     def connect(self, peer_metadata: bytes) -> object:
-        return peer_metadata.decode()
+        try:
+            target = peer_metadata.decode("utf-8")
+        except (AttributeError, UnicodeDecodeError) as err:
+            raise HandshakeError(f"the peer's Mooncake metadata is not UTF-8 'host:port' text: {err}") from None
+        host, _, port = target.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise HandshakeError(f"the peer's Mooncake metadata must be 'host:port', got {target[:100]!r}")
+        return target
 
     def post(self, op: str, peer: object, segments: torch.Tensor) -> object:
-        # The blocking batch call: it returns only when every segment is done or failed (bounded
-        # by MC_TRANSFER_TIMEOUT). The asynchronous pair was measured unfit here (module doc).
+        # The blocking batch call (the asynchronous pair was measured unfit here: module doc), on
+        # a worker thread so that the caller's deadline, not MC_TRANSFER_TIMEOUT, bounds the wait.
         local, remote, lengths = (c.tolist() for c in segments.cpu().unbind(1))
         run = self.engine.batch_transfer_sync_write if op == "write" else self.engine.batch_transfer_sync_read
-        return run(peer, local, remote, lengths)
+        return _Batch(run, (peer, local, remote, lengths))
 
     def poll(self, handle: object) -> str:
-        return DONE if handle == 0 else FAILED  # the batch call's return: 0 done, -1 failed
+        batch = cast(_Batch, handle)
+        if batch.thread.is_alive():
+            return BUSY
+        return DONE if batch.rc == 0 else FAILED  # the batch call's return: 0 done, -1 failed
+
+    def abandon(self, handle: object) -> None:
+        self._left.append(cast(_Batch, handle))
 
     def close(self) -> None:
+        for batch in self._left:  # the engine may still touch registered memory until these end
+            batch.thread.join(self.wait_s)
+        self._left = []
         for addr in self._registered:
             self.engine.unregister_memory(addr)
         self._registered = []

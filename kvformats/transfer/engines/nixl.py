@@ -7,8 +7,12 @@ to connect; ``get_xfer_descs`` of an Nx3 numpy array (addr, len, dev); ``initial
 | "READ", local, remote, peer)``, ``transfer`` and ``check_xfer_state`` answering "DONE",
 "PROC" or "ERR". UCX settings (https://openucx.readthedocs.io/en/master/faq.html):
 ``UCX_MODULES=^ib*`` (no InfiniBand modules: processes otherwise crash at exit on machines
-without them), ``UCX_NET_DEVICES=lo`` keeps listeners on loopback in tests; the progress
-thread is off (it costs 3-5x on a 2-core machine), so a receiver calls ``progress``.
+without them), ``UCX_NET_DEVICES=lo`` keeps listeners on loopback in tests. A side that a
+peer writes to or reads from completes the peer's transfer only while its agent progresses:
+the progress thread does that, so it is on by default (the documented call pattern, where the
+receiver waits in its own control channel, then works as written); with
+``progress_thread=False`` (measured 3-5x faster on a 2-core machine, where the thread competes
+for a core) the side must wait through ``Endpoint.wait`` or call ``progress`` itself.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ import uuid
 
 import torch
 
-from kvformats.errors import BackendUnavailableError, TransferError
-from kvformats.transfer.engines.base import BUSY, DONE, FAILED, Engine
+from kvformats.errors import BackendUnavailableError, HandshakeError, InputTypeError, TransferError
+from kvformats.transfer.engines.base import BUSY, DONE, FAILED, Engine, batch_size
 
 INSTALL = "pip install 'kvformats[nixl]' (nixl-cu12 and numpy; see docs/transfer.md)"
 
@@ -41,16 +45,22 @@ def _import():
 
 class NixlEngine(Engine):
     name = "nixl"
+    stall_hint = ("the peer's NIXL agent made no progress: a side that is written to or read from needs its "
+                  "progress thread (NixlEngine(progress_thread=True), the default) or must wait through "
+                  "Endpoint.wait (or call engine.progress()) while the transfer runs; else the peer stalled or "
+                  "is unreachable")
 
     def __init__(self, *, agent_name: str | None = None, loopback: bool = False, max_batch: int = 1024,
-                 progress_thread: bool = False):
+                 progress_thread: bool = True):
+        self.max_batch = batch_size(max_batch)
+        if not isinstance(progress_thread, bool):
+            raise InputTypeError(f"progress_thread must be a bool, got {progress_thread!r}")
         if loopback:
             os.environ.setdefault("UCX_NET_DEVICES", "lo")
         self._np, agent, config = _import()
         self.agent_name = agent_name or f"kvformats-{uuid.uuid4().hex[:12]}"
         self.agent = agent(self.agent_name, config(enable_prog_thread=progress_thread, enable_listen_thread=False,
                                                    backends=["UCX"]))
-        self.max_batch = max_batch
         self._registered: list = []
 
     def _mem(self, device: torch.device | None = None) -> str:
@@ -68,6 +78,9 @@ class NixlEngine(Engine):
         return self.agent.get_agent_metadata()
 
     def connect(self, peer_metadata: bytes) -> object:
+        if not isinstance(peer_metadata, bytes) or not peer_metadata:
+            raise HandshakeError(f"the peer's NIXL metadata must be non-empty bytes, "
+                                 f"got {type(peer_metadata).__name__}")
         try:
             return self.agent.add_remote_agent(peer_metadata)
         except Exception as err:
