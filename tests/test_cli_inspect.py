@@ -35,7 +35,13 @@ def run(capsys, *argv):
 
 def test_dump_page_and_slot(files, capsys):
     code, out, _ = run(capsys, "dump", files / "one.safetensors", "--tensor", "swa", "--page", 1)
-    assert code == 0 and "row 0 nope[0] block 0" in out and "scale_pad" in out and "page_pad" in out
+    # by default a summary: one line per region (the full page is thousands of lines)
+    regions = [line.split()[0] for line in out.splitlines()[2:-1]]
+    assert code == 0 and regions == ["nope", "rope", "scale", "scale_pad", "page_pad"] and "--full" in out
+    assert "row 0 nope[0] block 0" not in out and len(out.splitlines()) == 8
+    code, full, _ = run(capsys, "dump", files / "one.safetensors", "--tensor", "swa", "--page", 1, "--full")
+    assert code == 0 and "row 0 nope[0] block 0" in full and "scale_pad" in full and "page_pad" in full
+    assert len(full.splitlines()) > 100
     code, out, _ = run(capsys, "dump", files / "one.safetensors", "--tensor", "swa", "--slot", 5, "--json")
     rec = json.loads(out)
     assert code == 0 and rec["slot"] == 5 and rec["page"] == 1 and rec["row"] == 1

@@ -53,6 +53,23 @@ def hexdump_page(layout: Layout, cache: torch.Tensor, page: int, rows: range | N
     return "\n".join(lines)
 
 
+def page_summary(layout: Layout, cache: torch.Tensor, page: int) -> str:
+    """One line per region of ``page``: where it lies in the page, its size, how many of its rows
+    hold a nonzero byte, and its first bytes; what ``kvformats dump --page`` prints unless asked
+    for every line (a page is thousands of hexdump lines)."""
+    lines = [f"{layout.name} page {page} (page stride {layout.byte_pages(cache)[1]} B, "
+             f"{page_width(layout, cache)} B per page): summary",
+             f"  {'region':<12} {'dtype':<17} {'offset':>8} {'bytes':>7} {'rows written':>13}  first bytes"]
+    for region in layout.regions:
+        raw = region_bytes(layout, cache, region, slice(page, page + 1))[0]
+        written = int((raw != 0).any(dim=1).sum())
+        rows = "—" if region.per_page else f"{written}/{raw.shape[0]}"
+        first = bytes(raw[0, :8].tolist()).hex(" ")
+        lines.append(f"  {region.name:<12} {region.dtype:<17} {region.offset:>8} {raw.numel():>7} {rows:>13}  {first}")
+    lines.append("every line: --full; some rows: --rows A:B; one slot decoded: --slot S")
+    return "\n".join(lines)
+
+
 def slot_record(layout: Layout, cache: torch.Tensor, slot: int) -> dict:
     """A slot's regions: absolute byte offset, hex bytes, and decoded (scaled) values."""
     page, row = divmod(slot, layout.page_size)

@@ -1,6 +1,6 @@
 """The cache-inspection commands of the ``kvformats`` CLI: dump, diff, check, diagram.
 
-    kvformats dump FILE [--tensor NAME] [--page N | --slot S] [--rows A:B] [--json]
+    kvformats dump FILE [--tensor NAME] [--page N | --slot S] [--rows A:B] [--full] [--json]
     kvformats diff A B [--tensor NAME] [--page N] [--max-items K] [--json]   exit 0 equal, 1 differ
     kvformats check FILE [--tensor NAME] [--json]                            exit 0 ok, 1 violations
     kvformats diagram FORMAT [--param k=v ...] [-o FILE.svg]
@@ -68,7 +68,7 @@ def _print_json(out, obj) -> None:
 
 
 def cmd_dump(args, out) -> int:
-    from kvformats.caches.hexdump import dump_slot, hexdump_page, page_lines, slot_record
+    from kvformats.caches.hexdump import dump_slot, hexdump_page, page_lines, page_summary, slot_record
 
     entry = _entry(args.file, args.tensor)
     layout, cache = entry.layout, entry.cache
@@ -84,6 +84,8 @@ def cmd_dump(args, out) -> int:
     if args.json:
         _print_json(out, {"tensor": entry.name, "format": layout.name, "params": layout.params, "page": page,
                           "page_stride": layout.byte_pages(cache)[1], "lines": page_lines(layout, cache, page, rows)})
+    elif args.rows is None and not args.full:
+        out(page_summary(layout, cache, page))
     else:
         out(hexdump_page(layout, cache, page, rows))
     return 0
@@ -190,6 +192,8 @@ def add_parsers(sub) -> None:
     where.add_argument("--page", type=int, help="page to dump (default 0)")
     where.add_argument("--slot", type=int, help="slot to show with its decoded values and scales")
     dump.add_argument("--rows", metavar="A:B", help="only these rows of the page")
+    dump.add_argument("--full", action="store_true",
+                      help="every hexdump line of the page (default: one summary line per region)")
     dump.add_argument("--json", action="store_true", help="machine-readable output (docs/reference/json.md)")
     dump.set_defaults(fn=cmd_dump)
     diff = sub.add_parser("diff", help="field-wise difference of two cache files (exit 1 when they differ)")
