@@ -28,6 +28,7 @@ import torch
 
 from kvformats.errors import InputTypeError, KVFormatError, describe
 from kvformats.runtime import deferred
+from kvformats.validation import check_memory
 
 NAMESPACE = "kvformats"
 
@@ -78,6 +79,16 @@ def flat(result):
 # would take True as 1 silently), and how an error names them.
 _PY_TYPES: dict[str, type | tuple[type, ...]] = {"Tensor": torch.Tensor, "int": int, "float": (int, float), "str": str}
 _TYPE_NAMES = {"Tensor": "a tensor", "int": "an int", "float": "a float", "str": "a string"}
+
+
+def check_memories(**tensors) -> None:
+    """``validation.check_memory`` of each tensor (or each tensor of a list) named by keyword: what
+    a custom-op wrapper runs before torch's dispatcher sees a sparse or negative-bit tensor (whose
+    errors are untyped)."""
+    for name, value in tensors.items():
+        for t in (value if isinstance(value, (list, tuple)) else (value,)):
+            if isinstance(t, torch.Tensor):
+                check_memory(name, t)
 
 
 class ModelOps:
@@ -160,6 +171,8 @@ class ModelOps:
                 values[n] = bool(v)
             elif not (v is None and optional) and not (isinstance(v, _PY_TYPES[kind]) and not isinstance(v, bool)):
                 raise InputTypeError(f"{n} must be {_TYPE_NAMES[kind]}, got {describe(v)}")
+            elif kind == "Tensor" and v is not None:
+                check_memory(n, v)  # before torch's dispatcher meets a sparse or negative-bit tensor
         if name in self.workspaces:
             values.update({k: t for k, t in self.workspaces[name](values).items() if values[k] is None})
         return {n: values[n] for n in kinds}

@@ -43,7 +43,7 @@ import torch
 
 from kvformats.codec import slot_ops as ops
 from kvformats.codec.registry import get_format
-from kvformats.codec.torch_library import NAMESPACE, define, shares_storage  # noqa: F401  (NAMESPACE: the ops' namespace, public)
+from kvformats.codec.torch_library import NAMESPACE, check_memories, define, shares_storage  # noqa: F401  (NAMESPACE: the ops' namespace, public)
 from kvformats.errors import InputError, InputTypeError
 
 
@@ -180,6 +180,7 @@ def encode(layout, x, cache, slots, *, backend: str = "auto", check: bool = True
         inputs = [*x, kwargs.pop("positions"), kwargs.pop("ape")] if isinstance(x, tuple) else [x]
     if kwargs:
         raise InputTypeError(f"unexpected keyword arguments {sorted(kwargs)}")
+    check_memories(x=inputs, cache=cache, slots=slots)
     torch.ops.kvformats.encode(*layout_key(layout), inputs, cache, slots, backend, check)
 
 
@@ -189,22 +190,27 @@ def _unwrap(layout, out: list[torch.Tensor]):
 
 def decode(layout, cache, slots, *, backend: str = "auto", check: bool = True):
     """``layout.decode`` through ``torch.ops.kvformats.decode``."""
+    check_memories(cache=cache, slots=slots)
     return _unwrap(layout, torch.ops.kvformats.decode(*layout_key(layout), cache, slots, backend, check))
 
 
 def gather(layout, cache, slots, *, backend: str = "auto", check: bool = True) -> torch.Tensor:
     """``layout.gather`` through ``torch.ops.kvformats.gather``."""
+    check_memories(cache=cache, slots=slots)
     return torch.ops.kvformats.gather(*layout_key(layout), cache, slots, backend, check)
 
 
 def decode_topk(layout, cache, topk_slots, *, backend: str = "auto", check: bool = True):
     """``layout.decode_topk`` through ``torch.ops.kvformats.decode_topk``."""
+    check_memories(cache=cache, topk_slots=topk_slots)
     return _unwrap(layout, torch.ops.kvformats.decode_topk(*layout_key(layout), cache, topk_slots, backend, check))
 
 
 def dequantize_gather(layout, cache, out, *, block_table, seq_lens, gather_lens=None, block_table_base_offsets=None,
                       offset: int = 0, backend: str = "auto", check: bool = True) -> torch.Tensor:
     """``layout.dequantize_gather`` through ``torch.ops.kvformats.dequantize_gather``; returns ``out``."""
+    check_memories(cache=cache, out=out, block_table=block_table, seq_lens=seq_lens, gather_lens=gather_lens,
+                   block_table_base_offsets=block_table_base_offsets)
     torch.ops.kvformats.dequantize_gather(*layout_key(layout), cache, out, block_table, seq_lens, gather_lens,
                                           block_table_base_offsets, offset, backend, check)
     return out
@@ -212,5 +218,6 @@ def dequantize_gather(layout, cache, out, *, block_table, seq_lens, gather_lens=
 
 def gather_paged(layout, cache, *, block_table, cu_seq_lens, out, backend: str = "auto", check: bool = True) -> tuple:
     """``layout.gather_paged`` into preallocated workspaces ``out`` (one per segment)."""
+    check_memories(cache=cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=out)
     torch.ops.kvformats.gather_paged(*layout_key(layout), cache, block_table, cu_seq_lens, list(out), backend, check)
     return tuple(out)
