@@ -81,10 +81,15 @@ _PY_TYPES: dict[str, type | tuple[type, ...]] = {"Tensor": torch.Tensor, "int": 
 _TYPE_NAMES = {"Tensor": "a tensor", "int": "an int", "float": "a float", "str": "a string"}
 
 
+_compiling = torch.compiler.is_compiling
+
+
 def check_memories(**tensors) -> None:
     """``validation.check_memory`` of each tensor (or each tensor of a list) named by keyword: what
     a custom-op wrapper runs before torch's dispatcher sees a sparse or negative-bit tensor (whose
     errors are untyped)."""
+    if _compiling():  # dynamo traces the op itself (is_neg() would break the graph)
+        return
     for name, value in tensors.items():
         for t in (value if isinstance(value, (list, tuple)) else (value,)):
             if isinstance(t, torch.Tensor):
@@ -171,7 +176,7 @@ class ModelOps:
                 values[n] = bool(v)
             elif not (v is None and optional) and not (isinstance(v, _PY_TYPES[kind]) and not isinstance(v, bool)):
                 raise InputTypeError(f"{n} must be {_TYPE_NAMES[kind]}, got {describe(v)}")
-            elif kind == "Tensor" and v is not None:
+            elif kind == "Tensor" and v is not None and not _compiling():
                 check_memory(n, v)  # before torch's dispatcher meets a sparse or negative-bit tensor
         if name in self.workspaces:
             values.update({k: t for k, t in self.workspaces[name](values).items() if values[k] is None})
