@@ -47,7 +47,11 @@ def main(argv=None) -> None:
     p.add_argument("--custom", action="store_true", help="through the torch.library custom ops")
     p.add_argument("--rounds", type=int, default=15, help="--compat: interleaved rounds (best of each side)")
     p.add_argument("--compat", action="store_true",
-                   help="the tokenspeed drop-ins (kvformats.compat.tokenspeed) beside the native calls, and their ratio")
+                   help="the tokenspeed drop-ins (kvformats.compat.tokenspeed; tokenspeed_kernel's dsv4 / dsv41: the "
+                        "names dsv4.* / dsv41.*) beside the native calls, and their ratio")
+    p.add_argument("--compat-set", choices=("all", "seed", "kernel"), default="all",
+                   help="--compat: the seed-era drop-ins (kvformats.compat.tokenspeed), the tokenspeed-kernel 0.1.4 "
+                        "ones (kvformats.compat.tokenspeed_kernel), or both")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     only = [s for s in args.only.split(",") if s]
@@ -78,15 +82,24 @@ def _round_us(fn, calls: int) -> float:
 
 def compat_table(args, only) -> None:
     """Native call and its tokenspeed drop-in on the same inputs, replayed (the path an engine's
-    steady state takes) and on the full path; the ratio compat / native."""
+    steady state takes) and on the full path; the ratio compat / native. The seed-era drop-ins
+    (``tests.harness.compat_calls``), then tokenspeed-kernel 0.1.4's (``dsv41.*``, ``dsv4.*``:
+    ``tests.harness.compat_kernel_calls``)."""
     from tests.harness.compat_calls import compat_call_pairs
+    from tests.harness.compat_kernel_calls import kernel_call_pairs
 
+    which = getattr(args, "compat_set", "all")
     print(f"host µs per call, {args.rows} rows, kernel launch stubbed (torch {torch.__version__}): native kvformats "
-          f"call vs its kvformats.compat.tokenspeed drop-in")
+          f"call vs its kvformats.compat.tokenspeed / .tokenspeed_kernel drop-in")
     print("| op | native replayed | compat replayed | ratio | native full | compat full | ratio |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     with stubbed_launches(keep_log=False):
-        for name, (native, compat) in compat_call_pairs("cpu", args.rows).items():
+        pairs = {}
+        if which in ("all", "seed"):
+            pairs.update(compat_call_pairs("cpu", args.rows))
+        if which in ("all", "kernel"):
+            pairs.update(kernel_call_pairs("cpu", args.rows))
+        for name, (native, compat) in pairs.items():
             if only and not any(s in name for s in only):
                 continue
             cells = []

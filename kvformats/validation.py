@@ -41,6 +41,9 @@ def _shape_fits(got, shape: tuple) -> bool:
     return True
 
 
+_compiling = torch.compiler.is_compiling
+
+
 def check_memory(name: str, t: torch.Tensor) -> None:
     """InputTypeError unless a kernel can take ``t``'s memory as its values: a strided tensor
     without the conjugate or negative bit (``kvformats.errors.memory_problem``)."""
@@ -54,12 +57,16 @@ def check_tensor(name: str, t, *, dtypes, shape: tuple, device: torch.device | N
     # One boolean chain for the common case, then the failing test named (every op runs this on
     # each argument, so it is part of every eager call's host cost). The conjugate bit needs no
     # test here: only a complex tensor carries it, and no op takes a complex dtype.
-    if (isinstance(t, torch.Tensor) and t.dtype in dtypes and t.layout is _STRIDED and not t.is_neg()
+    # Under torch.compile (a drop-in's checks traced by dynamo) is_neg() would break the graph, and
+    # the traced tensors are the op's own: the memory check is the eager call's.
+    if (isinstance(t, torch.Tensor) and t.dtype in dtypes and t.layout is _STRIDED
+            and (_compiling() or not t.is_neg())
             and _shape_fits(t.shape, shape) and (device is None or t.device == device)):
         return
     if not isinstance(t, torch.Tensor):
         raise InputTypeError(f"{name} must be a torch.Tensor, got {describe(t)}")
-    check_memory(name, t)  # before the shape: a sparse CSR tensor has no strides to read
+    if not _compiling():
+        check_memory(name, t)  # before the shape: a sparse CSR tensor has no strides to read
     if t.dtype not in dtypes:
         raise InputTypeError(f"{name} must have dtype {_names(dtypes)}, got {describe(t)}")
     if not _shape_fits(t.shape, shape):

@@ -176,7 +176,7 @@ class ModelOps:
                 values[n] = bool(v)
             elif not (v is None and optional) and not (isinstance(v, _PY_TYPES[kind]) and not isinstance(v, bool)):
                 raise InputTypeError(f"{n} must be {_TYPE_NAMES[kind]}, got {describe(v)}")
-            elif kind == "Tensor" and v is not None and not _compiling():
+            elif isinstance(v, torch.Tensor) and not _compiling():
                 check_memory(n, v)  # before torch's dispatcher meets a sparse or negative-bit tensor
         if name in self.workspaces:
             values.update({k: t for k, t in self.workspaces[name](values).items() if values[k] is None})

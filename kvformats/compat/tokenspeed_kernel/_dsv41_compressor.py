@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import torch
 
+from kvformats.compat._replay import replayed
 from kvformats.deepseek_v41 import compressor as ops
 from kvformats.errors import InputTypeError, LayoutError, describe
 
@@ -69,6 +70,7 @@ def _tail(tail) -> None:
         raise LayoutError(f"{want}, got {describe(tail)}")
 
 
+@replayed  # checks, then the native call: replayed as the native call is
 def compressor_tail_scatter(
     content: torch.Tensor,
     scores: torch.Tensor,
@@ -85,6 +87,7 @@ def compressor_tail_scatter(
     return None
 
 
+@replayed
 def compressor_pool(
     content: torch.Tensor,
     scores: torch.Tensor,

@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from kvformats.compat.tokenspeed_kernel import _dsv41_fields as _ts
+from kvformats.compat._replay import replayed
 from kvformats.deepseek_v41 import rows as _ops
 from kvformats.errors import InputError, InputTypeError, describe
 
@@ -60,7 +61,7 @@ def _check_index(name: str, t, n: int, device: torch.device) -> None:
     """tokenspeed's int32 / int64 ``[T]`` argument, as a typed error (before any device work)."""
     if not isinstance(t, torch.Tensor) or t.dtype not in _ts.SLOT_DTYPES:
         raise InputTypeError(f"{name} must be an int32/int64 tensor [{n}], got {describe(t)}")
-    if tuple(t.shape) != (n,) or t.device != device:
+    if t.shape != (n,) or t.device != device:
         raise InputError(f"{name} must be int32/int64 with shape ({n},) on {device}, got {describe(t)}")
 
 
@@ -87,11 +88,20 @@ def swa_rope_scatter(
     t = values.shape[0]
     _check_index("positions", positions, t, cache.device)
     _check_index("slots", slots, t, cache.device)
-    _ops.swa_rope_scatter(values, positions.clamp_min(0), cos_sin_cache, field,
-                          slots.masked_fill(slots < _ts.PAGE_ROWS, -1), fmt=fmt, page_size=_ts.PAGE_ROWS, out=out)
+    pages = field.shape[0]
+    if pages > 1 and (slots.dtype is torch.int64 or (pages - 1) * _ts.PAGE_ROWS <= 2**31 - _ts.PAGE_ROWS):
+        # page 0 left out (tokenspeed's null page): pages 1.. are the kvformats cache, at slot s - 64,
+        # so slots of page 0 are negative and skipped there (one subtraction; an int32 slot that
+        # wraps lands beyond that cache, skipped too)
+        field, slots = field[1:], slots - _ts.PAGE_ROWS
+    else:
+        slots = slots.masked_fill(slots < _ts.PAGE_ROWS, -1)
+    _ops.swa_rope_scatter(values, positions.clamp_min(0), cos_sin_cache, field, slots, fmt=fmt,
+                          page_size=_ts.PAGE_ROWS, out=out)
     return out
 
 
+@replayed  # checks, then the native call: replayed as the native call is
 def index_q_quantize(
     q: torch.Tensor, cache_format: str, out: torch.Tensor | None
 ) -> torch.Tensor:

@@ -42,7 +42,10 @@ empty windows below (tests/compat/test_tokenspeed_kernel_dsv4_cache.py runs the 
 There is no host synchronization on CUDA tensors; tokenspeed's own (positions read on the host for
 CPU tensors when ``validate_positions``) is kvformats' CPU check too. The adaptation costs about
 0.1-2 us of host time per call over the drop-in it calls (measured on CPU with the drop-in stubbed
-out), the MXFP4 writer about 8 us: its ``valid`` mask becomes -1 slots in one ``torch.where``.
+out), the MXFP4 writer about 8 us: its ``valid`` mask becomes -1 slots in one ``torch.where``. All
+but the MXFP4 writer and gather (and the SWA inserts given ``q_out``, the sparse insert given
+``kv_write_mask``) are replayed as the native calls are (``kvformats.runtime.replay``): on CUDA
+tensors whose metadata was seen before, their launches are repeated without the adaptation.
 
 Bad arguments raise kvformats' typed errors (``InputError``, ``InputTypeError``, ``LayoutError``:
 ``ValueError`` subclasses, ``InputTypeError`` a ``TypeError`` too) before anything is written,

@@ -2,21 +2,26 @@
 it departs from tokenspeed-kernel 0.1.4). Each makes the checks tokenspeed makes and kvformats'
 native call does not (DeepSeek V4's fixed geometry, contiguity, the kernel choice), applies
 tokenspeed's length rule, then calls the ``kvformats.compat.tokenspeed`` drop-in, which validates
-the rest before anything is written and makes the native call."""
+the rest before anything is written and makes the native call. Those whose adaptation is checks
+and views are ``replayed`` (``_dsv4_indices_torch``): the steady state replays their launches, as
+the native calls' are replayed."""
 
 from __future__ import annotations
 
 import torch
 
+from kvformats.compat import tokenspeed as _seed
 from kvformats.compat._common import cut, head, rows_of
 from kvformats.compat.tokenspeed import (deepseek_v4_csa_compress_kv_cache_insert, deepseek_v4_csa_indexer_cache_insert,
                                          deepseek_v4_hca_compress_kv_cache_insert, deepseek_v4_prepare_indexer_q_mxfp4,
                                          fused_qnorm_rope_kv_insert, save_deepseek_v4_compressor_state,
                                          write_deepseek_v4_indexer_mxfp4_cache)
+from kvformats.compat._replay import replayed
 from kvformats.compat.tokenspeed_paged import (HEAD_DIM, INDEX_HEAD_DIM, ROPE_DIM,
                                                deepseek_v4_dequantize_and_gather_k_cache,
                                                deepseek_v4_gather_indexer_mxfp4_cache)
 from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.runtime.replay_plan import recording
 from kvformats.validation import INDEX_DTYPES, check_tensor
 
 FP8_INDEX_PAGE = 64  # rows per page tokenspeed's FP8 indexer insert is built for
@@ -65,17 +70,30 @@ def _registered(op: str, override, solution) -> None:
 
 
 # ----- SWA insert ----------------------------------------------------------------------------------
+def _no_q_out(args, kwargs) -> bool:
+    """Whether a SWA insert call leaves ``q_out`` None (else its copy of ``q`` is device work)."""
+    return (args[8] if len(args) > 8 else kwargs.get("q_out")) is None
+
+
+@replayed(plain=_no_q_out)
 def dsv4_swa_cache_insert(q: torch.Tensor, kv: torch.Tensor, swa_kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                           positions: torch.Tensor, cos_sin_cache: torch.Tensor, rms_norm_eps: float, page_size: int,
                           q_out: torch.Tensor | None = None, override: str | None = None, solution: str | None = None,
                           *, validate_positions: bool) -> None:
     """``fused_qnorm_rope_kv_insert`` after tokenspeed's checks: q bf16 ``[T, H, 512]`` (float32:
     refused there), q, kv, positions, slots and the table contiguous, RoPE width 64, eps > 0."""
-    _registered("dsv4_swa_cache_insert", override, solution)
+    if override is not None or solution is not None:
+        _registered("dsv4_swa_cache_insert", override, solution)
     _fixed("q's head dim", _size(q, 2), HEAD_DIM)
     if isinstance(q, torch.Tensor) and q.dtype is torch.float32:
         raise InputTypeError(f"q and kv must be bfloat16 (tokenspeed: float16 or bfloat16), got {describe(q)}")
-    _contiguous(q=q, kv=kv, positions=positions, slot_mapping=slot_mapping, cos_sin_cache=cos_sin_cache)
+    try:  # the steady state: five contiguous tensors, no dict of them built
+        dense = (q.is_contiguous() and kv.is_contiguous() and positions.is_contiguous()
+                 and slot_mapping.is_contiguous() and cos_sin_cache.is_contiguous())
+    except AttributeError:
+        dense = False
+    if not dense:
+        _contiguous(q=q, kv=kv, positions=positions, slot_mapping=slot_mapping, cos_sin_cache=cos_sin_cache)
     _rope(cos_sin_cache)
     if isinstance(rms_norm_eps, (int, float)) and not isinstance(rms_norm_eps, bool) and not rms_norm_eps > 0:
         raise InputError(f"rms_norm_eps must be positive, got {rms_norm_eps!r}")
@@ -83,6 +101,7 @@ def dsv4_swa_cache_insert(q: torch.Tensor, kv: torch.Tensor, swa_kv_cache: torch
                                q_out, validate_positions=validate_positions)
 
 
+@replayed(plain=_no_q_out)
 def triton_dsv4_swa_cache_insert(q: torch.Tensor, kv: torch.Tensor, swa_kv_cache: torch.Tensor,
                                  slot_mapping: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                                  rms_norm_eps: float, page_size: int, q_out: torch.Tensor | None = None) -> None:
@@ -125,6 +144,7 @@ def _fp8_pages(kv_cache_block_size) -> None:
                          f"got {kv_cache_block_size!r}")
 
 
+@replayed
 def dsv4_csa_indexer_fp8_cache_insert(state_cache: torch.Tensor, token_to_req_indices: torch.Tensor,
                                       positions: torch.Tensor, compressor_slot_mapping: torch.Tensor,
                                       block_table: torch.Tensor, compressor_block_size: int,
@@ -141,6 +161,7 @@ def dsv4_csa_indexer_fp8_cache_insert(state_cache: torch.Tensor, token_to_req_in
                     kv_cache_block_size, compress_ratio, block_table_base_offsets)
 
 
+@replayed
 def triton_dsv4_csa_indexer_fp8_cache_insert(*, state_cache: torch.Tensor, token_to_req_indices: torch.Tensor,
                                              positions: torch.Tensor, compressor_slot_mapping: torch.Tensor,
                                              block_table: torch.Tensor, compressor_block_size: int,
@@ -156,6 +177,7 @@ def triton_dsv4_csa_indexer_fp8_cache_insert(*, state_cache: torch.Tensor, token
                     kv_cache_block_size, compress_ratio, block_table_base_offsets)
 
 
+@replayed
 def dsv4_fused_csa_indexer_mxfp4_cache_insert(*, state_cache: torch.Tensor, token_to_req_indices: torch.Tensor,
                                               positions: torch.Tensor, compressor_slot_mapping: torch.Tensor,
                                               block_table: torch.Tensor, compressor_block_size: int,
@@ -174,6 +196,7 @@ def dsv4_fused_csa_indexer_mxfp4_cache_insert(*, state_cache: torch.Tensor, toke
 _SPARSE = {(4, True): deepseek_v4_csa_compress_kv_cache_insert, (128, False): deepseek_v4_hca_compress_kv_cache_insert}
 
 
+@replayed(plain=lambda args, kwargs: kwargs.get("kv_write_mask") is None)  # a mask: a torch.where
 def dsv4_fused_sparse_compress_cache_insert(*, state_cache: torch.Tensor, token_to_req_indices: torch.Tensor,
                                             positions: torch.Tensor, compressor_slot_mapping: torch.Tensor,
                                             block_table: torch.Tensor, compressor_block_size: int,
@@ -204,10 +227,15 @@ def dsv4_fused_sparse_compress_cache_insert(*, state_cache: torch.Tensor, token_
            block_table_base_offsets=block_table_base_offsets)
 
 
+@replayed
 def dsv4_save_compressor_state(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, state_cache: torch.Tensor,
                                slot_mapping: torch.Tensor, positions: torch.Tensor, block_size: int,
                                compress_ratio: int) -> None:
     """``save_deepseek_v4_compressor_state`` (the ratio-4 ape in tokenspeed's runtime order)."""
+    if recording() is not None:
+        # being recorded for replay: the drop-in's kept checkpoint-order view of ape is made anew
+        # from the argument, so that the recording sees it as a view of an argument
+        _seed._APE_VIEWS.pop(id(ape), None)
     save_deepseek_v4_compressor_state(kv, score, ape, state_cache, slot_mapping, positions, block_size, compress_ratio)
 
 
@@ -235,6 +263,7 @@ def dsv4_gather_indexer_mxfp4_cache(*, cache_2d: torch.Tensor, slot_mapping: tor
 
 
 # ----- sparse-prefill gather and the indexer query ---------------------------------------------------
+@replayed
 def dsv4_dequantize_and_gather_k_cache(*, out: torch.Tensor, cache_2d: torch.Tensor, seq_lens: torch.Tensor,
                                        gather_lens: torch.Tensor | None, block_table: torch.Tensor, block_size: int,
                                        offset: int, block_table_base_offsets: torch.Tensor | None = None,
@@ -247,6 +276,7 @@ def dsv4_dequantize_and_gather_k_cache(*, out: torch.Tensor, cache_2d: torch.Ten
                                               max_gather_len=max_gather_len)
 
 
+@replayed
 def dsv4_fused_indexer_q_rope_hadamard_mxfp4(*, index_q: torch.Tensor, positions: torch.Tensor,
                                              cos_sin_cache: torch.Tensor, weights: torch.Tensor, softmax_scale: float,
                                              head_scale: float, prefer_serial_four_block: bool

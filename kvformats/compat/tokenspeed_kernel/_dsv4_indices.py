@@ -62,6 +62,7 @@ from __future__ import annotations
 import torch
 
 from kvformats.compat._common import INT_DTYPES, check_int_out, compiling, dops
+from kvformats.compat._replay import aranged, replayed
 from kvformats.compat.tokenspeed_kernel._dsv4_indices_torch import (
     ANY_INT, device_of, dsv4_combine_topk_swa_indices, dsv4_indexer_decode_metadata_compute,
     dsv4_validate_active_cache_pages, optional, vector)
@@ -117,6 +118,15 @@ def slot_mapping(positions, req, table, block_size: int, stride: int, base, vali
 
 
 # ----- dense prefill local indices ---------------------------------------------------------------
+def _native_dense_prefill(args, kwargs) -> bool:
+    """Whether the dense prefill indices call is the native op's (no base offsets, no capacity
+    below ``width``): the others are torch here, not replayed."""
+    capacity = kwargs.get("compressed_table_capacity")
+    return kwargs.get("block_table_base_offsets") is None and (capacity is None or (
+        isinstance(capacity, int) and isinstance(kwargs.get("width"), int) and capacity >= kwargs["width"]))
+
+
+@replayed(plain=_native_dense_prefill)
 def dsv4_build_dense_prefill_local_compressed_indices(*, positions, compress_ratio, width, out,
                                                       token_to_req_indices=None, block_table_base_offsets=None,
                                                       compressed_block_size=1, compressed_table_capacity=None):
@@ -197,11 +207,13 @@ def dsv4_compute_global_topk_indices_and_lens(*, topk_indices, token_to_req_indi
                 torch.zeros(n, dtype=torch.int32, device=dev))
     glob = mapped(shifted(topk_indices, req, base, rows, block_size), req, block_table, block_size, valid)
     r = req.long()
-    ok = (r >= 0) & (r < rows)
+    ok = r.clamp(0, rows - 1) == r  # 0 <= r < rows
     if valid is not None:
         ok = ok & valid
-    ends = torch.arange(1, k + 1, dtype=torch.int32, device=dev)
-    lens = torch.where((topk_indices >= 0) & ok.unsqueeze(1), ends, 0).amax(dim=1)
+    # one past the last entry >= 0 of each row: max over j of (j + 1) * [entry >= 0], the indicator
+    # as 1 + clamp(entry, -1, 0) (integer operations, no bool [T, K] tensor); 0 for invalid tokens
+    ends = aranged(k, dev, 1, torch.int32)
+    lens = torch.addcmul(ends, ends, topk_indices.clamp(-1, 0)).amax(dim=1) * ok
     if out_valid_lens is not None:
         torch.sum(glob >= 0, dim=1, dtype=torch.int32, out=out_valid_lens)
     return glob, lens
@@ -294,18 +306,22 @@ def dsv4_compact_compressed_slot_mapping(*, num_tokens, token_to_req_indices, qu
         out.fill_(-1)
         return result
     r = req.long().clamp(0, requests - 1)
-    starts = query_start_loc.long()
-    first = starts[r]
-    t = torch.arange(num_tokens, device=dev)
-    p = seq_lens.long()[r] - (starts[r + 1] - first) + t - first
-    ends = (p + 1) % compress_ratio == 0
-    slots = slot_mapping(p, req, block_table[:requests], block_size, compress_ratio,
-                         None if base is None else base[:requests], ends if valid is None else ends & valid)
+    # p = seq_lens[r] - (qsl[r + 1] - qsl[r]) + t - qsl[r]: qsl[r] cancels (exactly, in int64)
+    p = (seq_lens.long().index_select(0, r) - query_start_loc.long()[1:].index_select(0, r)
+         + aranged(num_tokens, dev))
+    ends = p % compress_ratio == compress_ratio - 1  # (p + 1) % ratio == 0, one operation less
+    if block_table.shape[0] != requests:
+        block_table = block_table[:requests]
+    if base is not None and base.shape[0] != requests:
+        base = base[:requests]
+    slots = slot_mapping(p, req, block_table, block_size, compress_ratio, base,
+                         ends if valid is None else ends & valid)
     if out.shape[0] > num_tokens:
         out[num_tokens:].fill_(-1)
     return result.copy_(slots)
 
 
+@replayed
 def dsv4_group_slot_mapping(*, positions, req_indices, block_table, rows_per_block, entry_stride_tokens,
                             base_offsets, is_valid_token):
     """int64 ``[T]``: the slot of logical row ``positions[t] // entry_stride_tokens`` through the

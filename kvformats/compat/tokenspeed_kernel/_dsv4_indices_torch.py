@@ -1,9 +1,11 @@
 """The tokenspeed-kernel 0.1.4 index helpers kvformats has no model op for (part of
 ``_dsv4_indices``, whose docstring lists the departures; import them from
-``kvformats.compat.tokenspeed_kernel.dsv4``): torch on any device, no host synchronization; and
-the argument helpers ``_dsv4_indices`` shares."""
+``kvformats.compat.tokenspeed_kernel.dsv4``): torch on any device, no host synchronization; the
+argument helpers ``_dsv4_indices`` shares; and ``replayed``, the launch replay of the drop-ins
+that adapt arguments only."""
 
 from __future__ import annotations
+
 
 import torch
 

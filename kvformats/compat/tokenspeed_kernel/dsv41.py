@@ -75,6 +75,7 @@ import torch
 from kvformats.errors import InputError, InputTypeError, describe
 from kvformats.compat.tokenspeed_kernel._dsv41_fields import (  # noqa: F401  (CACHE_FORMATS: the table, read here)
     CACHE_FORMATS, INT32_MAX, PAGE_ROWS, ROW_DTYPES, SLOT_DTYPES, CacheFormat, _spec, layout_of, paged_field)
+from kvformats.compat._replay import aranged, replayed
 from kvformats.deepseek_v41.rows import fp8_row_scales
 from kvformats.numerics import codes as nx
 from kvformats.validation import check_slots
@@ -99,7 +100,7 @@ def _check_slots(slots, shape: tuple | None, device: torch.device) -> None:
         raise InputTypeError(f"slots must be an int32/int64 tensor, got {describe(slots)}")
     if slots.dtype not in SLOT_DTYPES:
         raise InputTypeError(f"slots must be int32/int64, got {describe(slots)}")
-    if shape is not None and tuple(slots.shape) != shape:
+    if shape is not None and slots.shape != shape:
         raise InputError(f"slots must be int32/int64 with shape {shape}, got {describe(slots)}")
     if slots.device != device:
         raise InputError(f"slots must be on the cache's device {device}, got {describe(slots)}")
@@ -122,7 +123,7 @@ def _check_out(out, shape: tuple, dtype: torch.dtype, device: torch.device) -> N
         raise InputTypeError(f"out must be a torch.Tensor or None, got {describe(out)}")
     if out.dtype != dtype:
         raise InputTypeError(f"out must be a {dtype} tensor {list(shape)}, got {describe(out)}")
-    if tuple(out.shape) != shape or out.device != device or not out.is_contiguous():
+    if out.shape != shape or out.device != device or not out.is_contiguous():
         raise InputError(f"out must be a contiguous {dtype} tensor {list(shape)} on {device}, got {describe(out)}"
                          + ("" if out.is_contiguous() else " (not contiguous)"))
 
@@ -139,8 +140,9 @@ def _rows_out(values: torch.Tensor, out, shape: tuple):
     """The decoded rows delivered as tokenspeed returns them: into ``out`` (rounded to its dtype),
     or a new bf16 tensor of ``shape``."""
     if out is None:
-        return values.to(torch.bfloat16).reshape(shape)
-    out.view(-1, shape[-1]).copy_(values)
+        values = values.to(torch.bfloat16)
+        return values if len(shape) == 2 else values.reshape(shape)  # [N, D] rows: already that shape
+    (out if len(shape) == 2 else out.view(-1, shape[-1])).copy_(values)
     return out
 
 
@@ -170,6 +172,13 @@ def _scatter_index_v4(rows: torch.Tensor, cache_2d: torch.Tensor, live: torch.Te
 
 
 # ----- the four codecs ----------------------------------------------------------------------------
+def _encodes(args, kwargs) -> bool:
+    """Whether a ``cache_pack`` call is one native encode (every format but 'index_v4', whose torch
+    reference is not replayed)."""
+    return (args[1] if len(args) > 1 else kwargs.get("cache_format")) != "index_v4"
+
+
+@replayed(plain=_encodes)  # checks, an allocation, the native encode (slots: a kept arange)
 def cache_pack(
     rows: torch.Tensor, cache_format: str, out: torch.Tensor | None
 ) -> torch.Tensor:
@@ -184,7 +193,7 @@ def cache_pack(
     if spec.write is None:
         dest.copy_(index_v4_rows(rows))
     else:  # the packed matrix is a cache of one-row pages; every slot is in it
-        layout_of(spec.name, 1).encode(rows, dest, torch.arange(n, device=rows.device), check=False)
+        layout_of(spec.name, 1).encode(rows, dest, aranged(n, rows.device), check=False)
     return dest
 
 
@@ -205,7 +214,7 @@ def cache_unpack(
     _check_out(out, shape, _out_dtype(out), packed.device)
     if packed.stride(1) != 1 or (n > 1 and packed.stride(0) < spec.row_bytes):
         packed = packed.contiguous()  # kvformats reads rows of contiguous bytes
-    values = layout_of(spec.name, 1, read=True).decode(packed, torch.arange(n, device=packed.device), check=False)
+    values = layout_of(spec.name, 1, read=True).decode(packed, aranged(n, packed.device), check=False)
     return _rows_out(values, out, shape)
 
 
@@ -247,7 +256,7 @@ def cache_gather(
     _check_slots(slots, None, cache.device)
     shape = (*slots.shape, spec.dim)
     _check_out(out, shape, _out_dtype(out), cache.device)
-    live = _live(slots.reshape(-1), cache.shape[0] * PAGE_ROWS)  # every live slot is inside the cache
+    live = _live(slots if slots.dim() == 1 else slots.reshape(-1), cache.shape[0] * PAGE_ROWS)  # all inside the cache
     values = layout_of(spec.name, read=True).decode(cache_2d, live, check=False)
     return _rows_out(values, out, shape)
 
