@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from kvformats.errors import LayoutError
+
 _WIDE = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
 
@@ -66,17 +68,35 @@ def read_rows(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return out.view(torch.uint8)
 
 
+def _as_units(rows: torch.Tensor, unit: torch.dtype) -> torch.Tensor:
+    """uint8 ``rows`` viewed as ``unit`` (``[N, row_bytes / width]``). A format's ``encode_rows``
+    may return any uint8 tensor, a view of its input among them: where its storage offset or row
+    stride is not a multiple of the unit's width, no such view exists and the rows are first
+    copied to a fresh contiguous tensor (none of the shipped formats' results needs the copy)."""
+    rows = rows.contiguous()
+    w = unit.itemsize
+    if rows.storage_offset() % w or rows.stride(0) % w:
+        rows = torch.empty(rows.shape, dtype=torch.uint8, device=rows.device).copy_(rows)
+    return rows.view(unit)
+
+
 def write_rows(layout, cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
-    """Store ``rows`` (uint8 ``[N, row_bytes]``) at their slots; skips negative and out-of-range
-    slots and touches no byte outside the written rows."""
+    """Store ``rows`` (uint8 ``[N, row_bytes]``, any strides and storage offset) at their slots;
+    skips negative and out-of-range slots and touches no byte outside the written rows.
+    LayoutError, naming the format, for rows of another dtype or shape (a format's
+    ``encode_rows`` that returns them is wrong)."""
     if slots.shape[0] == 0 or cache.shape[0] == 0:
         return
+    if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[0] != slots.shape[0] \
+            or rows.shape[1] != layout.row_bytes:
+        raise LayoutError(f"{layout.name}: rows to store must be uint8 [{slots.shape[0]}, {layout.row_bytes}] "
+                          f"(what its encode_rows returns), got {rows.dtype} {list(rows.shape)}")
     valid, page, row = locate(layout, cache, slots)
     if not bool(valid.all()):
         keep = valid.nonzero().squeeze(1)
         page, row, rows = page[keep], row[keep], rows[keep]
     tables, unit = _record_tables(layout, cache)
-    rows = rows.contiguous().view(unit)
+    rows = _as_units(rows, unit)
     for table, step, first, rec, at in tables:
         if step is not None:
             table.index_copy_(0, page * step + (first + row), rows[:, at:at + rec])

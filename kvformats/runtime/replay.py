@@ -49,7 +49,7 @@ import torch
 from kvformats.errors import InputTypeError, memory_problem
 from kvformats.runtime import deferred
 from kvformats.runtime import replay_plan as rp
-from kvformats.runtime.replay_plan import persistent, recording  # noqa: F401  (the launcher's entry points)
+from kvformats.runtime.replay_plan import recording  # noqa: F401  (the launcher's entry point)
 
 ENABLED = [os.environ.get("KVFORMATS_REPLAY", "1") not in ("", "0")]
 ANY_DEVICE = [False]  # CUDA tensors only, unless a stand-in launcher (tests.harness.launch_stub) runs

@@ -122,3 +122,76 @@ def nixl_checks(results) -> None:
     except Exception as err:
         results.put(("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
     _exit(results)  # an abandoned NIXL transfer must not hold the exit
+
+
+def _maps(name: str) -> bool:
+    """Whether a shared library whose path contains ``name`` is loaded in this process."""
+    with open("/proc/self/maps", encoding="utf-8") as f:
+        return any(name in line for line in f)
+
+
+def nixl_settings(results) -> None:
+    """NIXL engines leave os.environ as it was; a loopback engine (the first, so it loads UCX)
+    loads no InfiniBand module; a later engine asking UCX for other modules is refused; two
+    loopback engines still move pages. The child returns normally: the parent checks its exit
+    code, since a process that loaded the InfiniBand modules here crashes at exit."""
+    out: dict = {}
+    try:
+        from kvformats.errors import InputError
+        from kvformats.transfer import plan_transfer
+        from kvformats.transfer.endpoint import Endpoint
+        from kvformats.transfer.engines import available, make_engine
+
+        for var in ("UCX_MODULES", "UCX_NET_DEVICES"):  # as on a machine where nobody set them
+            os.environ.pop(var, None)
+        before = dict(os.environ)
+        out["available"] = available("nixl")
+        out["ucx_before"] = _maps("libucs")
+        src, dst = _caches(8, seed=3), _caches(8, None)
+        a = Endpoint(make_engine("nixl", loopback=True), src)
+        b = Endpoint(make_engine("nixl", loopback=True, ucx_modules="^ib*"), dst)  # the same: accepted
+        out["ucx_after"], out["ib_loaded"] = _maps("libucs"), _maps("libuct_ib")
+        try:
+            make_engine("nixl", loopback=True, ucx_modules="^tcp")
+            out["other_modules"] = "no error"
+        except InputError as err:
+            out["other_modules"] = str(err)
+        peer = a.connect(b.hello())
+        a.push(peer, plan_transfer(a.descs, peer.descs, {"kv": [0, 2, 4]}, {"kv": [1, 3, 5]}), timeout=10)
+        out["landed"] = bool(torch.equal(dst["kv"][1][[1, 3, 5]], src["kv"][1][[0, 2, 4]]))
+        out["env_changed"] = {k: (before.get(k), v) for k, v in dict(os.environ).items() if before.get(k) != v}
+        out["env_removed"] = sorted(set(before) - set(os.environ))
+        a.close()
+        b.close()
+        results.put(("ok", out))
+    except Exception as err:
+        results.put(("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+    results.close()
+    results.join_thread()  # then a normal exit, through UCX's own teardown
+
+
+def mooncake_settings(results) -> None:
+    """Two real Mooncake engines of one process with their own host and timeout: each keeps its
+    own, os.environ is as it was after both, and a push from one to the other lands."""
+    out: dict = {}
+    try:
+        from kvformats.transfer import plan_transfer
+        from kvformats.transfer.endpoint import Endpoint
+        from kvformats.transfer.engines import make_engine
+
+        os.environ.pop("MC_TCP_BIND_ADDRESS", None)
+        os.environ["MC_TRANSFER_TIMEOUT"] = "40"  # a user's setting: an engine without timeout_s takes it
+        before = dict(os.environ)
+        src, dst = _caches(8, seed=4), _caches(8, None)
+        a = Endpoint(make_engine("mooncake", host="127.0.0.1", timeout_s=7), src)
+        b = Endpoint(make_engine("mooncake", host="127.0.0.2"), dst)
+        out["hosts"] = [e.engine.metadata().decode().rpartition(":")[0] for e in (a, b)]
+        out["timeouts"] = [a.engine.timeout_s, b.engine.timeout_s]
+        out["env_same"] = dict(os.environ) == before
+        peer = a.connect(b.hello())
+        a.push(peer, plan_transfer(a.descs, peer.descs, {"kv": [0, 2, 4]}, {"kv": [1, 3, 5]}), timeout=20)
+        out["landed"] = bool(torch.equal(dst["kv"][1][[1, 3, 5]], src["kv"][1][[0, 2, 4]]))
+        results.put(("ok", out))
+    except Exception as err:
+        results.put(("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+    _exit(results)

@@ -8,11 +8,40 @@ deadlines and error reporting live in ``kvformats.transfer.endpoint``, once for 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+from collections.abc import Iterator, Mapping
+
 import torch
 
 from kvformats.errors import InputError
 
 BUSY, DONE, FAILED = "busy", "done", "failed"
+
+# Held while an engine's start reads settings that its library takes only from the environment
+# (scoped_environ), so that two engines starting on two threads never see each other's values.
+ENV_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` for the block only, under ENV_LOCK, and restore what was
+    there after (a variable that was unset is unset again). For engine settings that the engine's
+    C library reads only from the environment, while it starts: kvformats writes no process-wide
+    variable that outlives the call. Other threads that read the environment meanwhile (not under
+    the lock) do see these values for that long."""
+    with ENV_LOCK:
+        saved = {name: os.environ.get(name) for name in values}
+        try:
+            os.environ.update(values)
+            yield
+        finally:
+            for name, old in saved.items():
+                if old is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = old
 
 
 def batch_size(value) -> int:

@@ -18,8 +18,14 @@ behind at the deadline still runs until Mooncake's own timeout, and ``close`` wa
 before unregistering the memory it may still touch. ``initialize`` logs one ERROR line ("Local
 segment descriptor not found", transfer_metadata.cpp) on every successful start; that line
 alone is dropped from what it writes to stderr, every other line is passed on.
-``MC_TCP_BIND_ADDRESS`` is set to ``host``; even so this version's handshake listener binds
-0.0.0.0 and its TCP listener all addresses (traffic goes only where peers are told: ``host``).
+Mooncake takes its bind address (``MC_TCP_BIND_ADDRESS``, read by ``initialize``) and its batch
+timeout (``MC_TRANSFER_TIMEOUT``, read by the ``TransferEngine()`` constructor; the current
+source raises a value under 5 to 5) from the environment only: its Python API has no argument
+for either. So each engine sets them (``host``; ``timeout_s`` where given) for its own
+constructor and ``initialize`` alone, under ``base.ENV_LOCK``, and restores what was there after
+(``base.scoped_environ``): a second engine gets its own values, and no process-wide variable is
+left behind. Even so this version's handshake listener binds 0.0.0.0 and its TCP listener all
+addresses (traffic goes only where peers are told: ``host``).
 The wheel that needs no GPU is ``mooncake-transfer-engine-non-cuda``; it needs Debian's
 ``libibverbs1``. A batch of 4,096 segments overflowed its default per-peer queue in the
 feasibility run of issue 37, so batches here hold at most 256.
@@ -36,11 +42,13 @@ from typing import cast
 import torch
 
 from kvformats.errors import BackendUnavailableError, HandshakeError, InputError, TransferError
-from kvformats.transfer.engines.base import BUSY, DONE, FAILED, Engine, batch_size
+from kvformats.transfer.engines.base import BUSY, DONE, FAILED, Engine, batch_size, scoped_environ
 
 INSTALL = ("pip install mooncake-transfer-engine-non-cuda and apt-get install libibverbs1 "
            "(see docs/transfer.md)")
 BENIGN = b"Local segment descriptor not found"  # logged as an error by every successful initialize
+DEFAULT_TIMEOUT_S = 30  # Mooncake's MC_TRANSFER_TIMEOUT when the environment sets none
+MIN_TIMEOUT_S = 5  # the least MC_TRANSFER_TIMEOUT Mooncake applies (TransferEnginePy's constructor)
 
 
 def _import():
@@ -89,22 +97,29 @@ class MooncakeEngine(Engine):
     stall_hint = "the peer stalled or is unreachable (Mooncake gives each batch MC_TRANSFER_TIMEOUT seconds as well)"
 
     def __init__(self, *, host: str = "127.0.0.1", protocol: str = "tcp", max_batch: int = 256,
-                 timeout_s: int = 30):
+                 timeout_s: int | None = None):
+        """``timeout_s``: Mooncake's own bound on each batch call, for this engine (None: the
+        environment's ``MC_TRANSFER_TIMEOUT``, else Mooncake's 30 s); ``host``: the address this
+        engine binds and gives its peers."""
         self.max_batch = batch_size(max_batch)
-        if type(timeout_s) is not int or timeout_s < 1:  # noqa: E721 - a bool is refused too
-            raise InputError(f"timeout_s must be a positive int of seconds, got {timeout_s!r}")
-        os.environ.setdefault("MC_TCP_BIND_ADDRESS", host)
-        os.environ.setdefault("MC_TRANSFER_TIMEOUT", str(timeout_s))  # bounds each batch's wait
-        self.engine = _import()()
-        rc = _quiet_call(self.engine.initialize, host, "P2PHANDSHAKE", protocol, "")
+        if timeout_s is not None and (type(timeout_s) is not int or timeout_s < 1):  # noqa: E721 - a bool is refused too
+            raise InputError(f"timeout_s must be a positive int of seconds or None, got {timeout_s!r}")
+        settings = {"MC_TCP_BIND_ADDRESS": host}
+        if timeout_s is not None:
+            settings["MC_TRANSFER_TIMEOUT"] = str(timeout_s)  # bounds each batch's wait
+        cls = _import()
+        with scoped_environ(settings):  # Mooncake reads both from the environment only (module doc)
+            try:  # what the constructor reads, when this engine sets no timeout
+                bound = int(os.environ.get("MC_TRANSFER_TIMEOUT", DEFAULT_TIMEOUT_S))
+            except ValueError:
+                bound = DEFAULT_TIMEOUT_S
+            self.engine = cls()
+            rc = _quiet_call(self.engine.initialize, host, "P2PHANDSHAKE", protocol, "")
         if rc != 0:
             raise TransferError(f"mooncake could not start on {host} over {protocol} (returned {rc})")
         self.host = host
-        try:  # the engine's own bound on a batch (the environment may have set it before us)
-            bound = int(os.environ["MC_TRANSFER_TIMEOUT"])
-        except ValueError:
-            bound = timeout_s
-        self.wait_s = bound + 5  # how long close() waits for a batch left at a deadline
+        self.timeout_s = max(MIN_TIMEOUT_S, bound)  # the engine's own bound on a batch
+        self.wait_s = self.timeout_s + 5  # how long close() waits for a batch left at a deadline
         self._registered: list = []
         self._left: list[_Batch] = []  # batches abandoned at a deadline, maybe still running
 

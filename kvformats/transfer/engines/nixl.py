@@ -5,12 +5,17 @@ Facts relied on (NIXL Python API, https://github.com/ai-dynamo/nixl/blob/main/do
 with memory type "DRAM" (or "VRAM" for CUDA memory); ``get_agent_metadata`` / ``add_remote_agent``
 to connect; ``get_xfer_descs`` of an Nx3 numpy array (addr, len, dev); ``initialize_xfer("WRITE"
 | "READ", local, remote, peer)``, ``transfer`` and ``check_xfer_state`` answering "DONE",
-"PROC" or "ERR". UCX settings (https://openucx.readthedocs.io/en/master/faq.html):
-``UCX_MODULES=^ib*`` (no InfiniBand modules: processes otherwise crash at exit on machines
-without them), ``UCX_NET_DEVICES=lo`` keeps listeners on loopback in tests. A side that a
-peer writes to or reads from completes the peer's transfer only while its agent progresses:
-the progress thread does that, so it is on by default (the documented call pattern, where the
-receiver waits in its own control channel, then works as written); with
+"PROC" or "ERR"; ``create_backend("UCX", {"ucx_devices": "lo"})`` (the UCX plugin's device list,
+as ``get_plugin_params("UCX")`` names it) keeps UCX on the loopback device (``loopback=True``).
+UCX settings (https://openucx.readthedocs.io/en/master/faq.html): ``UCX_MODULES=^ib*`` loads no
+InfiniBand module; measured here (nixl-cu12 1.5.1, no InfiniBand), a process that loaded them
+crashes at exit (SIGSEGV). UCX reads ``UCX_MODULES`` from the environment only, once per process,
+when its library loads (the first UCX backend): the adapter sets it for that call alone
+(``ucx_modules=``; ``"^ib*"`` by default with ``loopback=True``, where no InfiniBand device is
+ever used) and writes no process-wide variable, so InfiniBand stays on wherever it is wanted.
+A side that a peer writes to or reads from completes the peer's transfer only while its agent
+progresses: the progress thread does that, so it is on by default (the documented call pattern,
+where the receiver waits in its own control channel, then works as written); with
 ``progress_thread=False`` (measured 3-5x faster on a 2-core machine, where the thread competes
 for a core) the side must wait through ``Endpoint.wait`` or call ``progress`` itself.
 """
@@ -22,14 +27,17 @@ import uuid
 
 import torch
 
-from kvformats.errors import BackendUnavailableError, HandshakeError, InputTypeError, TransferError
-from kvformats.transfer.engines.base import BUSY, DONE, FAILED, Engine, batch_size
+from kvformats.errors import BackendUnavailableError, HandshakeError, InputError, InputTypeError, TransferError
+from kvformats.transfer.engines.base import BUSY, DONE, FAILED, ENV_LOCK, Engine, batch_size, scoped_environ
 
 INSTALL = "pip install 'kvformats[nixl]' (nixl-cu12 and numpy; see docs/transfer.md)"
+LOOPBACK_MODULES = "^ib*"  # ucx_modules with loopback=True: no InfiniBand module (module doc)
+# The UCX_MODULES this process's UCX library was loaded with (None: UCX's default, every module),
+# once an engine here has started one: UCX reads the variable then and never again.
+_LOADED: list[str | None] = []
 
 
 def _import():
-    os.environ.setdefault("UCX_MODULES", "^ib*")
     try:
         import numpy
         try:
@@ -51,17 +59,57 @@ class NixlEngine(Engine):
                   "is unreachable")
 
     def __init__(self, *, agent_name: str | None = None, loopback: bool = False, max_batch: int = 1024,
-                 progress_thread: bool = True):
+                 progress_thread: bool = True, ucx_modules: str | None = None):
+        """``loopback``: UCX on the loopback device only (tests, one host). ``ucx_modules``: the
+        UCX_MODULES (UCX's syntax, e.g. ``"^ib*"``) to load UCX with, set for this engine's start
+        alone; it applies only to the process's first NIXL engine (UCX reads it once), a
+        different one later is an InputError. None: the environment's UCX_MODULES where set, else
+        ``"^ib*"`` with ``loopback=True`` and UCX's default (every module) without."""
         self.max_batch = batch_size(max_batch)
         if not isinstance(progress_thread, bool):
             raise InputTypeError(f"progress_thread must be a bool, got {progress_thread!r}")
-        if loopback:
-            os.environ.setdefault("UCX_NET_DEVICES", "lo")
+        if ucx_modules is not None and (not isinstance(ucx_modules, str) or not ucx_modules):
+            raise InputTypeError(f"ucx_modules must be a non-empty str (UCX_MODULES syntax) or None, "
+                                 f"got {ucx_modules!r}")
         self._np, agent, config = _import()
         self.agent_name = agent_name or f"kvformats-{uuid.uuid4().hex[:12]}"
-        self.agent = agent(self.agent_name, config(enable_prog_thread=progress_thread, enable_listen_thread=False,
-                                                   backends=["UCX"]))
+        with ENV_LOCK:  # no other engine of this process starts UCX meanwhile
+            modules = self._ucx_modules(ucx_modules, loopback)
+            self.agent = agent(self.agent_name, config(enable_prog_thread=progress_thread, enable_listen_thread=False,
+                                                       backends=[]))
+            # UCX through create_backend, not the config's backend list, so that it gets its device list
+            params = {"ucx_devices": "lo"} if loopback else {}
+            if _LOADED:  # UCX is loaded: UCX_MODULES would not be read again
+                self._create_backend(params)
+            else:
+                try:
+                    with scoped_environ({"UCX_MODULES": modules} if modules is not None else {}):
+                        self._create_backend(params)
+                finally:  # a failed start may have loaded UCX all the same
+                    _LOADED.append(modules if modules is not None else os.environ.get("UCX_MODULES"))
         self._registered: list = []
+
+    @staticmethod
+    def _ucx_modules(ucx_modules: str | None, loopback: bool) -> str | None:
+        """The UCX_MODULES to start UCX with (None: leave the environment's, or UCX's default);
+        InputError for an explicit one that cannot apply because UCX is already loaded."""
+        if _LOADED:
+            if ucx_modules is not None and ucx_modules != _LOADED[0]:
+                loaded = repr(_LOADED[0]) if _LOADED[0] is not None else "its default (every module)"
+                raise InputError(f"ucx_modules={ucx_modules!r} cannot apply: UCX reads UCX_MODULES once per process, "
+                                 f"when its library loads, and it was loaded here with {loaded}; pass ucx_modules "
+                                 f"to the first NIXL engine of the process")
+            return None
+        if ucx_modules is None and loopback and "UCX_MODULES" not in os.environ:  # the user's own setting stands
+            return LOOPBACK_MODULES
+        return ucx_modules
+
+    def _create_backend(self, params: dict) -> None:
+        try:
+            self.agent.create_backend("UCX", params)
+        except Exception as err:  # nixl raises its own exception classes
+            where = params or "default devices"
+            raise TransferError(f"nixl could not start its UCX backend ({where}): {err}") from None
 
     def _mem(self, device: torch.device | None = None) -> str:
         return "VRAM" if device is not None and device.type == "cuda" else "DRAM"
