@@ -62,6 +62,8 @@ def page_summary(layout: Layout, cache: torch.Tensor, page: int) -> str:
              f"  {'region':<12} {'dtype':<17} {'offset':>8} {'bytes':>7} {'rows written':>13}  first bytes"]
     for region in layout.regions:
         raw = region_bytes(layout, cache, region, slice(page, page + 1))[0]
+        if raw.numel() == 0:  # a page pad the cache's narrower pages do not hold
+            continue
         written = int((raw != 0).any(dim=1).sum())
         rows = "—" if region.per_page else f"{written}/{raw.shape[0]}"
         first = bytes(raw[0, :8].tolist()).hex(" ")
