@@ -115,27 +115,13 @@ def _plan() -> list[tuple[tuple, tuple]]:
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     """(key -> (call, the released call's record: ``rel.call_tokenspeed_dsv41``), the wheel's files)."""
-    root = tmp_path_factory.mktemp("tokenspeed-kernel-dsv41")
-    try:
-        rel.extract(rel.TOKENSPEED_KERNEL_DSV41, root)
-    except rel.IndexUnreachable as err:  # the only reason to skip
-        pytest.skip(f"tokenspeed-kernel 0.1.4 not fetched: {err}")
-    plan = _plan()
-    results = rel.run_tokenspeed_dsv41([call for _, call in plan], root, tmp_path_factory.mktemp("dsv41-run"))
-    return {key: (call, res) for (key, call), res in zip(plan, results)}, root
-
-
-def _copy(a):
-    """A copy of an argument, a tensor with its strides (``clone`` makes a non-dense one dense)."""
-    if not isinstance(a, torch.Tensor):
-        return a
-    return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype).copy_(a)
+    return rel.run_dsv41_plan(tmp_path_factory, _plan(), "dsv41")
 
 
 def _drop_in(call):
     """The drop-in's call on copies of the arguments: (result, arguments after it)."""
     name, args = call
-    args = tuple(_copy(a) for a in args)
+    args = tuple(rel.strided_copy(a) for a in args)
     return getattr(ts, name)(*args), args
 
 
@@ -445,7 +431,7 @@ def test_bad_input_raises_typed_errors_with_nothing_written(released, case):
     if released_refuses:
         assert rec["error"][0] == "ValueError", rec["error"]
     fn, args = call
-    copies = tuple(_copy(a) for a in args)
+    copies = tuple(rel.strided_copy(a) for a in args)
     assert all(c.stride() == a.stride() for a, c in zip(args, copies) if isinstance(a, torch.Tensor))
     with pytest.raises(error) as info:
         getattr(ts, fn)(*copies)

@@ -154,25 +154,12 @@ def _plan() -> list[tuple[tuple, tuple]]:
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     """(key -> (call, the released call's record: ``rel.call_tokenspeed_dsv41``), the wheel's files)."""
-    root = tmp_path_factory.mktemp("tokenspeed-kernel-dsv41-compressor")
-    try:
-        rel.extract(rel.TOKENSPEED_KERNEL_DSV41, root)
-    except rel.IndexUnreachable as err:  # the only reason to skip
-        pytest.skip(f"tokenspeed-kernel 0.1.4 not fetched: {err}")
-    plan = _plan()
-    results = rel.run_tokenspeed_dsv41([call for _, call in plan], root,
-                                       tmp_path_factory.mktemp("dsv41-compressor-run"))
-    return {key: (call, res) for (key, call), res in zip(plan, results)}, root
-
-
-def _copy(a):
-    """A copy of an argument with its strides (``clone`` keeps a dense tensor's)."""
-    return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype).copy_(a) if isinstance(a, torch.Tensor) else a
+    return rel.run_dsv41_plan(tmp_path_factory, _plan(), "dsv41-compressor")
 
 
 def _drop_in(call):
     name, args = call
-    args = tuple(_copy(a) for a in args)
+    args = tuple(rel.strided_copy(a) for a in args)
     return getattr(dc, name)(*args), args
 
 
@@ -392,14 +379,14 @@ def test_bad_input(released, case, name, args, err, both):
     elif both is False:
         assert "error" not in rec, rec["error"]
     _, args = call
-    copies = tuple(_copy(a) for a in args)
+    copies = tuple(rel.strided_copy(a) for a in args)
     if name == "compressor_pool" and isinstance(args[6], torch.Tensor):  # keep an aliased out aliased
         for i in (0, 3):
             if args[6].untyped_storage().data_ptr() == args[i].untyped_storage().data_ptr():
                 copies = list(copies)
                 copies[6] = copies[i].view(-1, W)[-args[0].shape[0]:] if i == 3 else copies[i]
                 copies = tuple(copies)
-    before = tuple(_copy(a) for a in copies)
+    before = tuple(rel.strided_copy(a) for a in copies)
     with pytest.raises(err):
         getattr(dc, name)(*copies)
     for a, b in zip(copies, before):

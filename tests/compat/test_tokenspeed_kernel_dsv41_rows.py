@@ -115,27 +115,13 @@ def _plan() -> list[tuple[tuple, tuple]]:
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     """(key -> (call, the released call's record: ``rel.call_tokenspeed_dsv41``), the wheel's files)."""
-    root = tmp_path_factory.mktemp("tokenspeed-kernel-dsv41-rows")
-    try:
-        rel.extract(rel.TOKENSPEED_KERNEL_DSV41, root)
-    except rel.IndexUnreachable as err:  # the only reason to skip
-        pytest.skip(f"tokenspeed-kernel 0.1.4 not fetched: {err}")
-    plan = _plan()
-    results = rel.run_tokenspeed_dsv41([call for _, call in plan], root, tmp_path_factory.mktemp("dsv41-rows-run"))
-    return {key: (call, res) for (key, call), res in zip(plan, results)}, root
-
-
-def _copy(a):
-    """A copy of an argument with its strides."""
-    if not isinstance(a, torch.Tensor):
-        return a
-    return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype).copy_(a)
+    return rel.run_dsv41_plan(tmp_path_factory, _plan(), "dsv41-rows")
 
 
 def _drop_in(call):
     """The drop-in's call on copies of the arguments: (result, arguments after it)."""
     name, args = call
-    args = tuple(_copy(a) for a in args)
+    args = tuple(rel.strided_copy(a) for a in args)
     return getattr(ts, name)(*args), args
 
 
@@ -235,7 +221,7 @@ def test_a_position_beyond_the_table_is_a_value_check(released, fmt, monkeypatch
     runs, _ = released
     call, rec = runs[(fmt, "beyond")]
     assert "error" not in rec
-    args = tuple(_copy(a) for a in call[1])
+    args = tuple(rel.strided_copy(a) for a in call[1])
     with pytest.raises(InputError, match=r"positions must lie in \[0, 64\)"):
         ts.swa_rope_scatter(*args)
     assert torch.equal(args[3], call[1][3]) and torch.equal(_bits(args[6]), _bits(call[1][6]))
@@ -258,14 +244,14 @@ def test_repeated_slots_raise_on_the_host(released, fmt, monkeypatch):
     runs, _ = released
     call, rec = runs[(fmt, "repeated")]
     assert "error" not in rec
-    args = tuple(_copy(a) for a in call[1])
+    args = tuple(rel.strided_copy(a) for a in call[1])
     with pytest.raises(InputError, match="repeat"):
         ts.swa_rope_scatter(*args)
     assert torch.equal(args[3], call[1][3])
     monkeypatch.setattr(deferred, "HOST_CHECKED", set())
     _, args = _drop_in(call)
     assert kvf.pending_error(CPU) is None
-    first = tuple(_copy(a) for a in call[1])
+    first = tuple(rel.strided_copy(a) for a in call[1])
     first[4][7] = -1  # token 0's row alone at the repeated slot
     ts.swa_rope_scatter(*first)
     slot = int(call[1][4][0])
@@ -316,7 +302,7 @@ def test_bad_input_is_refused_as_released_with_nothing_written(released, name):
     call, rec = runs[("bad", name)]
     error = {c[0]: c[2] for c in _bad_calls()}[name]
     assert "error" in rec and rec["error"][0] == "ValueError", (name, rec.get("error"))
-    args = tuple(_copy(a) for a in call[1])
+    args = tuple(rel.strided_copy(a) for a in call[1])
     with pytest.raises(error) as info:
         getattr(ts, call[0])(*args)
     assert isinstance(info.value, ValueError)
@@ -334,7 +320,7 @@ def test_strided_fields_and_outputs_are_refused_with_nothing_written():
     arena = torch.full((PAGES, 64, 540), SENTINEL, dtype=torch.uint8)
     for args, error in [((x, p, cs, arena[:, :, :528], s, "swa", _out(4)), LayoutError),
                         ((x, p, cs, _field("swa"), s, "swa", _out(8)[::2]), InputError)]:
-        before = [_copy(a) for a in args]
+        before = [rel.strided_copy(a) for a in args]
         with pytest.raises(error):
             ts.swa_rope_scatter(*args)
         assert torch.equal(arena, torch.full_like(arena, SENTINEL))

@@ -890,6 +890,29 @@ def run_tokenspeed_dsv41(calls: list[tuple[str, tuple]], files_dir: Path, workdi
     return torch.load(workdir / "dsv41_results.pt")
 
 
+
+def run_dsv41_plan(tmp_path_factory, plan: list, label: str) -> tuple[dict, Path]:
+    """A test module's released-code fixture: the wheel's dsv41 files extracted (the test skips,
+    saying why, only when the package index cannot be reached) and every ``(key, (name, args))``
+    of ``plan`` run by ``run_tokenspeed_dsv41``; returns ({key: (call, record)}, the files' root)."""
+    import pytest
+
+    root = tmp_path_factory.mktemp(f"tokenspeed-kernel-{label}")
+    try:
+        extract(TOKENSPEED_KERNEL_DSV41, root)
+    except IndexUnreachable as err:  # the only reason to skip
+        pytest.skip(f"tokenspeed-kernel 0.1.4 not fetched: {err}")
+    results = run_tokenspeed_dsv41([call for _, call in plan], root, tmp_path_factory.mktemp(f"{label}-run"))
+    return {key: (call, res) for (key, call), res in zip(plan, results)}, root
+
+
+def strided_copy(a):
+    """A copy of an argument, a tensor with its strides (``clone`` makes a non-dense one dense)."""
+    if not isinstance(a, torch.Tensor):
+        return a
+    return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype).copy_(a)
+
+
 def _run_dsv41(calls_path: str, out_path: str) -> None:
     spec = torch.load(calls_path)
     module = _modules(TOKENSPEED_KERNEL, Path(spec["files"]))
