@@ -30,11 +30,16 @@ def _reorder_c4(ape: torch.Tensor) -> torch.Tensor:
     return torch.cat([ape[:, :h], ape[:, h:]], dim=0).reshape(ape.shape)
 
 
-def _compress_pairs(rows: int, device, g, s, ts) -> dict[str, Pair]:
+def compress_cases(device, g, s) -> list[dict]:
+    """The four compressors of one step (CSA, HCA, the MXFP4 and FP8 indexer inserts): per case its
+    label, ratio, head dim ``h``, state rows a page ``rows_pp``, target format ``fmt`` and page
+    ``tps``, the state layout and cache, the target layout and cache, the RMS weight, the RoPE
+    table ``cs``, the step's tensors ``t`` (pos, req, ss: state slots, table, base, target: target
+    slots) and ``common``, the native ops' shared keyword arguments."""
     req, pos = s["req"], s["pos"]
     requests = s["qlen"].shape[0]
     cs = cos_sin_cache(ROPE, int(s["seq"].max()) + 1).to(device)
-    pairs: dict[str, Pair] = {}
+    cases = []
     for label, ratio, h, rows_pp, fmt in (("csa", 4, HEAD, 4, "fp8_ds_mla"), ("hca", 128, HEAD, 8, "fp8_ds_mla"),
                                           ("indexer_mxfp4", 4, INDEX_HEAD, 4, "mxfp4"),
                                           ("indexer_fp8", 4, INDEX_HEAD, 4, "fp8")):
@@ -57,6 +62,17 @@ def _compress_pairs(rows: int, device, g, s, ts) -> dict[str, Pair]:
         weight = (torch.rand(h, generator=g) + 0.5).to(device)
         common = dict(positions=t["pos"], req_indices=t["req"], state_slots=t["ss"], block_table=t["table"],
                       rms_weight=weight, rms_eps=1e-6, cos_sin_cache=cs, block_table_base_offsets=t["base"])
+        cases.append(dict(label=label, ratio=ratio, h=h, rows_pp=rows_pp, fmt=fmt, tps=tps, state_lay=state_lay,
+                          state=state, lay=lay, cache=cache, weight=weight, cs=cs, t=t, common=common))
+    return cases
+
+
+def _compress_pairs(rows: int, device, g, s, ts) -> dict[str, Pair]:
+    pairs: dict[str, Pair] = {}
+    for c in compress_cases(device, g, s):
+        label, ratio, rows_pp, fmt, tps = c["label"], c["ratio"], c["rows_pp"], c["fmt"], c["tps"]
+        state_lay, state, lay, cache, weight, cs, t, common = (c[k] for k in (
+            "state_lay", "state", "lay", "cache", "weight", "cs", "t", "common"))
         ts_args = (state, t["req"], t["pos"], t["ss"], t["table"], rows_pp, weight, 1e-6, cs, cache, t["target"], tps)
         if fmt == "fp8_ds_mla":
             fn = (ts.deepseek_v4_csa_compress_kv_cache_insert if ratio == 4

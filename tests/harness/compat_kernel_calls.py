@@ -39,9 +39,9 @@ from kvformats.codec.registry import get_format
 from kvformats.compat.tokenspeed_kernel import dsv4 as ts4
 from kvformats.compat.tokenspeed_kernel import dsv41 as ts41
 from kvformats.deepseek_v4.rope import cos_sin_cache
-from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
-from tests.harness.calls import HEAD, HEADS, INDEX_HEAD, PAGE, ROPE, _randn, _step, _table, index_inputs
-from tests.harness.compat_calls import _reorder_c4
+from kvformats.formats import Fp8DsMla, Mxfp4Indexer
+from tests.harness.calls import HEAD, HEADS, INDEX_HEAD, PAGE, ROPE, _randn, _step, index_inputs
+from tests.harness.compat_calls import _reorder_c4, compress_cases
 
 Pair = tuple[Callable[[], object], Callable[[], object]]
 
@@ -155,32 +155,11 @@ def _v41_model_pairs(rows: int, device, g, written: dict) -> dict[str, Pair]:
 # ----- DeepSeek V4 (tokenspeed_kernel.ops.attention.dsv4) ------------------------------------------
 def _v4_compress_pairs(rows: int, device, g, s, written: dict) -> dict[str, Pair]:
     """The compress inserts and the state save of one step (compat_calls' inputs)."""
-    req, pos = s["req"], s["pos"]
-    requests = s["qlen"].shape[0]
-    cs = cos_sin_cache(ROPE, int(s["seq"].max()) + 1).to(device)
     pairs: dict[str, Pair] = {}
-    for label, ratio, h, rows_pp, fmt in (("csa", 4, HEAD, 4, "fp8_ds_mla"), ("hca", 128, HEAD, 8, "fp8_ds_mla"),
-                                          ("indexer_mxfp4", 4, INDEX_HEAD, 4, "mxfp4"),
-                                          ("indexer_fp8", 4, INDEX_HEAD, 4, "fp8")):
-        state_lay = CompressorState(head_dim=h, ratio=ratio, page_size=rows_pp)
-        window = ratio * (2 if ratio == 4 else 1)
-        base = ((s["seq"] - s["qlen"] - window + 1).clamp_min(0) // rows_pp).to(torch.int64)
-        cols = int(((s["seq"] - 1) // rows_pp - base).max()) + 1
-        table = _table(requests, cols, g)
-        state_slots = table[req, pos // rows_pp - base[req]].long() * rows_pp + pos % rows_pp
-        state = _randn(device, requests * cols, rows_pp, 2 * state_lay.width)
-        tps = 2 if ratio == 128 else PAGE
-        comp = pos // ratio
-        target = _table(requests, int(comp.max()) // tps + 1, g)
-        target_slots = target[req, comp // tps].long() * tps + comp % tps
-        lay = (Fp8DsMla(head_dim=h, rope_dim=ROPE, page_size=tps) if fmt == "fp8_ds_mla"
-               else (Mxfp4Indexer if fmt == "mxfp4" else Fp8Indexer)(head_dim=h, page_size=tps))
-        cache = lay.allocate(target.numel(), device=device)
-        t = {k: v.to(device) for k, v in dict(pos=pos, req=req, ss=state_slots, table=table, base=base,
-                                              target=target_slots).items()}
-        weight = (torch.rand(h, generator=g) + 0.5).to(device)
-        common = dict(positions=t["pos"], req_indices=t["req"], state_slots=t["ss"], block_table=t["table"],
-                      rms_weight=weight, rms_eps=1e-6, cos_sin_cache=cs, block_table_base_offsets=t["base"])
+    for c in compress_cases(device, g, s):
+        label, ratio, rows_pp, fmt, tps = c["label"], c["ratio"], c["rows_pp"], c["fmt"], c["tps"]
+        state_lay, state, lay, cache, weight, cs, t, common = (c[k] for k in (
+            "state_lay", "state", "lay", "cache", "weight", "cs", "t", "common"))
         kw = dict(state_cache=state, token_to_req_indices=t["req"], positions=t["pos"],
                   compressor_slot_mapping=t["ss"], block_table=t["table"], compressor_block_size=rows_pp,
                   rms_norm_weight=weight, rms_norm_eps=1e-6, cos_sin_cache=cs, kv_cache_2d=cache,
