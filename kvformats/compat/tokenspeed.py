@@ -28,6 +28,7 @@ from kvformats.codec.slot_ops import decode as slot_decode
 from kvformats.codec.slot_ops import encode as slot_encode
 from kvformats.compat._common import (cache_head_dim, compiling, cut, dops, ds_mla, head, indexer_of_cache,
                                       indexer_of_rows, op_key, rows_of, same_pages)
+from kvformats.compat._replay import replayed
 from kvformats.compat.tokenspeed_paged import (  # noqa: F401  (re-exported)
     deepseek_v4_build_dense_prefill_local_compressed_indices, deepseek_v4_combine_dense_swa_indices,
     deepseek_v4_combine_topk_swa_indices, deepseek_v4_compressed_slot_mapping,
@@ -47,6 +48,7 @@ from kvformats.deepseek_v4.swa import swa_insert
 from kvformats.deepseek_v4.transforms import hadamard_transform as _hadamard
 from kvformats.errors import InputError, InputTypeError, describe
 from kvformats.formats import Fp8Indexer, Mxfp4Indexer
+from kvformats.runtime.replay_plan import recording
 from kvformats.validation import FLOAT_DTYPES
 
 # tokenspeed's deepseek_v4_ops.__all__ at f3e4d1e2, in its order
@@ -208,7 +210,9 @@ def _unreorder(ape):
     kept per tensor and rebuilt when the tensor's address or geometry changes (``param.data =
     other``). A tensor that is not a C4 ape is returned as given, for the native call to say what
     is wrong."""
-    if compiling():  # traced once into the graph: a view op, no host-side table
+    if compiling() or recording() is not None:
+        # traced into a graph, or recorded for replay: the view is made from the argument itself,
+        # so that the graph (or the plan) sees it as a view of an argument, not a kept tensor
         return _ape_view(ape)
     hit = _APE_VIEWS.get(id(ape))
     if hit is not None and hit[0] is ape and hit[1] == ape.data_ptr() and hit[2] == ape.stride() \
@@ -237,6 +241,7 @@ def _ape_view(ape):
 _APE_VIEWS: dict[int, tuple] = {}
 
 
+@replayed
 def save_deepseek_v4_compressor_state(kv, score, ape, state_cache, slot_mapping, positions, block_size,
                                       compress_ratio):
     """One ``[kv | score + ape[p % ratio]]`` state row per token (``dsv4.save_compressor_state``).

@@ -17,6 +17,7 @@ import torch
 from kvformats.codec.paged_ops import dequantize_gather, gather_paged
 from kvformats.codec.slot_ops import gather as slot_gather
 from kvformats.compat import tokenspeed_spec as _spec
+from kvformats.compat._replay import replayed
 from kvformats.compat._common import (cache_head_dim, check_int_out, compiling, cut_to, dops, ds_mla, head,
                                       indexer_of_cache, mxfp4_indexer, op_key, store_cast)
 from kvformats.deepseek_v4.indices import (combine_dense_swa_indices, combine_topk_swa_indices,
@@ -66,6 +67,7 @@ def _rows(t) -> int | None:
     return t.shape[0] if isinstance(t, torch.Tensor) and t.dim() else None
 
 
+@replayed
 def deepseek_v4_compute_global_topk_indices_and_lens(*, topk_indices, token_to_req_indices, block_table, block_size,
                                                      is_valid_token=None):
     """``(global int32 [T, K], lens int32 [T])`` (``dsv4.global_topk_indices_and_lens``); the first
@@ -85,6 +87,7 @@ def deepseek_v4_combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_l
         compressed_base=compressed_base)
 
 
+@replayed
 def deepseek_v4_combine_dense_swa_indices(*, positions, token_to_req_indices, seq_lens, compressed_lens, gather_lens,
                                           window_size, compress_ratio, workspace_width, compressed_base):
     """Dense-prefill rows ``[compressed | window]`` and their lengths (``dsv4.combine_dense_swa_indices``);
@@ -96,6 +99,12 @@ def deepseek_v4_combine_dense_swa_indices(*, positions, token_to_req_indices, se
         compressed_base=compressed_base)
 
 
+def _no_cast(args, kwargs) -> bool:
+    """Whether a decode-SWA call writes no output with a cast (a copy: that call is not replayed)."""
+    return not (store_cast(kwargs.get("out_indices"), torch.int32) or store_cast(kwargs.get("out_lens"), torch.int32))
+
+
+@replayed(plain=_no_cast)
 def deepseek_v4_decode_swa_indices_and_lens(*, query_start_loc, seq_lens, token_to_req_indices, block_table,
                                             window_size, block_size, block_table_base_offsets=None,
                                             is_valid_token=None, out_indices=None, out_lens=None):
@@ -142,6 +151,7 @@ def deepseek_v4_build_dense_prefill_local_compressed_indices(*, positions, compr
 
 
 # ----- paged reads --------------------------------------------------------------------------------
+@replayed
 def deepseek_v4_dequantize_and_gather_k_cache(*, out, cache_2d, seq_lens, gather_lens, block_table, block_size, offset,
                                               block_table_base_offsets=None, max_gather_len=None):
     """Each request's last ``gather_lens`` positions decoded into ``out[b, offset + i]`` (bf16

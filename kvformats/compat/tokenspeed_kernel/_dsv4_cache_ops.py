@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.compat import tokenspeed as _seed
 from kvformats.compat._common import cut, head, rows_of
 from kvformats.compat.tokenspeed import (deepseek_v4_csa_compress_kv_cache_insert, deepseek_v4_csa_indexer_cache_insert,
                                          deepseek_v4_hca_compress_kv_cache_insert, deepseek_v4_prepare_indexer_q_mxfp4,
@@ -21,7 +20,6 @@ from kvformats.compat.tokenspeed_paged import (HEAD_DIM, INDEX_HEAD_DIM, ROPE_DI
                                                deepseek_v4_dequantize_and_gather_k_cache,
                                                deepseek_v4_gather_indexer_mxfp4_cache)
 from kvformats.errors import InputError, InputTypeError, describe
-from kvformats.runtime.replay_plan import recording
 from kvformats.validation import INDEX_DTYPES, check_tensor
 
 FP8_INDEX_PAGE = 64  # rows per page tokenspeed's FP8 indexer insert is built for
@@ -232,10 +230,6 @@ def dsv4_save_compressor_state(kv: torch.Tensor, score: torch.Tensor, ape: torch
                                slot_mapping: torch.Tensor, positions: torch.Tensor, block_size: int,
                                compress_ratio: int) -> None:
     """``save_deepseek_v4_compressor_state`` (the ratio-4 ape in tokenspeed's runtime order)."""
-    if recording() is not None:
-        # being recorded for replay: the drop-in's kept checkpoint-order view of ape is made anew
-        # from the argument, so that the recording sees it as a view of an argument
-        _seed._APE_VIEWS.pop(id(ape), None)
     save_deepseek_v4_compressor_state(kv, score, ape, state_cache, slot_mapping, positions, block_size, compress_ratio)
 
 
