@@ -21,10 +21,10 @@ from kvformats.compat import tokenspeed as ts
 from kvformats.errors import InputError, InputTypeError, KVFormatError, LayoutError
 from kvformats.formats import CompressorState, Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 from kvformats.layout import storage_bytes
-from kvformats.runtime import deferred
 from tests.harness.compat_calls import compat_call_pairs
 from tests.compat.tokenspeed_forms import KINDS, check_forms
 from tests.harness.dsv4_scenarios import make_batch, sentinel_cache
+from tests.harness.routing import auto_resolves_to_triton
 
 ROOT = Path(__file__).resolve().parents[2]
 SIGS = json.loads((ROOT / "spec" / "tokenspeed-signatures.json").read_text())
@@ -37,15 +37,7 @@ def backend(request, monkeypatch):
     Triton kernels, under the interpreter on CPU tensors with the kernels' device-record checks."""
     if request.param == "triton" and not torch.cuda.is_available():
         pytest.importorskip("triton")
-        registry._load_kernels()
-        real = registry._resolve
-
-        def resolve(fmt, op, backend, device):
-            impl = registry._OPS.get((fmt, op), {}).get("triton") if backend == "auto" else None
-            return impl if impl is not None else real(fmt, op, backend, device)
-
-        monkeypatch.setattr(registry, "_resolve", resolve)
-        monkeypatch.setattr(deferred, "HOST_CHECKED", set())
+        auto_resolves_to_triton(monkeypatch)
     registry._RESOLVED.clear()
     if request.param == "triton" and not torch.cuda.is_available():  # the kernels really run
         assert registry.is_kernel(registry.resolve_model_op("deepseek_v4", "swa_insert", "auto", torch.device("cpu")))
@@ -387,7 +379,7 @@ def test_index_helpers(backend):
     same((oi[:7], ol[:7]), want)
     assert (oi[7:] == 55).all() and (ol[7:] == 55).all()
     same(ts.deepseek_v4_decode_swa_indices_and_lens(query_start_loc=qsl, seq_lens=seq, token_to_req_indices=req,
-                                                    block_table=table, window_size=5, block_size=4), 
+                                                    block_table=table, window_size=5, block_size=4),
          dsv4.decode_swa_indices_and_lens(query_start_loc=qsl, seq_lens=seq, req_indices=req, block_table=table,
                                           window_size=5, page_size=4))
     out = torch.full((9, 12), 3, dtype=torch.int32)

@@ -326,21 +326,13 @@ def test_triton_backend_gives_the_same_results(monkeypatch):
     (CPU tensors routed to them), the same bytes and values as the reference."""
     pytest.importorskip("triton")
     from kvformats.codec import registry
-    from kvformats.runtime import deferred, replay
+    from kvformats.runtime import replay
+    from tests.harness.routing import auto_resolves_to_triton
 
     if torch.cuda.is_available():
         pytest.skip("the interpreter run is for CPU-only machines")
     want = {fmt: _calls(fmt) for fmt in FORMATS}
-    registry._load_kernels()
-    real = registry._resolve
-
-    def resolve(fmt, op, backend, device):
-        impl = registry._OPS.get((fmt, op), {}).get("triton") if backend == "auto" else None
-        return impl if impl is not None else real(fmt, op, backend, device)
-
-    monkeypatch.setattr(registry, "_resolve", resolve)
-    monkeypatch.setattr(deferred, "HOST_CHECKED", set())
-    registry._RESOLVED.clear()
+    auto_resolves_to_triton(monkeypatch)
     replay.clear()  # no launch plan recorded on one path replays on the other
     try:
         cpu = torch.device("cpu")

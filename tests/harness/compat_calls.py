@@ -30,6 +30,20 @@ def _reorder_c4(ape: torch.Tensor) -> torch.Tensor:
     return torch.cat([ape[:, :h], ape[:, h:]], dim=0).reshape(ape.shape)
 
 
+def mxfp4_workspace_gather(mx, mcache, slots, rows: int, device):
+    """(values [rows, 64], scales [rows, 4] uint8 workspaces, the native call that fills them: the
+    layout's gather and two copies), the native side of tokenspeed's MXFP4 gather into workspaces."""
+    values = torch.empty((rows, 64), dtype=torch.uint8, device=device)
+    scales = torch.empty((rows, 4), dtype=torch.uint8, device=device)
+
+    def gather_native():
+        r = mx.gather(mcache, slots)
+        values[:rows].copy_(r[:, :64])
+        scales[:rows].copy_(r[:, 64:])
+
+    return values, scales, gather_native
+
+
 def compress_cases(device, g, s) -> list[dict]:
     """The four compressors of one step (CSA, HCA, the MXFP4 and FP8 indexer inserts): per case its
     label, ratio, head dim ``h``, state rows a page ``rows_pp``, target format ``fmt`` and page
@@ -132,14 +146,7 @@ def compat_call_pairs(device, rows: int = 64, seed: int = 0, api=None) -> dict[s
                                            lambda r=read, c=cache: r(c, slots, PAGE))
     mx = Mxfp4Indexer(head_dim=INDEX_HEAD, page_size=PAGE)
     mcache = mx.allocate(pages, device=device)
-    values = torch.empty((rows, 64), dtype=torch.uint8, device=device)
-    scales = torch.empty((rows, 4), dtype=torch.uint8, device=device)
-
-    def gather_native():
-        r = mx.gather(mcache, slots)
-        values[:rows].copy_(r[:, :64])
-        scales[:rows].copy_(r[:, 64:])
-
+    values, scales, gather_native = mxfp4_workspace_gather(mx, mcache, slots, rows, device)
     pairs["mxfp4_indexer.gather"] = (gather_native, lambda: ts.deepseek_v4_gather_indexer_mxfp4_cache(
         cache_2d=mcache, slot_mapping=slots, values_out=values, scales_out=scales, block_size=PAGE))
     cu = torch.tensor([0, rows], dtype=torch.int32, device=device)

@@ -41,7 +41,7 @@ from kvformats.compat.tokenspeed_kernel import dsv41 as ts41
 from kvformats.deepseek_v4.rope import cos_sin_cache
 from kvformats.formats import Fp8DsMla, Mxfp4Indexer
 from tests.harness.calls import HEAD, HEADS, INDEX_HEAD, PAGE, ROPE, _randn, _step, index_inputs
-from tests.harness.compat_calls import _reorder_c4, compress_cases
+from tests.harness.compat_calls import _reorder_c4, compress_cases, mxfp4_workspace_gather
 
 Pair = tuple[Callable[[], object], Callable[[], object]]
 
@@ -227,14 +227,7 @@ def _v4_cache_pairs(rows: int, device, g, s, written: dict) -> dict[str, Pair]:
         lambda: mx.encode(x, mcache, slots),
         lambda: ts4.write_dsv4_indexer_mxfp4_cache_cuda(x, mcache, slots, valid, PAGE))
     written["dsv4.write_dsv4_indexer_mxfp4_cache_cuda"] = (mcache,)
-    values = torch.empty((rows, 64), dtype=torch.uint8, device=device)
-    scales = torch.empty((rows, 4), dtype=torch.uint8, device=device)
-
-    def gather_native():
-        r = mx.gather(mcache, slots)
-        values[:rows].copy_(r[:, :64])
-        scales[:rows].copy_(r[:, 64:])
-
+    values, scales, gather_native = mxfp4_workspace_gather(mx, mcache, slots, rows, device)
     pairs["dsv4.dsv4_gather_indexer_mxfp4_cache"] = (gather_native, lambda: ts4.dsv4_gather_indexer_mxfp4_cache(
         cache_2d=mcache, slot_mapping=slots, values_out=values, scales_out=scales, block_size=PAGE))
     written["dsv4.dsv4_gather_indexer_mxfp4_cache"] = (values, scales)
