@@ -10,6 +10,7 @@
 #   tools/gpu_session.sh v41          # the V4.1 and nvfp4_ds_mla kernels: tests compiled, bandwidth, and the
 #                                     # released tokenspeed / vLLM writers compiled (carry .engines/released)
 #   tools/gpu_session.sh compat       # the tokenspeed drop-ins on CUDA: tests/compat against the seed's files
+#                                     # (the released kernels compiled: RELEASED_DEVICE=cuda, the default here)
 #                                     # (carry .tokenspeed and .engines: .engines/ts-shims, and the released
 #                                     # wheels in .engines/cache/wheels for the tests that read them), the V4.1
 #                                     # model ops and the ape-halves save, compiled
@@ -83,7 +84,7 @@ v41() {
 }
 
 compat() {
-  TOKENSPEED_SRC=.tokenspeed TOKENSPEED_SHIMS=.engines/ts-shims KVFORMATS_TEST_CACHE=.engines/cache \
+  KVFORMATS_RELEASED_DEVICE=${RELEASED_DEVICE:-cuda} TOKENSPEED_SRC=.tokenspeed TOKENSPEED_SHIMS=.engines/ts-shims KVFORMATS_TEST_CACHE=.engines/cache \
     timeout "${TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-8}" -rfE --tb=line \
     tests/compat tests/deepseek_v41 tests/kernels/test_dsv4_compress_kernels.py > "$LOG/compat_tests.log" 2>&1
   echo "== compat tests (exit $?)"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOG/compat_tests.log" | tail -30

@@ -474,11 +474,12 @@ def gpu_numerics():
             return mask
         return ti.TensorHandle(mask.data != 0, tl_int1())
 
-    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
-        return saved_load(self, ptrs, _bool_mask(mask), other, cache_policy, is_volatile)
+    # the trailing policy arguments differ between Triton releases (3.6 has an eviction policy too)
+    def create_masked_load(self, ptrs, mask, *policies):
+        return saved_load(self, ptrs, _bool_mask(mask), *policies)
 
-    def create_masked_store(self, ptrs, value, mask, cache_policy):
-        return saved_store(self, ptrs, value, _bool_mask(mask), cache_policy)
+    def create_masked_store(self, ptrs, value, mask, *policies):
+        return saved_store(self, ptrs, value, _bool_mask(mask), *policies)
 
     def cast_impl(self, src, dst_type):
         out = _gpu_convert(src, dst_type)
@@ -688,6 +689,50 @@ def _modules(release: Release, files_dir: Path, interpret: bool = True):
     return _LOADED[key]
 
 
+def released_device() -> str:
+    """Where the released Triton kernels run: ``"cpu"`` (the interpreter with ``gpu_numerics``; the
+    default, and CI's) or ``"cuda"`` (compiled, on a GPU machine: ``KVFORMATS_RELEASED_DEVICE=cuda``,
+    as ``tools/gpu_session.sh compat`` sets). The CUDA run is the released code itself, so it also
+    checks the interpreter's GPU-faithful casts, which depend on the installed Triton."""
+    device = os.environ.get("KVFORMATS_RELEASED_DEVICE", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"KVFORMATS_RELEASED_DEVICE must be cpu or cuda, not {device!r}")
+    return device
+
+
+def child_env(interpret: bool | None = None) -> dict:
+    """The environment of a child process running released code: the repository on its path and
+    TRITON_INTERPRET set before Triton's import (its library functions bind to the interpreter then)."""
+    root = Path(__file__).resolve().parents[2]
+    if interpret is None:
+        interpret = released_device() == "cpu"
+    return dict(os.environ, TRITON_INTERPRET="1" if interpret else "0", PYTHONPATH=os.pathsep.join(
+        [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+
+
+def moved(obj, device: str):
+    """``obj`` with every tensor in it (also in tuples, lists and dicts) copied to ``device`` with
+    its strides (``Tensor.to`` makes a non-dense tensor dense)."""
+    if isinstance(obj, torch.Tensor):
+        return torch.empty_strided(obj.shape, obj.stride(), dtype=obj.dtype, device=device).copy_(obj)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(moved(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: moved(v, device) for k, v in obj.items()}
+    return obj
+
+
+def released_numerics():
+    """``gpu_numerics`` under the interpreter; nothing to change when the kernels are compiled."""
+    return gpu_numerics() if released_device() == "cpu" else contextlib.nullcontext()
+
+
+def finished() -> None:
+    """Wait for a compiled kernel, so an error it raises belongs to its call."""
+    if released_device() == "cuda":
+        torch.cuda.synchronize()
+
+
 def _interpreting() -> bool:
     import triton
 
@@ -766,23 +811,19 @@ def run_writers(jobs: list[dict], files_dirs: dict[str, Path], workdir: Path) ->
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     torch.save({"jobs": jobs, "files": {k: str(v) for k, v in files_dirs.items()}}, workdir / "jobs.pt")
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    root, env = Path(__file__).resolve().parents[2], child_env()
     out = subprocess.run([sys.executable, "-m", "tests.harness.released", str(workdir / "jobs.pt"),
                           str(workdir / "caches.pt")], cwd=root, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"the released writers failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}")
-    return torch.load(workdir / "caches.pt")
+    return torch.load(workdir / "caches.pt", map_location="cpu")  # CUDA results come back; views stay views
 
 
 def run_probe(workdir: Path) -> dict:
     """``probe_casts`` in a fresh process with TRITON_INTERPRET=1."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    root, env = Path(__file__).resolve().parents[2], child_env(interpret=True)
     out = subprocess.run([sys.executable, "-m", "tests.harness.released", "--probe", str(workdir / "probe.pt")],
                          cwd=root, env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -858,11 +899,12 @@ def call_tokenspeed_dsv41(module, name: str, args: tuple) -> dict:
     if name not in DSV41_CALLS:
         raise ValueError(f"not a dsv41 function the harness calls: {name!r}")
     solution, out_index = DSV41_CALLS[name]
-    args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+    args = moved(args, "cuda" if released_device() == "cuda" else "cpu")  # copies
     out = None if out_index is None else args[out_index]
     try:
-        with gpu_numerics():
+        with released_numerics():
             result = getattr(module, solution)(*args)
+        finished()
         if name == "swa_rope_scatter":
             result = out
     except Exception as err:  # the released code's refusal, recorded as data
@@ -880,14 +922,12 @@ def run_tokenspeed_dsv41(calls: list[tuple[str, tuple]], files_dir: Path, workdi
     calls = [(name, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args))  # own storages
              for name, args in calls]
     torch.save({"calls": calls, "files": str(files_dir)}, workdir / "dsv41_calls.pt")
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    root, env = Path(__file__).resolve().parents[2], child_env()
     out = subprocess.run([sys.executable, "-m", "tests.harness.released", "--dsv41", str(workdir / "dsv41_calls.pt"),
                           str(workdir / "dsv41_results.pt")], cwd=root, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"the released dsv41 codecs failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}")
-    return torch.load(workdir / "dsv41_results.pt")
+    return torch.load(workdir / "dsv41_results.pt", map_location="cpu")
 
 
 
@@ -915,7 +955,7 @@ def strided_copy(a):
 
 def _run_dsv41(calls_path: str, out_path: str) -> None:
     spec = torch.load(calls_path)
-    module = _modules(TOKENSPEED_KERNEL, Path(spec["files"]))
+    module = _modules(TOKENSPEED_KERNEL, Path(spec["files"]), released_device() == "cpu")
     torch.save([call_tokenspeed_dsv41(module, name, args) for name, args in spec["calls"]], out_path)
 
 
@@ -930,9 +970,10 @@ def _main(jobs_path: str, out_path: str, *rest: str) -> None:
     files = {k: Path(v) for k, v in spec["files"].items()}
     caches = []
     for job in spec["jobs"]:
-        cache = job["cache"].clone()
-        w = WRITERS[job["writer"]]
-        run_writer(job["writer"], job["x"], job["slots"], cache, job["page_size"], files[w.release.package])
+        w, device = WRITERS[job["writer"]], released_device()
+        x, slots, cache = moved((job["x"], job["slots"], job["cache"]), device)
+        run_writer(job["writer"], x, slots, cache, job["page_size"], files[w.release.package])
+        finished()
         caches.append(cache)
     torch.save(caches, out_path)
 

@@ -15,7 +15,6 @@ says Hopper, not Blackwell) and stand-ins that raise if called.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -67,11 +66,12 @@ def call_tokenspeed_dsv4(module, name: str, args: tuple, kwargs: dict) -> dict:
     """One call of the released ``name`` on copies of its arguments under ``gpu_numerics``:
     ``{"result", "args", "kwargs"}`` (the returned value; the arguments after the call, holding its
     in-place writes) or ``{"error": (exception type name, message), "args", "kwargs"}``."""
-    args = tuple(_copy(a) for a in args)
-    kwargs = {k: _copy(v) for k, v in kwargs.items()}
+    device = rel.released_device()
+    args, kwargs = rel.moved(args, device), rel.moved(kwargs, device)  # copies
     try:
-        with rel.gpu_numerics():
+        with rel.released_numerics():
             result = getattr(module, name)(*args, **kwargs)
+        rel.finished()
     except Exception as err:  # the released code's refusal, recorded as data
         return {"error": (type(err).__name__, str(err)), "args": args, "kwargs": kwargs}
     return {"result": result, "args": args, "kwargs": kwargs}
@@ -86,19 +86,17 @@ def run_tokenspeed_dsv4(calls: list[tuple[str, tuple, dict]], files_dir: Path, w
     calls = [(n, tuple(_copy(a) for a in args), {k: _copy(v) for k, v in kwargs.items()})
              for n, args, kwargs in calls]
     torch.save({"calls": calls, "files": str(files_dir)}, workdir / "dsv4_calls.pt")
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    root, env = Path(__file__).resolve().parents[2], rel.child_env()
     out = subprocess.run([sys.executable, "-m", "tests.harness.released_dsv4", str(workdir / "dsv4_calls.pt"),
                           str(workdir / "dsv4_results.pt")], cwd=root, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"the released dsv4 functions failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}")
-    return torch.load(workdir / "dsv4_results.pt", weights_only=False)
+    return torch.load(workdir / "dsv4_results.pt", weights_only=False, map_location="cpu")
 
 
 def _main(calls_path: str, out_path: str) -> None:
     spec = torch.load(calls_path, weights_only=False)
-    module = load_tokenspeed_dsv4(Path(spec["files"]))
+    module = load_tokenspeed_dsv4(Path(spec["files"]), rel.released_device() == "cpu")
     torch.save([call_tokenspeed_dsv4(module, n, a, k) for n, a, k in spec["calls"]], out_path)
 
 
