@@ -79,6 +79,7 @@ from kvformats.compat._replay import aranged, replayed
 from kvformats.deepseek_v41.rows import fp8_row_scales
 from kvformats.numerics import codes as nx
 from kvformats.validation import check_slots
+from kvformats.runtime import deferred
 
 # the released __all__'s order of the names mirrored here
 __all__ = ["cache_pack", "cache_unpack", "cache_scatter", "cache_gather", "index_q_quantize",
@@ -178,6 +179,17 @@ def _encodes(args, kwargs) -> bool:
     return (args[1] if len(args) > 1 else kwargs.get("cache_format")) != "index_v4"
 
 
+def _scatters(args, kwargs) -> bool:
+    """Whether a ``cache_scatter`` call is one native encode (its rows' slots on the device)."""
+    return (args[3] if len(args) > 3 else kwargs.get("cache_format")) != "index_v4"
+
+
+def _no_out(position: int):
+    """Whether a ``cache_unpack`` / ``cache_gather`` call is one native decode: ``out`` (at
+    ``position``) None, so no copy into it."""
+    return lambda args, kwargs: (args[position] if len(args) > position else kwargs.get("out")) is None
+
+
 @replayed(plain=_encodes)  # checks, an allocation, the native encode (slots: a kept arange)
 def cache_pack(
     rows: torch.Tensor, cache_format: str, out: torch.Tensor | None
@@ -197,6 +209,7 @@ def cache_pack(
     return dest
 
 
+@replayed(plain=_no_out(2))  # checks, views, the native decode
 def cache_unpack(
     packed: torch.Tensor, cache_format: str, out: torch.Tensor | None
 ) -> torch.Tensor:
@@ -218,6 +231,7 @@ def cache_unpack(
     return _rows_out(values, out, shape)
 
 
+@replayed(plain=_scatters)  # checks, a view, the native encode (a host-checked call does more: not recorded)
 def cache_scatter(
     rows: torch.Tensor,
     cache: torch.Tensor,
@@ -234,14 +248,18 @@ def cache_scatter(
     if rows.device != cache.device:
         raise InputError(f"rows must be on the cache's device {cache.device}, got {describe(rows)}")
     _check_slots(slots, (n,), cache.device)
-    live = _live(slots, cache.shape[0] * PAGE_ROWS)
     if spec.write is None:
-        _scatter_index_v4(rows, cache_2d, live)
+        _scatter_index_v4(rows, cache_2d, _live(slots, cache.shape[0] * PAGE_ROWS))
+    elif deferred.on_host(True, slots):  # the host checks (repeats included) see the skipped slots as -1
+        layout_of(spec.name).encode(rows, cache_2d, _live(slots, cache.shape[0] * PAGE_ROWS))
     else:
-        layout_of(spec.name).encode(rows, cache_2d, live)
+        # on the device the kernel skips slots beyond the capacity itself; check=False leaves them
+        # out of the error record, the only check the device makes (no host read, no masking op)
+        layout_of(spec.name).encode(rows, cache_2d, slots, check=False)
     return None
 
 
+@replayed(plain=_no_out(3))  # checks, views, the native decode
 def cache_gather(
     cache: torch.Tensor,
     slots: torch.Tensor,
@@ -256,8 +274,9 @@ def cache_gather(
     _check_slots(slots, None, cache.device)
     shape = (*slots.shape, spec.dim)
     _check_out(out, shape, _out_dtype(out), cache.device)
-    live = _live(slots if slots.dim() == 1 else slots.reshape(-1), cache.shape[0] * PAGE_ROWS)  # all inside the cache
-    values = layout_of(spec.name, read=True).decode(cache_2d, live, check=False)
+    # check=False: a slot beyond the capacity reads as a zero row, as tokenspeed's kernel reads it
+    values = layout_of(spec.name, read=True).decode(cache_2d, slots if slots.dim() == 1 else slots.reshape(-1),
+                                                     check=False)
     return _rows_out(values, out, shape)
 
 
