@@ -18,7 +18,24 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     import torch  # noqa: F401
 
-from kvformats import codec  # noqa: F401, E402  (registers the formats, binds the layouts' ops)
+# The composition root: every format registered with its reference ops, the layouts' public ops and
+# record property bound from the codec layer above them. Here, at the package front, and nowhere
+# else (tests/test_layers.py), so no layer reaches up into another while it is imported.
+from kvformats import layout as _layout  # noqa: E402
+from kvformats.codec import paged_ops as _paged_ops, records as _records, registry as _registry  # noqa: E402
+from kvformats.codec import slot_ops as _slot_ops  # noqa: E402
+from kvformats.formats import FORMATS as _FORMATS  # noqa: E402
+from kvformats.runtime import replay as _replay  # noqa: E402
+
+for _cls in _FORMATS:
+    _registry.register_format(_cls)
+    _slot_ops.register_reference_ops(_cls.name)
+del _cls
+# A layout is frozen and kept alive by the plans that key it, so replay keys layouts by identity.
+_replay.by_id(_layout.Layout)
+_layout.bind_codec(_slot_ops, _paged_ops)
+_records.bind_records()
+
 from kvformats.codec.records import Record, identify, identify_one, list_records  # noqa: E402
 from kvformats.codec.registry import get_format, list_formats  # noqa: E402
 from kvformats.errors import (  # noqa: E402

@@ -10,7 +10,7 @@ encoded row (what ``gather`` returns) is its records of every segment, concatena
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Callable, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
 import attrs
 import torch
@@ -30,11 +30,10 @@ INT64_MAX = 2**63 - 1  # the largest tensor dimension (and byte count) torch can
 
 # The public ops (encode, decode, gather, the paged reads) validate and dispatch in the codec
 # layer, which sits above this declaration: ``kvformats.codec.slot_ops`` (encode, decode, gather)
-# and ``kvformats.codec.paged_ops`` (dequantize_gather, gather_paged, decode_topk). The codec
-# package hands those two modules in through ``bind_codec`` when it is imported (``import
-# kvformats`` imports it), so at run time the declaration imports nothing from dispatch. Static
-# tools read the ``TYPE_CHECKING`` import instead: go-to-definition from ``Layout.encode`` lands
-# on ``slot_ops.encode``, and a type checker checks each call against the op's signature.
+# and ``kvformats.codec.paged_ops`` (dequantize_gather, gather_paged, decode_topk). The package
+# front, the composition root, hands those two modules in through ``bind_codec``, so the
+# declaration imports nothing from dispatch, not even for type checkers: the two protocols below
+# say what it calls.
 class SlotOps(Protocol):
     """What ``kvformats.codec.slot_ops`` provides: each op takes the layout first."""
 
@@ -59,15 +58,12 @@ class _Unbound:
     """The layouts' ops before the codec layer is imported: a typed error naming the fix."""
 
     def __getattr__(self, name: str):
-        raise BackendUnavailableError(f"Layout.{name} needs the codec layer, which is not imported: "
-                                      f"import kvformats (or kvformats.codec) first")
+        raise BackendUnavailableError(f"Layout.{name} needs the codec layer, which the package front binds: "
+                                      f"import kvformats first")
 
 
-if TYPE_CHECKING:
-    from kvformats.codec import paged_ops, slot_ops
-    from kvformats.codec.records import Record
-else:
-    slot_ops = paged_ops = _Unbound()
+slot_ops: SlotOps = _Unbound()  # bound by the package front
+paged_ops: PagedOps = _Unbound()
 
 
 def bind_codec(slot: SlotOps, paged: PagedOps) -> None:
@@ -79,8 +75,7 @@ def bind_codec(slot: SlotOps, paged: PagedOps) -> None:
     if missing:
         raise InputTypeError(f"bind_codec needs callables {', '.join(missing)}, got {describe(slot)} "
                              f"and {describe(paged)}")
-    # the names hold the modules type checkers import above; a bound object is checked against their protocols
-    slot_ops, paged_ops = slot, paged  # type: ignore[assignment]
+    slot_ops, paged_ops = slot, paged
 
 
 def _is_int(value) -> bool:
@@ -206,7 +201,7 @@ class Layout:
     name: ClassVar[str] = ""
     if TYPE_CHECKING:  # a field every format declares with its own default and validator
         head_dim: int
-        record: Record  # the record ABI, a property bound by kvformats.codec.records (bind_records)
+        record: Any  # the record ABI (kvformats.codec.records.Record), bound by the package front (bind_records)
     page_alignment: ClassVar[str | None] = None  # name of a segment whose record size pages round up to
     container_dtype: ClassVar[torch.dtype] = torch.uint8
     quant_input_dtype: ClassVar[torch.dtype] = torch.float32  # what encode rounds its input to first

@@ -1,6 +1,8 @@
 """The package's layers: imports only point down (or stay within a layer), and no modules import
 each other in a cycle. Read from the source with ast: every ``import`` and ``from ... import``,
-at module level or inside a function, counts (not those under ``if TYPE_CHECKING``).
+at module level, inside a function or under ``if TYPE_CHECKING``, counts. The package front
+(``kvformats/__init__.py``) is the composition root: the one module that binds the layers'
+parts together (``bind_*`` calls), at the top, so no binding runs up a layer.
 
 The registry finds the kernel package by name at run time (``KERNEL_PACKAGE``) and reads its
 table: that is the plugin arrangement, data handed down, not an import, so it is not an edge."""
@@ -31,13 +33,14 @@ LAYERS = (
     ("model constants", ("kvformats.dsv4_constants", "kvformats.dsv41_constants")),  # what the model ops share with their kernels
     ("kernels", ("kvformats_kernels",)),
     ("codec", ("kvformats.codec",)),  # registry, dispatch, row I/O, paged ops, torch ops
-    ("front", ("kvformats",)),
     ("model ops", ("kvformats.deepseek_v4", "kvformats.deepseek_v41")),
     ("layer step", ("kvformats.dsv4_layer",)),  # the model ops' clients: layer-step reference, quality, inputs
     ("compat", ("kvformats.compat",)),  # other libraries' names over the model ops and the codec
     ("spec", ("kvformats.spec",)),  # spec JSON, golden vectors, generated docs
     ("caches", ("kvformats.caches",)),  # cache files, regions, hexdumps, diff, check
+    ("report", ("kvformats.report",)),  # the HTML inspector of cache files and notebook displays
     ("transfer", ("kvformats.transfer",)),  # P/D transfer plans, handshake, checksums, engines (lazy)
+    ("front", ("kvformats",)),  # the composition root and the names ``import kvformats`` gives
     ("cli", ("kvformats.cli", "kvformats.__main__")),
     ("testing", ("kvformats.testing",)),
 )
@@ -80,8 +83,6 @@ def _imports(module: str, path: Path) -> set[str]:
 
     def visit(node):
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                continue
             if isinstance(child, ast.Import):
                 found.update(a.name for a in child.names)
             elif isinstance(child, ast.ImportFrom):
@@ -122,6 +123,31 @@ def test_no_import_points_up():
           for m, targets in GRAPH.items() if m not in COMPAT for t in sorted(targets)
           if t not in COMPAT and RANK.get(_layer(t), -1) > RANK.get(_layer(m), len(RANK))]
     assert up == []
+
+
+def _bindings(path: Path) -> list[str]:
+    """The ``bind_*(...)`` calls a module makes: a lower layer handed a part of a higher one."""
+    calls = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", None) or getattr(node.func, "id", "")
+            if name.startswith("bind_"):
+                calls.append(f"{name} (line {node.lineno})")
+    return calls
+
+
+def test_only_the_composition_root_binds():
+    assert _bindings(MODULES["kvformats"]), "the package front binds the codec and the record property"
+    bound = {m: calls for m, path in MODULES.items() if m != "kvformats" and (calls := _bindings(path))}
+    assert bound == {}
+
+
+def test_type_checking_imports_count(tmp_path):
+    """An import only type checkers run is still an arrow between layers."""
+    path = tmp_path / "probe.py"
+    path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kvformats.codec import slot_ops\n",
+                    encoding="utf-8")
+    assert _imports("kvformats.layout", path) == {"kvformats.codec.slot_ops"}
 
 
 def test_nothing_imports_an_old_path():
@@ -231,19 +257,15 @@ def test_the_codec_binding_is_checked_and_an_unbound_layout_says_so(monkeypatch)
         kvf.Fp8Indexer().decode(torch.zeros(1, 8448, dtype=torch.uint8), torch.zeros(1, dtype=torch.long))
 
 
-def test_go_to_definition_from_a_layout_op_reaches_the_codec_op():
-    """What a static tool sees: ``Layout.encode`` calls ``slot_ops.encode``, and ``slot_ops`` is
-    imported (for type checkers only) from the codec layer, so the trail reaches the op's
-    definition in one hop; at run time the same names hold the bound modules."""
+def test_a_layout_op_calls_the_codec_op_its_protocol_names():
+    """``Layout.encode`` calls ``slot_ops.encode``; ``slot_ops`` is typed by the ``SlotOps``
+    protocol, which names exactly the ops the layout calls (a type checker checks the calls
+    against it, with no import of the codec layer), and at run time the package front has bound
+    the codec's modules to those names."""
     from kvformats import layout
     from kvformats.codec import paged_ops, slot_ops
 
     tree = ast.parse(MODULES["kvformats.layout"].read_text(encoding="utf-8"))
-    guarded = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.If)
-               and getattr(node.test, "id", "") == "TYPE_CHECKING"
-               for stmt in node.body if isinstance(stmt, ast.ImportFrom) and stmt.module == "kvformats.codec"
-               for alias in stmt.names}
-    assert guarded == {"slot_ops", "paged_ops"}
     calls = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == "Layout":
@@ -251,7 +273,9 @@ def test_go_to_definition_from_a_layout_op_reaches_the_codec_op():
                 if isinstance(fn, ast.FunctionDef):
                     calls[fn.name] = {(c.func.value.id, c.func.attr) for c in ast.walk(fn) if isinstance(c, ast.Call)
                                       and isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name)}
-    for module, names in (("slot_ops", layout.SLOT_OPS), ("paged_ops", layout.PAGED_OPS)):
+    for module, names, protocol in (("slot_ops", layout.SLOT_OPS, layout.SlotOps),
+                                    ("paged_ops", layout.PAGED_OPS, layout.PagedOps)):
+        assert set(protocol.__annotations__) == set(names)
         for name in names:
             assert (module, name) in calls[name], name
     assert layout.slot_ops is slot_ops and layout.paged_ops is paged_ops

@@ -225,10 +225,8 @@ def identify_one(bytes_per_token: int, head_dim: int | None = None, hint=None) -
 
 def bind_records() -> None:
     """Give every layout its ``record`` property (``record_of``). The declaration (layout.py)
-    lies below the registry this table reads, so the property is handed down from here, as the
-    codec's ops are (``layout.bind_codec``); importing kvformats runs this."""
+    lies below the registry this table reads, so the package front (the composition root) hands
+    the property down, as it hands the codec's ops (``layout.bind_codec``)."""
     if not isinstance(getattr(Layout, "record", None), property):
         setattr(Layout, "record", property(record_of, doc="The layout's record ABI (kvformats.codec.records)."))
 
-
-bind_records()

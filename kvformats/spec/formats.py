@@ -18,7 +18,6 @@ from pathlib import Path
 
 import attrs
 
-import kvformats  # noqa: F401  (the package front registers every format)
 from kvformats.codec.registry import get_format, list_formats
 from kvformats.errors import OutputError
 from kvformats.numerics.elements import E2M1_RNE_RULE, ELEMENTS  # noqa: F401 - E2M1_RNE_RULE re-exported
