@@ -75,14 +75,14 @@ def main(argv=None) -> int:
             row = {"op": name, "rows": rows}
             for key, fn in (("default_us", call), ("full_us", call), ("nocheck_us", nocheck[name]),
                             ("custom_op_us", custom[name]), ("gpu_us", None if args.no_graph else call)):
-                replay.ENABLED[0] = key != "full_us"  # the full path: what a call costs before it is replayed
+                replay.SWITCHES.enabled = key != "full_us"  # the full path: what a call costs before it is replayed
                 try:
                     row[key] = None if fn is None else (graph_per_call_us([fn], 20) if key == "gpu_us"
                                                         else host_per_call_us(fn, args.calls, args.rounds))
                 except Exception as err:  # a failing path is reported in its cell, the run goes on
                     row[key], row[key + "_error"] = None, f"{type(err).__name__}: {str(err)[:200]}"
                 finally:
-                    replay.ENABLED[0] = True
+                    replay.SWITCHES.enabled = True
             result["ops"].append(row)
             cells = [("-" if row[k] is None else f"{row[k]:.1f}") for k in
                      ("default_us", "full_us", "nocheck_us", "custom_op_us")]

@@ -67,10 +67,10 @@ def main(argv=None) -> None:
                 continue
             figures = []
             for enabled in (False, True):
-                replay.ENABLED[0] = enabled
+                replay.SWITCHES.enabled = enabled
                 figures.append(per_call_us(fn, args.calls))
             print(f"| {name} | {figures[0]:.1f} | {figures[1]:.1f} |")
-    replay.ENABLED[0] = True
+    replay.SWITCHES.enabled = True
 
 
 def _round_us(fn, calls: int) -> float:
@@ -104,7 +104,7 @@ def compat_table(args, only) -> None:
                 continue
             cells = []
             for enabled in (True, False):
-                replay.ENABLED[0] = enabled
+                replay.SWITCHES.enabled = enabled
                 for _ in range(50):
                     native(), compat()
                 a = b = float("inf")
@@ -112,7 +112,7 @@ def compat_table(args, only) -> None:
                     a, b = min(a, _round_us(native, args.calls)), min(b, _round_us(compat, args.calls))
                 cells += [f"{a:.1f}", f"{b:.1f}", f"{b / a:.2f}"]
             print(f"| {name} | {' | '.join(cells)} |", flush=True)
-    replay.ENABLED[0] = True
+    replay.SWITCHES.enabled = True
 
 
 if __name__ == "__main__":

@@ -24,14 +24,14 @@ def stub_with_replay(tables=()):
     put back afterwards."""
     from kvformats_kernels import settings
 
-    before = replay.ENABLED[0]
+    before = replay.SWITCHES.enabled
     saved = {name: settings.snapshot(name) for name in tables}
-    replay.ENABLED[0] = True
+    replay.SWITCHES.enabled = True
     try:
         with stubbed_launches() as log:
             yield log
     finally:
-        replay.ENABLED[0] = before
+        replay.SWITCHES.enabled = before
         for name, table in saved.items():
             settings.restore(name, table)
 
@@ -150,15 +150,15 @@ def normalized(log: list, inputs: list[torch.Tensor], tensor_at: set) -> list:
 
 def outcome(fn, log: list, enabled: bool):
     """(launches, result shape, exception) of one call with replay on or off."""
-    before = replay.ENABLED[0]
-    replay.ENABLED[0] = enabled
+    before = replay.SWITCHES.enabled
+    replay.SWITCHES.enabled = enabled
     log.clear()
     try:
         result, error = fn(), None
     except Exception as e:  # noqa: BLE001  (both paths must raise the same)
         result, error = None, (type(e), str(e))
     finally:
-        replay.ENABLED[0] = before
+        replay.SWITCHES.enabled = before
     return list(log), result, error
 
 

@@ -84,13 +84,13 @@ def test_a_replayed_call_launches_what_its_full_path_launches(stub, name, custom
         require(fmt, "kernels", op=op)
     first, second = (calls[name] for calls in _call_sets(custom))
     # the full path's launches for the second call's tensors
-    replay.ENABLED[0] = False
+    replay.SWITCHES.enabled = False
     stub.clear()
     want_result = second()
     want = list(stub)
     tensor_at = {(j, p) for j, (_, _, args) in enumerate(want) for p, a in enumerate(args) if isinstance(a, Address)}
     # ... and through a plan recorded on the first call's tensors
-    replay.ENABLED[0] = True
+    replay.SWITCHES.enabled = True
     plans = _plans()
     first()
     first()
@@ -126,6 +126,24 @@ def test_metadata_errors_are_raised_on_every_call(stub):
     with pytest.raises(InputTypeError):
         lay.encode(x, cache, slots, check="loud")  # an invalid check mode is metadata too
     assert len(stub) == n
+
+
+def test_a_signature_whose_call_raises_is_not_recorded_on_every_call(stub, monkeypatch):
+    """The error comes on every call; recording it stops after replay.ATTEMPTS tries, so a
+    caller retrying a refused call does not pay for a recording each time."""
+    lay, cache, x, slots = _codec()
+    recordings = []
+    real = replay_plan.Recording
+
+    def counted(*args, **kwargs):
+        recordings.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(replay_plan, "Recording", counted)
+    for _ in range(10):
+        with pytest.raises(InputError):
+            lay.encode(x[:4], cache, slots)  # rows and slots disagree
+    assert 1 <= len(recordings) <= replay.ATTEMPTS + 1
 
 
 def test_strict_checks_always_take_the_full_path(stub):
@@ -193,7 +211,7 @@ def test_launch_hooks_and_the_switch_turn_replay_off(stub, monkeypatch):
     monkeypatch.setattr(replay_plan, "hooks_set", lambda: True)
     assert lay.decode(cache, slots).shape == (8, lay.head_dim) and used == [1]
     monkeypatch.setattr(replay_plan, "hooks_set", lambda: False)
-    replay.ENABLED[0] = False
+    replay.SWITCHES.enabled = False
     lay.decode(cache, slots)
     assert used == [1]
 
@@ -217,10 +235,10 @@ def _change_during_the_recording(monkeypatch, change) -> list:
 
 
 def _launches(stub, fn, enabled: bool) -> list:
-    replay.ENABLED[0] = enabled
+    replay.SWITCHES.enabled = enabled
     stub.clear()
     fn()
-    replay.ENABLED[0] = True
+    replay.SWITCHES.enabled = True
     return list(stub)
 
 
@@ -291,17 +309,17 @@ def _bitwise(a: torch.Tensor, b: torch.Tensor) -> bool:
 def test_replayed_calls_write_the_bytes_of_the_full_path_on_the_gpu(rows, custom, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     first, second = public_calls("cuda", rows, custom=custom), public_calls("cuda", rows, custom=custom)
-    before = replay.ENABLED[0]
+    before = replay.SWITCHES.enabled
     mismatched, unplanned = [], []
     try:
         for name in sorted(first):
             held = _tensors_in(second[name])
             start = [t.clone() for t in held]
-            replay.ENABLED[0] = False
+            replay.SWITCHES.enabled = False
             want = _state(second[name], second[name]())
             for t, s in zip(held, start):
                 t.copy_(s)
-            replay.ENABLED[0] = True
+            replay.SWITCHES.enabled = True
             plans = _plans()
             first[name]()
             first[name]()
@@ -312,5 +330,5 @@ def test_replayed_calls_write_the_bytes_of_the_full_path_on_the_gpu(rows, custom
                 mismatched.append(name)
         torch.cuda.synchronize()
     finally:
-        replay.ENABLED[0] = before
+        replay.SWITCHES.enabled = before
     assert not unplanned and not mismatched, (unplanned, mismatched)

@@ -354,8 +354,8 @@ def test_replay_starts_on_the_third_call(stub):
                                             ("3.7.0", False), ("3.9.0", False), ("4.0.0", False)])
 def test_direct_launches_only_on_a_verified_triton(version, direct, monkeypatch):
     assert triton_abi.verified(version) is direct
-    before = replay.ENABLED[0]
-    replay.ENABLED[0] = True
+    before = replay.SWITCHES.enabled
+    replay.SWITCHES.enabled = True
     try:
         with stubbed_launches(triton_version=version) as log:
             fn = _call("fp8_ds_mla.decode", {"rows": 8, "custom": False, "check": True, "seed": 0, "offset": 0,
@@ -365,7 +365,7 @@ def test_direct_launches_only_on_a_verified_triton(version, direct, monkeypatch)
             planned = any(isinstance(p, replay_plan.Plan) for t in replay._TABLES for p in t.values())
             assert planned is direct  # another release: every launch through Triton, nothing replayed
     finally:
-        replay.ENABLED[0] = before
+        replay.SWITCHES.enabled = before
 
 
 def test_strict_checks_are_per_thread_and_nest():
@@ -429,7 +429,7 @@ from tests.harness.launch_stub import stubbed_launches
 assert not registry._kernels_loaded
 lay, x = kvf.get_format("fp8_indexer"), torch.randn(8, 128, dtype=torch.bfloat16)
 cache, slots = lay.allocate(2), torch.arange(8)
-replay.ENABLED[0] = True
+replay.SWITCHES.enabled = True
 with stubbed_launches():
     for n in (1, 2):
         lay.encode(x, cache, slots)

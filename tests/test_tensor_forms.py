@@ -102,7 +102,7 @@ def test_check_tensor_names_the_argument_and_the_fix():
 
 def test_the_replay_key_refuses_them_before_reading_an_address(monkeypatch):
     """A sparse tensor has no data pointer: the key raised torch's untyped RuntimeError."""
-    monkeypatch.setattr(replay, "ANY_DEVICE", [True])  # CPU tensors are keyed too
+    monkeypatch.setattr(replay.SWITCHES, "any_device", True)  # CPU tensors are keyed too
     x = torch.randn(4, 8)
     for bad, words in ((x.to_sparse(), "sparse"), (_sparse(x), "sparse_csr"), (_negative(x), "negative bit"),
                        (torch.complex(x, x).conj(), "conjugate bit")):

@@ -23,15 +23,15 @@ def replayed(fn=None, *, plain=None):
     if fn is None:
         return functools.partial(replayed, plain=plain)
     fast = replay.replayable(fn)
-    on = replay.ENABLED  # read here too: with replay off (KVFORMATS_REPLAY=0) one call layer, not two
+    switches = replay.SWITCHES  # read here too: with replay off (KVFORMATS_REPLAY=0) one call layer, not two
     if plain is None:
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            return fast(*args, **kwargs) if on[0] and not compiling() else fn(*args, **kwargs)
+            return fast(*args, **kwargs) if switches.enabled and not compiling() else fn(*args, **kwargs)
     else:
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            if on[0] and plain(args, kwargs) and not compiling():
+            if switches.enabled and plain(args, kwargs) and not compiling():
                 return fast(*args, **kwargs)
             return fn(*args, **kwargs)
     call.__wrapped_plans__ = fast.__wrapped_plans__  # as replayable's (tests)

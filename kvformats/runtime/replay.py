@@ -38,12 +38,14 @@ kept (the call's own result stands: it ran in full).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
 import struct
 from typing import Any, Callable
 
+import attrs
 import torch
 
 from kvformats.errors import InputTypeError, memory_problem
@@ -51,8 +53,38 @@ from kvformats.runtime import deferred
 from kvformats.runtime import replay_plan as rp
 from kvformats.runtime.replay_plan import recording  # noqa: F401  (the launcher's entry point)
 
-ENABLED = [os.environ.get("KVFORMATS_REPLAY", "1") not in ("", "0")]
-ANY_DEVICE = [False]  # CUDA tensors only, unless a stand-in launcher (tests.harness.launch_stub) runs
+
+
+@attrs.define
+class Switches:
+    """Replay's switches, one object (as ``kvformats_kernels.settings`` holds the launch settings):
+    ``enabled`` (``KVFORMATS_REPLAY=0`` turns it off; benchmarks flip it to time the full path)
+    and ``any_device`` (CUDA tensors only, unless a stand-in launcher keys CPU tensors too:
+    ``tests.harness.launch_stub``). Change them with ``switched`` (restored on exit)."""
+
+    enabled: bool = attrs.field(factory=lambda: os.environ.get("KVFORMATS_REPLAY", "1") not in ("", "0"))
+    any_device: bool = False
+
+
+SWITCHES = Switches()
+
+
+@contextlib.contextmanager
+def switched(**changes: bool):
+    """``SWITCHES`` with ``changes`` (``enabled=``, ``any_device=``) inside the block, restored
+    after it; an unknown name or a non-bool value is an InputTypeError."""
+    for name, value in changes.items():
+        if name not in ("enabled", "any_device") or not isinstance(value, bool):
+            raise InputTypeError(f"replay.switched takes enabled= and any_device= booleans, got {name}={value!r}")
+    before = attrs.asdict(SWITCHES)
+    for name, value in changes.items():
+        setattr(SWITCHES, name, value)
+    try:
+        yield SWITCHES
+    finally:
+        for name, value in before.items():
+            setattr(SWITCHES, name, value)
+
 # Non-tensor argument types keyed by identity (layouts: frozen, and kept alive by the plan, so
 # an id is never reused while its plan exists).
 BY_ID: tuple[type, ...] = ()
@@ -105,7 +137,7 @@ def _signature(args, tensors: list, ptrs: list, keep: list, shared: dict) -> tup
         t = type(a)
         if t is torch.Tensor:
             d = a.get_device()
-            if d < 0 and not ANY_DEVICE[0]:
+            if d < 0 and not SWITCHES.any_device:
                 return None
             # Tensors whose memory does not hold their values are refused before the key reads it
             # (kvformats.errors.memory_problem): a view with the negative or conjugate bit has the
@@ -159,7 +191,7 @@ def replayable(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if not ENABLED[0] or rp._local.__dict__.get("rec") is not None or kwargs.get("check") == "strict":
+        if not SWITCHES.enabled or rp._local.__dict__.get("rec") is not None or kwargs.get("check") == "strict":
             return fn(*args, **kwargs)
         tensors: list = []
         ptrs: list = []
@@ -183,18 +215,21 @@ def replayable(fn: Callable) -> Callable:
             _store(seen, key, tries + 1)
             return fn(*args, **kwargs)
         generation = _GENERATION[0]
-        with rp.Recording(tensors) as rec:
-            result = fn(*args, **kwargs)
+        try:
+            with rp.Recording(tensors) as rec:
+                result = fn(*args, **kwargs)
+        except BaseException:
+            # an error is raised on every call of the signature (no check reads a value in the
+            # default mode), so it counts as a failed recording: not recorded again on every call
+            _failed(plans, seen, key, tries)
+            raise
         plan = rec.plan(result)
         if plan is not None:
             plan.keep = keep
             _store(plans, key, plan)
             seen.pop(key, None)
-        elif tries >= ATTEMPTS:
-            _store(plans, key, _SLOW)
-            seen.pop(key, None)
         else:
-            _store(seen, key, tries + 1)
+            _failed(plans, seen, key, tries)
         # Checked after the store, so that a clear() in another thread at any point is seen:
         # before the store it moved the generation (the entry is taken out here), after it the
         # clear itself emptied the table. What was recorded under other settings or another
@@ -206,6 +241,16 @@ def replayable(fn: Callable) -> Callable:
 
     call.__wrapped_plans__ = plans  # type: ignore[attr-defined]  # the tests read a wrapper's plans
     return call
+
+
+def _failed(plans: dict, seen: dict, key, tries: int) -> None:
+    """A recording of ``key`` that made no plan: counted, and after ``ATTEMPTS`` the signature
+    stays on the full path (``_SLOW``)."""
+    if tries >= ATTEMPTS:
+        _store(plans, key, _SLOW)
+        seen.pop(key, None)
+    else:
+        _store(seen, key, tries + 1)
 
 
 def _store(table: dict, key, value) -> None:

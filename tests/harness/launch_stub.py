@@ -89,7 +89,7 @@ def stubbed_launches(log: list | None = None, *, keep_log: bool = True, triton_v
     real_launcher = replay.register_launcher(stub_launcher)
     saved = dict(launch._WRAPPED)
     launch._WRAPPED.clear()
-    replay.ANY_DEVICE[0] = True
+    replay.SWITCHES.any_device = True
     deferred.HOST_CHECKED.clear()
     registry._RESOLVED.clear()
     replay.clear()
@@ -101,7 +101,7 @@ def stubbed_launches(log: list | None = None, *, keep_log: bool = True, triton_v
         replay.register_launcher(real_launcher)
         launch._WRAPPED.clear()
         launch._WRAPPED.update(saved)
-        replay.ANY_DEVICE[0] = False
+        replay.SWITCHES.any_device = False
         deferred.HOST_CHECKED.update(host_checked)
         registry._RESOLVED.clear()
         replay.clear()

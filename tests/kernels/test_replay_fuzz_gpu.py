@@ -29,15 +29,15 @@ def _written(fn, enabled: bool, repeats: int = 1) -> list[torch.Tensor]:
     bytes (the inputs are put back before every call), as bytes."""
     held = tensors_of(fn)
     start = [t.clone() for t in held]
-    before = replay.ENABLED[0]
-    replay.ENABLED[0] = enabled
+    before = replay.SWITCHES.enabled
+    replay.SWITCHES.enabled = enabled
     try:
         for _ in range(repeats):
             for t, s in zip(held, start):
                 t.copy_(s)
             result = fn()
     finally:
-        replay.ENABLED[0] = before
+        replay.SWITCHES.enabled = before
     res = result if isinstance(result, (tuple, list)) else (result,)
     out = [_bytes(t).clone() for t in held] + [_bytes(r).clone() for r in res if isinstance(r, torch.Tensor)]
     for t, s in zip(held, start):
