@@ -332,3 +332,15 @@ def test_replayed_calls_write_the_bytes_of_the_full_path_on_the_gpu(rows, custom
     finally:
         replay.SWITCHES.enabled = before
     assert not unplanned and not mismatched, (unplanned, mismatched)
+
+
+def test_switched_changes_the_switches_inside_its_block_only():
+    before = (replay.SWITCHES.enabled, replay.SWITCHES.any_device)
+    with replay.switched(enabled=not before[0], any_device=True) as s:
+        assert (s.enabled, s.any_device) == (not before[0], True)
+    assert (replay.SWITCHES.enabled, replay.SWITCHES.any_device) == before
+    for bad in ({"enabled": 1}, {"fast": True}):
+        with pytest.raises(InputTypeError):
+            with replay.switched(**bad):
+                pass
+    assert (replay.SWITCHES.enabled, replay.SWITCHES.any_device) == before
