@@ -189,38 +189,79 @@ def _register(fmt: str | OpFamily, op: str, backend: str, fn: Callable) -> None:
     _RESOLVED.clear()
 
 
-# The kernel package is a plugin: found by name on the first CUDA call, it hands over a table
-# of its launchers and imports nothing of this layer back, so kernels and dispatch form no cycle.
-# It is the only way the library reaches the kernels. The table's keys, by their first item:
+# Kernel packages are plugins: found on the first CUDA call, each hands over a table of its
+# launchers and imports nothing of this layer back, so kernels and dispatch form no cycle. They
+# are the only way the library reaches kernels. A package is a module with ``kernel_table()``
+# (and optionally ``kernel_profiles()``), named by an entry point of the group KERNEL_GROUP in
+# its distribution's metadata, or passed to ``register_kernel_package``; this repository's
+# ``kvformats_kernels`` is one (declared in pyproject.toml, and loaded first by name too, so a
+# source checkout without installed metadata still has it). The table's keys, by their first item:
 #   (format, op)                  a format's codec or paged op
 #   (MODEL_OP, family, op)        a model op, registered under OpFamily(family)
 #   (LIBRARY, module, name)       a launcher a library module calls itself (library_kernel)
+KERNEL_GROUP = "kvformats.kernels"
 KERNEL_PACKAGE = "kvformats_kernels"
 MODEL_OP = "model op"
 LIBRARY = "library"
+_KERNEL_OWNERS: dict[tuple, str] = {}  # table key -> the package that registered it
+
+
+def kernel_packages() -> list[str]:
+    """The kernel packages' module names in load order: ``kvformats_kernels``, then every entry
+    point of the group ``kvformats.kernels`` (sorted by name; each module once)."""
+    from importlib.metadata import entry_points
+
+    names = [KERNEL_PACKAGE]
+    for ep in sorted(entry_points(group=KERNEL_GROUP), key=lambda e: e.name):
+        if ep.value not in names:
+            names.append(ep.value)
+    return names
 
 
 def _load_kernels() -> None:
-    """Import the kernel package once and register its table as the "triton" backend (an
+    """Import the kernel packages once and register their tables as the "triton" backend (an
     empty table when Triton does not import)."""
     global _kernels_loaded
     if not _kernels_loaded:
         _kernels_loaded = True
-        kernels = importlib.import_module(KERNEL_PACKAGE)
-        # No plan can exist before the kernels are loaded (only their launches are recorded), so
-        # loading them keeps the replay counts: the call that loads them counts as a first call.
-        for key, fn in kernels.kernel_table().items():
-            if len(key) == 2:
-                _register(key[0], key[1], "triton", fn)
-            elif key[0] == MODEL_OP:
-                _register(OpFamily(key[1]), key[2], "triton", fn)
-            elif key[0] == LIBRARY:
-                _LIBRARY_KERNELS[key[1:]] = fn
-            else:
-                raise BackendUnavailableError(f"{KERNEL_PACKAGE}'s kernel table has a key this version of "
-                                              f"kvformats does not read: {key!r}")
-        for fmt, profiles in kernels.kernel_profiles().items():
-            _KERNEL_PROFILES[fmt] = tuple(profiles)
+        for name in kernel_packages():
+            register_kernel_package(name)
+
+
+def register_kernel_package(package) -> None:
+    """Register a kernel package (a module, or its importable name) as the "triton" backend of the
+    keys its ``kernel_table()`` names, and the profiles of its ``kernel_profiles()``. A package
+    that cannot be imported or has no table, a key this version does not read, or a key another
+    package registered already is a BackendUnavailableError naming both, raised before anything
+    of the package is registered. No plan can exist before kernels load (only their launches are
+    recorded), so loading them keeps the replay counts."""
+    name = package if isinstance(package, str) else getattr(package, "__name__", repr(package))
+    try:
+        module = importlib.import_module(package) if isinstance(package, str) else package
+        table = dict(module.kernel_table())
+        profiles = dict(module.kernel_profiles()) if hasattr(module, "kernel_profiles") else {}
+    except Exception as err:  # an installation problem: named, with its cause
+        raise BackendUnavailableError(f"kernel package {name!r} could not be loaded: {type(err).__name__}: {err}") \
+            from err
+    for key in table:
+        if not isinstance(key, tuple) or not (len(key) == 2 or (len(key) == 3 and key[0] in (MODEL_OP, LIBRARY))):
+            raise BackendUnavailableError(f"kernel package {name!r}'s kernel table has a key this version of "
+                                          f"kvformats does not read: {key!r}")
+        owner = _KERNEL_OWNERS.get(key)
+        if owner is not None and owner != name:
+            raise BackendUnavailableError(f"kernel package {name!r} registers {key!r}, which kernel package "
+                                          f"{owner!r} registered already")
+    for key, fn in table.items():
+        _KERNEL_OWNERS[key] = name
+        if len(key) == 2:
+            _register(key[0], key[1], "triton", fn)
+        elif key[0] == MODEL_OP:
+            _register(OpFamily(key[1]), key[2], "triton", fn)
+        else:
+            _LIBRARY_KERNELS[key[1:]] = fn
+    for fmt, names in profiles.items():
+        _KERNEL_PROFILES[fmt] = tuple(names)
+    _RESOLVED.clear()
 
 
 def library_kernel(module: str, name: str) -> Callable | None:
