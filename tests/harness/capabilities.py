@@ -4,6 +4,7 @@ package (with no kernels, no committed spec files) is covered by every generic t
 only by a capability it lacks, with that capability named in the skip reason.
 
     require(name, "kernels", op="decode")   # pytest.skip unless the kernel table registered one
+    LAYOUTS = with_declared_cases(CURATED)  # kernel tests: every format with kernels, none listed by hand
 
 Capabilities:
 
@@ -54,3 +55,42 @@ def require(name: str, capability: str, op: str = "encode") -> None:
 
     if not has(name, capability, op):
         pytest.skip(f"{name} " + REASONS[capability].format(op=op))
+
+
+def kernel_formats(op: str = "encode") -> list[str]:
+    """Every registered format with a Triton ``op`` (whatever kernel package registered it)."""
+    return [name for name in registry.list_formats() if registry.has_backend(name, op, "triton")]
+
+
+def declared_layouts(name: str) -> dict:
+    """The format's declared test layouts: its small parameters (``small_params``) merged with
+    each of its ``example_params``; id -> layout (the format's name for the first)."""
+    cls = type(registry.get_format(name))
+    small = dict(getattr(cls, "small_params", {}) or {})
+    return {name if i == 0 else f"{name}-ex{i}": registry.get_format(name, **{**small, **params})
+            for i, params in enumerate(cls.example_params)}
+
+
+def quant_block(layout) -> tuple[int, float]:
+    """(the first scaled field's block, the scale rule's element max); (0, 0.0) for a format that
+    stores unscaled values (the compressor states)."""
+    blocks = [f.block for s in layout.segments for f in s.fields if getattr(f, "block", None)]
+    rule = getattr(layout, "scale_rule", None)
+    return (blocks[0], float(rule.element_max)) if blocks and rule is not None else (0, 0.0)
+
+
+def with_declared_cases(curated: dict, op: str = "encode", entry=None) -> dict:
+    """``curated`` (id -> a case whose ``entry(case)`` is its layout) and, for every format with a
+    Triton ``op`` that no curated case covers (one added outside the package, or by a kernel
+    package), its declared layouts as cases (``entry`` None: the layout itself; else the case is
+    (layout, block, element max)). A new format's kernels get the kernel suite with no list edited."""
+    def layout_of(case):
+        return case if entry is None else entry(case)
+
+    covered = {layout_of(case).name for case in curated.values()}
+    out = dict(curated)
+    for name in kernel_formats(op):
+        if name not in covered:
+            for key, layout in declared_layouts(name).items():
+                out[key] = layout if entry is None else (layout, *quant_block(layout))
+    return out

@@ -23,11 +23,12 @@ pytest.importorskip("triton")
 import kvformats_kernels as kk  # noqa: E402  (after conftest chose interpreter or GPU)
 from recording import DEV, check_words, expect, take_record  # noqa: E402
 from kvformats_kernels import state  # noqa: E402
+from tests.harness.capabilities import kernel_formats, quant_block  # noqa: E402
 
 SENTINEL = 0xA5
-FORMATS = ["fp8_ds_mla", "fp8_ds_mla_v32", "fp8_indexer", "mxfp4_indexer", "compressor_state", "fp8_ds_mla_v41",
-           "fp4_ds_mla_v41", "fp8_ds_mla_v41_interleaved", "fp4_ds_mla_v41_interleaved", "compressor_state_v41"]
-BYTE_FORMATS = [f for f in FORMATS if f not in ("compressor_state", "compressor_state_v41")]
+FORMATS = kernel_formats()  # every format with Triton kernels, whichever package registered them
+# the quantized row formats (a scaled block); the compressor states hold float32 rows
+BYTE_FORMATS = [f for f in FORMATS if quant_block(kvf.get_format(f))[0]]
 PAGES, PAGE_SIZE = 3, 4
 CAPACITY = PAGES * PAGE_SIZE
 CHECK = deferred.Check

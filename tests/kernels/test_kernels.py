@@ -29,6 +29,7 @@ import kvformats_kernels as kk  # noqa: E402  (after conftest chose interpreter 
 from kvformats_kernels import _common as cm  # noqa: E402
 from kvformats_kernels import numerics_jit as nj  # noqa: E402
 from kvformats_kernels._common import rule_constants  # noqa: E402
+from tests.harness.capabilities import with_declared_cases  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
@@ -37,7 +38,7 @@ SENTINEL = 0xA5
 
 # ----------------------------------------------------------------------------- inputs
 
-LAYOUTS = {  # id -> (layout, quant block, element max)
+CURATED = {  # id -> (layout, quant block, element max): odd geometries and profiles worth their time
     "fp8_ds_mla": (kvf.Fp8DsMla(page_size=4), 64, 448.0),
     "fp8_ds_mla-256": (kvf.Fp8DsMla(head_dim=256, rope_dim=64, page_size=3), 64, 448.0),
     "fp8_ds_mla_v32": (kvf.get_format("fp8_ds_mla_v32", page_size=4), 128, 448.0),
@@ -60,6 +61,9 @@ LAYOUTS = {  # id -> (layout, quant block, element max)
     "compressor_state": (kvf.CompressorState(head_dim=64, ratio=4, page_size=4), 0, 0.0),
     "compressor_state-128": (kvf.CompressorState(head_dim=48, ratio=128, page_size=8), 0, 0.0),
 }
+# ... and every other format with kernels (a new one, or one a kernel package adds), by its
+# declared layouts: no list here needs an edit for it
+LAYOUTS = with_declared_cases(CURATED, entry=lambda case: case[0])
 
 
 def _e4m3_midpoints() -> torch.Tensor:

@@ -19,13 +19,14 @@ from kvformats.errors import BackendUnavailableError
 triton = pytest.importorskip("triton")
 
 import kvformats_kernels as kk  # noqa: E402  (after conftest chose interpreter or GPU)
+from tests.harness.capabilities import with_declared_cases  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 SENTINEL = 0xA5
 
-DECODE_LAYOUTS = {
+CURATED = {  # odd geometries and profiles worth their time
     "fp8_ds_mla": kvf.Fp8DsMla(page_size=4),
     "fp8_ds_mla-256": kvf.Fp8DsMla(head_dim=256, rope_dim=64, page_size=3),
     "fp8_ds_mla-rope32": kvf.Fp8DsMla(head_dim=160, rope_dim=32, page_size=2),
@@ -45,10 +46,13 @@ DECODE_LAYOUTS = {
     "fp4_ds_mla_v41_interleaved": kvf.Fp4DsMlaV41Interleaved(page_size=4),
     "fp4_ds_mla_v41_interleaved-48": kvf.Fp4DsMlaV41Interleaved(head_dim=48, page_size=5, profile="vllm"),
 }
+# ... and every other format with a Triton dequantize_gather, by its declared layouts (no edit here)
+DECODE_LAYOUTS = {k: v for k, v in with_declared_cases(CURATED, op="dequantize_gather").items() if v.paged_reads}
 BYTE_LAYOUTS = {k: v for k, v in DECODE_LAYOUTS.items()
-                if k in ("fp8_ds_mla", "fp8_ds_mla-256", "fp8_ds_mla_v32", "fp8_indexer", "fp8_indexer-p1",
-                         "mxfp4_indexer", "mxfp4_indexer-96", "fp8_ds_mla_v41", "fp4_ds_mla_v41-48",
-                         "fp8_ds_mla_v41_interleaved-96", "fp4_ds_mla_v41_interleaved")}
+                if k not in CURATED or k in ("fp8_ds_mla", "fp8_ds_mla-256", "fp8_ds_mla_v32", "fp8_indexer",
+                                             "fp8_indexer-p1", "mxfp4_indexer", "mxfp4_indexer-96", "fp8_ds_mla_v41",
+                                             "fp4_ds_mla_v41-48", "fp8_ds_mla_v41_interleaved-96",
+                                             "fp4_ds_mla_v41_interleaved")}
 ALL_LAYOUTS = dict(DECODE_LAYOUTS, compressor_state=kvf.CompressorState(head_dim=32, ratio=4, page_size=4))
 
 
