@@ -92,8 +92,9 @@ def _plan() -> list[tuple[tuple, tuple]]:
                                                            torch.zeros(0, dtype=torch.int32), fmt, _out(0)))))
         beyond = _positions(0)
         beyond[4] = TABLE  # a row past the table
-        plan.append(((fmt, "beyond"), ("swa_rope_scatter", (rel.input_rows("normal", N, 512, seed=5), beyond,
-                                                            _table(0), _field(fmt), _slots(0), fmt, _out()))))
+        if rel.released_device() == "cpu":  # compiled, tokenspeed's device assertion ends the CUDA context
+            plan.append(((fmt, "beyond"), ("swa_rope_scatter", (rel.input_rows("normal", N, 512, seed=5), beyond,
+                                                                _table(0), _field(fmt), _slots(0), fmt, _out()))))
         repeated = _slots(2)
         repeated[7] = repeated[0]
         plan.append(((fmt, "repeated"), ("swa_rope_scatter", (rel.input_rows("normal", N, 512, seed=6),
@@ -219,6 +220,9 @@ def test_a_position_beyond_the_table_is_a_value_check(released, fmt, monkeypatch
     device path the row is not stored, ``out`` holds its unrotated round trip (tokenspeed's
     identity rotation of these nonzero values) and the violation is recorded."""
     runs, _ = released
+    if (fmt, "beyond") not in runs:
+        pytest.skip("the released kernels run compiled (KVFORMATS_RELEASED_DEVICE=cuda): tokenspeed's device "
+                    "assertion would end the CUDA context; this case runs under the interpreter")
     call, rec = runs[(fmt, "beyond")]
     assert "error" not in rec
     args = tuple(rel.strided_copy(a) for a in call[1])

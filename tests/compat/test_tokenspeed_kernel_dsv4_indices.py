@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from tests.harness import released_dsv4 as rd
+from tests.harness import released as rel, released_dsv4 as rd
 
 
 class CudaPath(torch.Tensor):
@@ -77,12 +76,14 @@ def plain(a):
 
 
 spec = torch.load(sys.argv[1], weights_only=False)
-module = rd.load_tokenspeed_dsv4(Path(spec["files"]))
+compiled = rel.released_device() == "cuda"  # a GPU: the GPU branch on CUDA tensors, its kernel compiled
+module = rd.load_tokenspeed_dsv4(Path(spec["files"]), not compiled)
 results = []
 for name, kwargs, cuda in spec["calls"]:
-    if cuda:
+    if cuda and not compiled:
         kwargs = {k: wrap(v) for k, v in kwargs.items()}
-    results.append(plain(rd.call_tokenspeed_dsv4(module, name, (), kwargs)))
+    device = "cuda" if cuda and compiled else "cpu"  # the torch path runs on CPU tensors either way
+    results.append(plain(rd.call_tokenspeed_dsv4(module, name, (), kwargs, device)))
 torch.save(results, sys.argv[2])
 '''
 
@@ -95,13 +96,12 @@ def run_released(calls: list[tuple[str, dict, bool]], files_dir: Path, workdir: 
     workdir.mkdir(parents=True, exist_ok=True)
     torch.save({"calls": calls, "files": str(files_dir)}, workdir / "calls.pt")
     root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = rel.child_env()
     out = subprocess.run([sys.executable, "-c", _CHILD, str(workdir / "calls.pt"), str(workdir / "results.pt")],
                          cwd=root, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"the released dsv4 helpers failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}")
-    return torch.load(workdir / "results.pt", weights_only=False)
+    return torch.load(workdir / "results.pt", weights_only=False, map_location="cpu")
 
 
 # ----- case builders (seeded, small: the interpreter runs every program) -------------------------

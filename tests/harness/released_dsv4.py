@@ -62,11 +62,11 @@ def _copy(a):
     return a.clone() if isinstance(a, torch.Tensor) else a
 
 
-def call_tokenspeed_dsv4(module, name: str, args: tuple, kwargs: dict) -> dict:
+def call_tokenspeed_dsv4(module, name: str, args: tuple, kwargs: dict, device: str | None = None) -> dict:
     """One call of the released ``name`` on copies of its arguments under ``gpu_numerics``:
     ``{"result", "args", "kwargs"}`` (the returned value; the arguments after the call, holding its
     in-place writes) or ``{"error": (exception type name, message), "args", "kwargs"}``."""
-    device = rel.released_device()
+    device = rel.released_device() if device is None else device  # the arguments' device in the call
     args, kwargs = rel.moved(args, device), rel.moved(kwargs, device)  # copies
     try:
         with rel.released_numerics():
