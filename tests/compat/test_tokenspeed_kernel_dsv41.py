@@ -270,7 +270,7 @@ def test_gather_and_unpack_read_the_released_values(released, fmt):
             got, args = _drop_in(call)
             want = rec["result"]
             assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride()), (kind, op)
-            assert torch.equal(_bits(got), _bits(want)), f"{fmt} {kind} {op}"
+            assert torch.equal(_bits(got), _bits(want)), f"{fmt} {kind} {op}: {rel.first_differences(got, want, _bits)}"
             if call[1][-1] is not None:
                 assert got is args[-1] and rec["out_returned"]
 

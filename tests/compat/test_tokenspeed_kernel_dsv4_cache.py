@@ -278,7 +278,7 @@ def _same(got, want, what: str) -> None:
         assert got == want, what
         return
     assert (got.dtype, got.shape) == (want.dtype, want.shape), what
-    assert torch.equal(_bits(got), _bits(want)), f"{what}: {int((_bits(got) != _bits(want)).sum())} elements differ"
+    assert torch.equal(_bits(got), _bits(want)), f"{what}: {rel.first_differences(got, want, _bits)}"
 
 
 def _padding_kept(before, after) -> None:

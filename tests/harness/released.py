@@ -689,6 +689,19 @@ def _modules(release: Release, files_dir: Path, interpret: bool = True):
     return _LOADED[key]
 
 
+def first_differences(got: torch.Tensor, want: torch.Tensor, bits, k: int = 4) -> str:
+    """How many elements of ``got`` and ``want`` (same shape) differ in ``bits(t)``, and the first
+    ``k`` of them as index: got / want (values and bits): what a GPU run's log must show, since
+    its tensors are gone afterwards."""
+    g, w = bits(got), bits(want)
+    where = (g != w).nonzero()
+    shown = []
+    for idx in where[:k].tolist():
+        i = tuple(idx)
+        shown.append(f"{list(i)}: {got[i].item()!r}/{want[i].item()!r} ({int(g[i])}/{int(w[i])})")
+    return f"{where.shape[0]} elements differ; first: " + ", ".join(shown)
+
+
 def released_device() -> str:
     """Where the released Triton kernels run: ``"cpu"`` (the interpreter with ``gpu_numerics``; the
     default, and CI's) or ``"cuda"`` (compiled, on a GPU machine: ``KVFORMATS_RELEASED_DEVICE=cuda``,
