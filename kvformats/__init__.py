@@ -25,6 +25,7 @@ from kvformats import layout as _layout  # noqa: E402
 from kvformats.codec import paged_ops as _paged_ops, records as _records, registry as _registry  # noqa: E402
 from kvformats.codec import slot_ops as _slot_ops  # noqa: E402
 from kvformats.formats import FORMATS as _FORMATS  # noqa: E402
+from kvformats.report.layout_html import layout_html as _layout_html  # noqa: E402
 from kvformats.runtime import replay as _replay  # noqa: E402
 
 for _cls in _FORMATS:
@@ -35,6 +36,7 @@ del _cls
 _replay.by_id(_layout.Layout)
 _layout.bind_codec(_slot_ops, _paged_ops)
 _records.bind_records()
+_layout.bind_html(_layout_html)  # a layout's rich display in notebooks: its byte map and region table
 
 from kvformats.codec.records import Record, identify, identify_one, list_records  # noqa: E402
 from kvformats.codec.registry import get_format, list_formats  # noqa: E402
@@ -72,6 +74,7 @@ from kvformats.formats import (  # noqa: E402
 )
 from kvformats.layout import Field, Layout, Region, Segment  # noqa: E402
 from kvformats.numerics.profiles import PROFILE_NAMES, Profile, supported_profiles  # noqa: E402
+from kvformats.report.inspection import Inspection, inspect  # noqa: E402
 from kvformats.runtime.deferred import error_record, pending_error, raise_pending, strict_checks  # noqa: E402
 
 from kvformats.version import SPEC_VERSION, __version__  # noqa: E402
@@ -81,9 +84,9 @@ __all__ = [
     "ConversionError",
     "Field", "Fp4DsMlaV41", "Fp4DsMlaV41Interleaved", "Fp8DsMla", "Fp8DsMlaV32", "Fp8DsMlaV41",
     "Fp8DsMlaV41Interleaved", "Fp8Indexer", "HandshakeError",
-    "InputError", "InputTypeError", "IntegrityError", "KVFormatError", "Layout", "LayoutError",
+    "InputError", "InputTypeError", "Inspection", "IntegrityError", "KVFormatError", "Layout", "LayoutError",
     "Mxfp4Indexer", "Nvfp4DsMla", "OutputError", "PROFILE_NAMES", "Profile", "Region", "Segment", "SettingsError",
-    "TransferError", "UnsupportedError", "UsageError", "error_record", "get_format", "list_formats",
+    "TransferError", "UnsupportedError", "UsageError", "error_record", "get_format", "inspect", "list_formats",
     "pending_error", "raise_pending", "strict_checks", "supported_profiles", "SPEC_VERSION", "__version__",
     "AmbiguousRecordError", "Record", "RecordMismatchError", "identify", "identify_one", "list_records",
 ]

@@ -78,6 +78,25 @@ def bind_codec(slot: SlotOps, paged: PagedOps) -> None:
     slot_ops, paged_ops = slot, paged
 
 
+def _plain_html(layout) -> str:
+    """A layout's region table as preformatted text: its display until ``bind_html`` is called."""
+    import html
+
+    return f"<pre>{html.escape(layout.describe())}</pre>"
+
+
+_html_view: Callable = _plain_html  # Layout._repr_html_; the package front binds the report's drawing
+
+
+def bind_html(view: Callable) -> None:
+    """Give ``Layout._repr_html_`` its drawing (``kvformats.report.layout_html.layout_html``, a
+    layer above this declaration: handed in by the package front, as the codec's ops are)."""
+    global _html_view
+    if not callable(view):
+        raise InputTypeError(f"bind_html needs a callable, got {describe(view)}")
+    _html_view = view
+
+
 def _is_int(value) -> bool:
     """An exact int: not a bool (``True == 1``), not a float (``4.0 == 4``), which would compare
     and hash equal to a valid parameter and still break later (issue #25)."""
@@ -336,6 +355,10 @@ class Layout:
             lines.append(f"{r.name:<12} {r.dtype:<17} {shape:<8} {r.offset:>7} "
                          f"{'-' if r.per_page else r.nbytes:>6} {r.page_nbytes:>7}")
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: the byte map and the region table (``bind_html``)."""
+        return _html_view(self)
 
     # ----- caches --------------------------------------------------------------------------
     def cache_shape(self, num_pages: int) -> tuple[int, ...]:

@@ -8,6 +8,7 @@
     kvformats demo [--rows N] [--device D]      round-trip every format, check its error bound
     kvformats docs --write | --check [--root R] write or check the generated docs pages
     kvformats dump | diff | check | diagram     look inside cache files (kvformats.cli.caches)
+    kvformats report FILE [OTHER] -o R.html     an HTML report of a cache file's pages (kvformats.cli.report)
     kvformats quality [--json] [--activations F]  DeepSeek V4 formats' accuracy (kvformats.cli.quality)
 
 Exit status: 0 success, 1 spec/docs drift found (or a demo bound violated, or its file round
@@ -302,8 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     docs.add_argument("--root", default=None, help="repository root (default .)")
     from kvformats.cli.caches import add_parsers
     from kvformats.cli.quality import add_parser as add_quality
+    from kvformats.cli.report import add_parser as add_report
 
     add_parsers(sub)
+    add_report(sub)
     add_quality(sub)
     return p
 
