@@ -22,7 +22,7 @@ from kvformats.codec.rows import locate, write_rows
 from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.rope import rope_tail
 from kvformats.deepseek_v41 import _dispatch as D
-from kvformats.errors import InputError, describe
+from kvformats.errors import InputError, InputTypeError, describe
 from kvformats.numerics import codes as nx
 from kvformats.runtime import deferred, replay
 from kvformats.validation import REPEATED_SLOTS, repeats
@@ -34,6 +34,7 @@ ROPE_DIM = 64
 INDEX_HEAD_DIM = 128
 PROFILE = "tokenspeed"  # the numerics of tokenspeed-kernel 0.1.4's writers, on both SWA rows
 SWA_FORMATS = ("fp8_ds_mla_v41", "fp8_ds_mla")
+NEGATIVE_POSITIONS = ("invalid", "clamp")  # swa_rope_scatter's rules for a negative position
 INDEX_FORMATS = ("mxfp4_indexer", "fp8_indexer")
 # the 'index' rows tokenspeed-kernel 0.1.4 writes are mxfp4_indexer's profile vllm (round-half-even
 # e2m1, sign of zero kept, amax floored at 6 * 2^-126); one-row pages: the op stores no cache
@@ -67,7 +68,8 @@ def _check_out(out, shape: tuple, device) -> None:
 @replay.replayable
 def swa_rope_scatter(values: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                      cache: torch.Tensor, slots: torch.Tensor, *, fmt: str = "fp8_ds_mla_v41", page_size: int = 64,
-                     out: torch.Tensor | None = None, backend: str = "auto", check: bool | str = True):
+                     out: torch.Tensor | None = None, first_slot: int = 0, negative_positions: str = "invalid",
+                     backend: str = "auto", check: bool | str = True):
     """Rotate the RoPE tail of normalized SWA rows and store them as ``fmt`` rows; returns ``out``.
 
     For each token t: ``r = bf16(rope_p(values[t]))``, the GPT-J rotation of dims 448..511 (pairs
@@ -84,17 +86,23 @@ def swa_rope_scatter(values: torch.Tensor, positions: torch.Tensor, cos_sin_cach
             a page: ``fp8_ds_mla_v41`` (528 B rows, page-planar; tokenspeed's 'swa' field) or
             ``fp8_ds_mla`` (584 B rows; tokenspeed's 'swa_v4').
         out: None, or a contiguous bf16 ``[T, 512]`` (it may be ``values`` itself).
+        first_slot: int >= 0, the first slot written (default 0: page 0 is an ordinary page). Slots
+            below it are skipped as negative ones are: tokenspeed's null page is ``first_slot=64``
+            with 64-row pages.
+        negative_positions: ``"invalid"`` (default: a negative position is outside the table, as
+            below) or ``"clamp"`` (tokenspeed's rule: a negative position rotates as position 0;
+            the position checks and records then see 0).
 
-    Rows are written at slots in ``[0, pages * page_size)``; negative slots and slots beyond the
-    cache are skipped and never recorded (as ``deepseek_v4.swa_insert``: engines pad CUDA graphs
-    with them). Page 0 is an ordinary page here (tokenspeed's null page is the drop-in's mapping).
+    Rows are written at slots in ``[first_slot, pages * page_size)``; negative slots, slots below
+    ``first_slot`` and slots beyond the cache are skipped and never recorded (as
+    ``deepseek_v4.swa_insert``: engines pad CUDA graphs with them).
 
     ``check`` (True, False or "strict"; ``spec/checks.md``): on CPU tensors and in strict mode,
-    positions outside ``[0, max_positions)`` and a slot of the cache named twice raise
-    InputError before anything is written. On a GPU nothing is read on the host: a token at an
-    invalid position gets no cache row, its ``out`` row is the round trip of its unrotated
-    values, and the violation is recorded for ``kvformats.raise_pending``; repeated slots are not
-    looked for (one of the rows naming a slot is stored).
+    positions outside ``[0, max_positions)`` and a written slot named twice raise InputError
+    before anything is written. On a GPU nothing is read on the host: a token at an invalid
+    position gets no cache row, its ``out`` row is the round trip of its unrotated values, and
+    the violation is recorded for ``kvformats.raise_pending``; repeated slots are not looked for
+    (one of the rows naming a slot is stored).
     """
     _check_format("fmt", fmt, SWA_FORMATS)
     C.check_int("page_size", page_size, minimum=1)
@@ -108,24 +116,51 @@ def swa_rope_scatter(values: torch.Tensor, positions: torch.Tensor, cos_sin_cach
     C.check_cos_sin(cos_sin_cache, device, ROPE_DIM)
     if out is not None:
         _check_out(out, (t, HEAD_DIM), device)
+    C.check_int("first_slot", first_slot)
+    clamp = _check_negative_positions(negative_positions)
+    # nothing at or beyond the capacity is written either way: bounded, the kernel's argument fits int64
+    first_slot = min(first_slot, cache.shape[0] * page_size)
     if deferred.on_host(check, positions):
-        C.check_positions_in_table(positions, cos_sin_cache)
-        if t and repeats(slots[locate(layout, cache, slots)[0]]):
-            raise InputError(REPEATED_SLOTS)
-    D.resolve("swa_rope_scatter", backend, device)(values, positions, cos_sin_cache, cache, layout, slots, out)
+        C.check_positions_in_table(positions.clamp_min(0) if clamp else positions, cos_sin_cache)
+        if t:
+            written = locate(layout, cache, slots)[0]
+            if first_slot:
+                written &= slots >= first_slot
+            if repeats(slots[written]):
+                raise InputError(REPEATED_SLOTS)
+    D.resolve("swa_rope_scatter", backend, device)(values, positions, cos_sin_cache, cache, layout, slots, out,
+                                                   first_slot, clamp)
     return out
 
 
+def _check_negative_positions(rule) -> bool:
+    """Whether ``negative_positions`` (one of NEGATIVE_POSITIONS) clamps."""
+    if not isinstance(rule, str):
+        raise InputTypeError(f"negative_positions must be a str, one of {', '.join(map(repr, NEGATIVE_POSITIONS))}, "
+                             f"got {describe(rule)}")
+    if rule not in NEGATIVE_POSITIONS:
+        raise InputError(f"negative_positions must be one of {', '.join(map(repr, NEGATIVE_POSITIONS))}, "
+                         f"got {rule!r}")
+    return rule == "clamp"
+
+
 @D.reference("swa_rope_scatter")
-def swa_rope_scatter_reference(values, positions, cos_sin, cache, layout, slots, out) -> None:
+def swa_rope_scatter_reference(values, positions, cos_sin, cache, layout, slots, out, first_slot: int = 0,
+                               clamp: bool = False) -> None:
+    """``first_slot``: the validated argument, at most the capacity; ``clamp``: negative positions
+    rotate as 0 (``negative_positions="clamp"``)."""
     if values.shape[0] == 0:
         return
+    if clamp:
+        positions = positions.clamp_min(0)
     # check=False: a token at an invalid position comes back unrotated and is recorded (the
     # public function raised on the host where its check mode asks)
     rotated = rope_tail(values, positions, cos_sin, check=False, site=POSITIONS_SITE).to(torch.bfloat16)
     rows = layout.encode_rows(rotated)
     valid = (positions >= 0) & (positions < cos_sin.shape[0])
-    write_rows(layout, cache, torch.where(valid, slots, -1), rows)  # no row for an invalid position
+    if first_slot:
+        valid &= slots >= first_slot
+    write_rows(layout, cache, torch.where(valid, slots, -1), rows)  # no row for an invalid position or slot
     if out is not None:
         out.copy_(layout.decode_rows(rows))
 

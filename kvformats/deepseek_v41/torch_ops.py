@@ -51,7 +51,8 @@ SCHEMAS = {
                         "Tensor active, Tensor? norm_weight, float? norm_eps, Tensor(a!) out, str backend, "
                         "bool check", "()"),
     "swa_rope_scatter": ("Tensor values, Tensor positions, Tensor cos_sin_cache, Tensor(a!) cache, Tensor slots, "
-                         "str fmt, int page_size, Tensor(b!)? out, str backend, bool check", "()"),
+                         "str fmt, int page_size, Tensor(b!)? out, int first_slot, str negative_positions, "
+                         "str backend, bool check", "()"),
     "index_q_quantize": ("Tensor q, str fmt, Tensor(a!) out, str backend, bool check", "()"),
 }
 

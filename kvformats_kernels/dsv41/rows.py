@@ -7,7 +7,9 @@
   byte each) or fp8_ds_mla's seven 64-blocks of NoPE dims plus the raw bf16 tail, through the
   shared store of fp8_ds_mla_jit. The same program writes ``out``: the decode of what it stored
   (the V4.1 decode's ue8m0_block_bits; the tail as rounded). A token at a position outside the
-  cos/sin table is quantized unrotated into ``out``, writes no cache row and is recorded.
+  cos/sin table is quantized unrotated into ``out``, writes no cache row and is recorded. The op's
+  ``first_slot`` (slots below it skipped) and ``negative_positions="clamp"`` (a negative position
+  rotates as 0) are applied here, so that tokenspeed's drop-in is one launch and no torch op.
 * ``index_q_quantize``: one program per BLOCK_M rows of 128 dims quantizes and dequantizes each
   row in registers (mxfp4_indexer's profile vllm: e2m1 round-half-even; or tokenspeed's 'index_v4'
   rule: one float32 scale per row, x / scale correctly rounded, e4m3) and stores bf16.
@@ -53,7 +55,7 @@ CONFIG = settings.declare("dsv41_rows", {
 
 @triton.jit
 def _swa_rope_scatter_kernel(x_ptr, pos_ptr, cs_ptr, slots_ptr, cache_ptr, out_ptr, err_ptr, n_rows, x_stride,
-                             pos_stride, cs_stride, cs_rows, slot_stride, capacity, page_stride,
+                             pos_stride, cs_stride, cs_rows, slot_stride, capacity, first_slot, page_stride,
                              PAGE_SIZE: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, QB: tl.constexpr,
                              NB: tl.constexpr, TAIL: tl.constexpr, VAL_OFF: tl.constexpr,
                              VAL_STRIDE: tl.constexpr, SCALE_OFF: tl.constexpr, SCALE_STRIDE: tl.constexpr,
@@ -61,18 +63,23 @@ def _swa_rope_scatter_kernel(x_ptr, pos_ptr, cs_ptr, slots_ptr, cache_ptr, out_p
                              PAD_STRIDE: tl.constexpr, PAD_BYTES: tl.constexpr, PAD_P2: tl.constexpr,
                              FLOOR: tl.constexpr, ELEM_MAX: tl.constexpr, FLOOR_ON_SCALE: tl.constexpr,
                              E_MIN: tl.constexpr, E_MAX: tl.constexpr, FF_NAN: tl.constexpr, HW: tl.constexpr,
-                             HAS_OUT: tl.constexpr, BLOCK_M: tl.constexpr, SITE: tl.constexpr):
-    """Tokens [BLOCK_M] of a call: rows x (bf16 bits, int16) rotated at their positions, rounded
-    to bf16, stored as rows at their slots (skipped outside [0, capacity) or at an invalid
-    position) and, with HAS_OUT, decoded into out (bf16 bits, int16, contiguous [N, D]).
+                             HAS_OUT: tl.constexpr, CLAMP: tl.constexpr, BLOCK_M: tl.constexpr,
+                             SITE: tl.constexpr):
+    """Tokens [BLOCK_M] of a call: rows x (bf16 bits, int16) rotated at their positions (CLAMP:
+    negative ones as 0), rounded to bf16, stored as rows at their slots (skipped outside
+    [first_slot, capacity) or at an invalid position) and, with HAS_OUT, decoded into out (bf16
+    bits, int16, contiguous [N, D]).
 
     The row is one [BLOCK_M, D / QB, QB] tile of blocks: all of them scaled (fp8_ds_mla_v41), or
     (TAIL, fp8_ds_mla) the first NB scaled and the last one the RoPE tail (D = (NB + 1) * QB)."""
     NT: tl.constexpr = D // QB
     tl.static_assert((NT == NB) | (TAIL & (NT == NB + 1) & (QB == ROPE)), "blocks tile the row (tail: one)")
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_range, ok, page, row, _ = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    in_range, ok, page, row, slot = locate_slot(slots_ptr, slot_stride, rows, n_rows, capacity, PAGE_SIZE)
+    ok = ok & (slot >= first_slot)  # below it: skipped as negative slots are (tokenspeed's null page)
     pos = tl.load(pos_ptr + rows * pos_stride, mask=in_range, other=0).to(tl.int64)
+    if CLAMP:  # negative_positions="clamp": rotated (and checked, recorded) as position 0
+        pos = tl.maximum(pos, 0)
     bad = in_range & ((pos < 0) | (pos >= cs_rows))
     pos_ok = in_range & (pos >= 0) & (pos < cs_rows)
     ok = ok & pos_ok
@@ -115,7 +122,7 @@ def _swa_rope_scatter_kernel(x_ptr, pos_ptr, cs_ptr, slots_ptr, cache_ptr, out_p
 
 
 @functools.lru_cache(maxsize=64)
-def _swa_plan(layout, cfg_items: tuple, hw: bool, has_out: bool):
+def _swa_plan(layout, cfg_items: tuple, hw: bool, has_out: bool, clamp: bool):
     """(tokens per program, the constexprs and launch options) of a layout (fp8_ds_mla_v41 or
     fp8_ds_mla, 512 dims) and launch config; no tensor value or address."""
     cfg = dict(cfg_items)
@@ -127,12 +134,14 @@ def _swa_plan(layout, cfg_items: tuple, hw: bool, has_out: bool):
                     PAD_BYTES=g.pad.nbytes, PAD_P2=cm.next_pow2(g.pad.nbytes))
     return cfg["block_m"], cm.frozen(dict(
         PAGE_SIZE=layout.page_size, D=HEAD_DIM, ROPE=ROPE_DIM, **geometry, **cm.rule_constants(layout.scale_rule),
-        **cm.read_constants(layout), HW=hw, HAS_OUT=has_out, BLOCK_M=cfg["block_m"], SITE=SITE,
+        **cm.read_constants(layout), HW=hw, HAS_OUT=has_out, CLAMP=clamp, BLOCK_M=cfg["block_m"], SITE=SITE,
         **cm.launch_opts(cfg), enable_fp_fusion=False))
 
 
-def swa_rope_scatter(values, positions, cos_sin, cache, layout, slots, out) -> None:
-    """``kvformats.deepseek_v41.swa_rope_scatter`` on validated arguments (its reference's)."""
+def swa_rope_scatter(values, positions, cos_sin, cache, layout, slots, out, first_slot: int = 0,
+                     clamp: bool = False) -> None:
+    """``kvformats.deepseek_v41.swa_rope_scatter`` on validated arguments (its reference's:
+    ``first_slot`` at most the capacity, ``clamp`` for ``negative_positions="clamp"``)."""
     t = values.shape[0]
     if t == 0:
         return
@@ -140,11 +149,11 @@ def swa_rope_scatter(values, positions, cos_sin, cache, layout, slots, out) -> N
     u8, stride = cm.byte_cache(layout, cache)
     cs = cos_sin if cos_sin.shape[0] <= 1 or cos_sin.stride(1) == 1 else cos_sin.contiguous()
     cfg = CONFIG["swa_rope_scatter"]
-    block_m, consts = _swa_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), out is not None)
+    block_m, consts = _swa_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), out is not None, bool(clamp))
     fast(_swa_rope_scatter_kernel)[(cm.grid_rows(t, block_m),)](
         x, positions, cs, slots, u8, x if out is None else out.view(torch.int16), deferred.error_record(cache.device),
         t, cm.row_stride(x), positions.stride(0), cs.stride(0), cs.shape[0], slots.stride(0),
-        cm.capacity(layout, cache), stride, **consts)
+        cm.capacity(layout, cache), first_slot, stride, **consts)
 
 
 @triton.jit

@@ -15,11 +15,13 @@ Their bytes and values are tokenspeed's Triton solutions' (``triton_dsv41_swa_ro
 * 'swa' is ``fmt="fp8_ds_mla_v41"``, 'swa_v4' ``fmt="fp8_ds_mla"`` (profile tokenspeed, pages of
   64 rows): the field's ``[pages, 64 * row_bytes]`` view is the kvformats cache (zero-copy).
 * slots: tokenspeed writes slots in ``[64, pages * 64)`` only; page 0 is its null page. The
-  drop-in turns every slot below 64 into -1 before the call (on the device; no host read); the
-  kvformats op writes every slot in ``[0, capacity)`` and skips the rest, as tokenspeed does
-  beyond the field.
+  drop-in passes ``first_slot=64``: the kvformats op writes every slot in ``[64, capacity)`` and
+  skips the rest, as tokenspeed does below it and beyond the field.
 * positions: tokenspeed clamps negative positions to 0 (they rotate by the table's row 0); the
-  drop-in clamps them too. A position at or beyond the table is a device assertion in
+  drop-in passes ``negative_positions="clamp"``, the op's rule for it. Both are the op's own
+  arguments (its reference and its kernel apply them), not torch ops before it: the drop-in is
+  checks, a view and the native call, replayed as the native call is (``replayed``), and adds no
+  launch of its own. A position at or beyond the table is a device assertion in
   tokenspeed (the whole CUDA context fails); here it is kvformats' value check: InputError on CPU
   tensors and in strict mode before anything is written, on a GPU the token's cache row is not
   written, its ``out`` row holds its unrotated round trip, and the violation is recorded for
@@ -65,6 +67,7 @@ def _check_index(name: str, t, n: int, device: torch.device) -> None:
         raise InputError(f"{name} must be int32/int64 with shape ({n},) on {device}, got {describe(t)}")
 
 
+@replayed  # checks, a view of the field, then the native call: replayed as the native call is
 def swa_rope_scatter(
     values: torch.Tensor,
     positions: torch.Tensor,
@@ -88,16 +91,9 @@ def swa_rope_scatter(
     t = values.shape[0]
     _check_index("positions", positions, t, cache.device)
     _check_index("slots", slots, t, cache.device)
-    pages = field.shape[0]
-    if pages > 1 and (slots.dtype is torch.int64 or (pages - 1) * _ts.PAGE_ROWS <= 2**31 - _ts.PAGE_ROWS):
-        # page 0 left out (tokenspeed's null page): pages 1.. are the kvformats cache, at slot s - 64,
-        # so slots of page 0 are negative and skipped there (one subtraction; an int32 slot that
-        # wraps lands beyond that cache, skipped too)
-        field, slots = field[1:], slots - _ts.PAGE_ROWS
-    else:
-        slots = slots.masked_fill(slots < _ts.PAGE_ROWS, -1)
-    _ops.swa_rope_scatter(values, positions.clamp_min(0), cos_sin_cache, field, slots, fmt=fmt,
-                          page_size=_ts.PAGE_ROWS, out=out)
+    # page 0 (tokenspeed's null page) skipped and negative positions clamped by the op itself
+    _ops.swa_rope_scatter(values, positions, cos_sin_cache, field, slots, fmt=fmt, page_size=_ts.PAGE_ROWS, out=out,
+                          first_slot=_ts.PAGE_ROWS, negative_positions="clamp")
     return out
 
 

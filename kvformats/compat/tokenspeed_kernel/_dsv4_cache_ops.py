@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.compat._common import cut, head, rows_of
+from kvformats.codec.slot_ops import encode as slot_encode
+from kvformats.compat._common import compiling, cut, head, indexer_of_rows, rows_of
 from kvformats.compat.tokenspeed import (deepseek_v4_csa_compress_kv_cache_insert, deepseek_v4_csa_indexer_cache_insert,
                                          deepseek_v4_hca_compress_kv_cache_insert, deepseek_v4_prepare_indexer_q_mxfp4,
                                          fused_qnorm_rope_kv_insert, save_deepseek_v4_compressor_state,
                                          write_deepseek_v4_indexer_mxfp4_cache)
-from kvformats.compat._replay import replayed
+from kvformats.compat._replay import aranged, replayed
 from kvformats.compat.tokenspeed_paged import (HEAD_DIM, INDEX_HEAD_DIM, ROPE_DIM,
                                                deepseek_v4_dequantize_and_gather_k_cache,
                                                deepseek_v4_gather_indexer_mxfp4_cache)
 from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.formats import Mxfp4Indexer
 from kvformats.validation import INDEX_DTYPES, check_tensor
 
 FP8_INDEX_PAGE = 64  # rows per page tokenspeed's FP8 indexer insert is built for
@@ -245,8 +247,16 @@ def write_dsv4_indexer_mxfp4_cache_cuda(index_k: torch.Tensor, cache_2d: torch.T
     if valid.dim() != 1 or valid.device != slot_mapping.device:
         raise InputError(f"valid must be 1-D on slot_mapping's device ({slot_mapping.device}), got {describe(valid)}")
     index_k, slot_mapping, valid = cut((index_k, slot_mapping, valid), (index_k, slot_mapping, valid))
-    slots = torch.where(valid if valid.dtype is torch.bool else valid != 0, slot_mapping, -1)
-    write_deepseek_v4_indexer_mxfp4_cache(index_k, cache_2d, slots, block_size)
+    # the one torch operation of the drop-in (kvformats' encode takes no validity mask), which keeps
+    # it off replay: its native encode is replayed on its own. The -1 is a kept one-entry tensor of
+    # the slots' dtype (same result, dtype included): a Python -1 would be one more dispatched
+    # operation per call (aten.scalar_tensor)
+    none = aranged(1, slot_mapping.device, -1, slot_mapping.dtype)
+    slots = torch.where(valid if valid.dtype is torch.bool else valid != 0, slot_mapping, none)
+    if compiling():
+        write_deepseek_v4_indexer_mxfp4_cache(index_k, cache_2d, slots, block_size)
+    else:  # what that drop-in does after its length rule, already applied above: one call layer less
+        slot_encode(indexer_of_rows(Mxfp4Indexer, index_k, block_size), index_k, cache_2d, slots)
 
 
 def dsv4_gather_indexer_mxfp4_cache(*, cache_2d: torch.Tensor, slot_mapping: torch.Tensor, values_out: torch.Tensor,

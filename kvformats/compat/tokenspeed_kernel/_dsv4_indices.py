@@ -104,11 +104,16 @@ def shifted(local: torch.Tensor, req: torch.Tensor, base, rows: int, block_size:
     return torch.where((local >= 0) & (moved >= 0) & (moved <= INT32_MAX), moved, -1).to(torch.int32)
 
 
+def mapped_and_counts(local, req, table, block_size: int, is_valid=None) -> tuple:
+    """(int32 physical slots of int32 local entries (-1 = none) through the request's table row,
+    int32 count of the entries >= 0 of each valid token, 0 for the others): the native op."""
+    fn = dops.global_topk_indices_and_lens if compiling() else global_topk_indices_and_lens
+    return fn(topk_indices=local, req_indices=req, block_table=table, page_size=block_size, is_valid_token=is_valid)
+
+
 def mapped(local, req, table, block_size: int, is_valid=None) -> torch.Tensor:
     """int32 physical slots of int32 local entries (-1 = none) through the request's table row."""
-    fn = dops.global_topk_indices_and_lens if compiling() else global_topk_indices_and_lens
-    return fn(topk_indices=local, req_indices=req, block_table=table, page_size=block_size,
-              is_valid_token=is_valid)[0]
+    return mapped_and_counts(local, req, table, block_size, is_valid)[0]
 
 
 def slot_mapping(positions, req, table, block_size: int, stride: int, base, valid) -> torch.Tensor:
@@ -205,15 +210,24 @@ def dsv4_compute_global_topk_indices_and_lens(*, topk_indices, token_to_req_indi
             out_valid_lens.zero_()
         return (torch.full((n, k), -1, dtype=torch.int32, device=dev),
                 torch.zeros(n, dtype=torch.int32, device=dev))
-    glob = mapped(shifted(topk_indices, req, base, rows, block_size), req, block_table, block_size, valid)
-    r = req.long()
-    ok = r.clamp(0, rows - 1) == r  # 0 <= r < rows
-    if valid is not None:
-        ok = ok & valid
+    glob, counts = mapped_and_counts(shifted(topk_indices, req, base, rows, block_size), req, block_table,
+                                     block_size, valid)
     # one past the last entry >= 0 of each row: max over j of (j + 1) * [entry >= 0], the indicator
     # as 1 + clamp(entry, -1, 0) (integer operations, no bool [T, K] tensor); 0 for invalid tokens
     ends = aranged(k, dev, 1, torch.int32)
-    lens = torch.addcmul(ends, ends, topk_indices.clamp(-1, 0)).amax(dim=1) * ok
+    scan = torch.addcmul(ends, ends, topk_indices.clamp(-1, 0)).amax(dim=1)
+    if base is None:
+        # the native op's counts are 0 exactly for the invalid tokens (request outside the table,
+        # is_valid_token False) and for rows with no entry >= 0 (whose scan is 0 already): the
+        # validity gate in one operation, not three (each torch operation is ~5 us of host time
+        # on a GPU). With base offsets they count the shifted entries: the gate is built below.
+        lens = scan * counts.clamp_max(1)
+    else:
+        r = req.long()
+        ok = r.clamp(0, rows - 1) == r  # 0 <= r < rows
+        if valid is not None:
+            ok = ok & valid
+        lens = scan * ok
     if out_valid_lens is not None:
         torch.sum(glob >= 0, dim=1, dtype=torch.int32, out=out_valid_lens)
     return glob, lens
@@ -305,17 +319,21 @@ def dsv4_compact_compressed_slot_mapping(*, num_tokens, token_to_req_indices, qu
     if num_tokens == 0 or requests == 0:
         out.fill_(-1)
         return result
-    r = req.long().clamp(0, requests - 1)
-    # p = seq_lens[r] - (qsl[r + 1] - qsl[r]) + t - qsl[r]: qsl[r] cancels (exactly, in int64)
-    p = (seq_lens.long().index_select(0, r) - query_start_loc.long()[1:].index_select(0, r)
-         + aranged(num_tokens, dev))
-    ends = p % compress_ratio == compress_ratio - 1  # (p + 1) % ratio == 0, one operation less
+    r = req.clamp(0, requests - 1)  # index_select takes int32 indices too: no conversion
+    # p = seq_lens[r] - (qsl[r + 1] - qsl[r]) + t - qsl[r]: qsl[r] cancels (exactly, in int64). The
+    # difference is taken per request (R entries) and gathered once: one gather less per token
+    # (each torch operation is ~5 us of host time on a GPU)
+    lens = seq_lens if seq_lens.shape[0] == requests else seq_lens[:requests]
+    delta = lens.long() - query_start_loc[1:requests + 1].long()
+    p = delta.index_select(0, r) + aranged(num_tokens, dev)
+    # (p + 1) % ratio == 0, one operation less; every token ends its group at ratio 1
+    ends = None if compress_ratio == 1 else p % compress_ratio == compress_ratio - 1
     if block_table.shape[0] != requests:
         block_table = block_table[:requests]
     if base is not None and base.shape[0] != requests:
         base = base[:requests]
     slots = slot_mapping(p, req, block_table, block_size, compress_ratio, base,
-                         ends if valid is None else ends & valid)
+                         valid if ends is None else ends if valid is None else ends & valid)
     if out.shape[0] > num_tokens:
         out[num_tokens:].fill_(-1)
     return result.copy_(slots)
