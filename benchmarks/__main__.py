@@ -17,6 +17,7 @@ BENCHMARKS = {
     "custom_ops_gpu": "bench_custom_ops_gpu", "pipeline_gpu": "bench_pipeline_gpu", "small_gpu": "bench_small_gpu",
     "bounds_gpu": "bench_bounds_gpu", "profile_host_gpu": "profile_host_gpu", "host_overhead_cpu": "host_overhead_cpu",
     "reference_cpu": "bench_reference_cpu", "check_cpu": "bench_check_cpu", "transfer_cpu": "bench_transfer_cpu",
+    "tiers_cpu": "bench_tiers_cpu",
 }
 
 

@@ -4,6 +4,8 @@
         [--layers 4] [--repeat 5] [--json out.json] [--svg chart.svg]
     python3 -m benchmarks transfer_cpu --checksums [--tokens 8192 65536] [--layers 4] [--repeat 5]
         [--device cpu | cuda]
+    python3 -m benchmarks transfer_cpu --geometry [--engines nixl mooncake] [--tokens 8192 65536]
+        [--dst-pages 64 32 128] [--layers 4] [--repeat 5] [--json out.json] [--svg chart.svg]
 
 A layer stack of DeepSeek V4 shapes (head_dim 512, rope 64, page_size 64, MXFP4 indexer),
 alternating CSA layers (SWA window, CSA rows, indexer rows, CSA and indexer compressor states)
@@ -14,6 +16,10 @@ and the best of ``--repeat`` times (after one untimed round) for (a) the engine 
 pushing one contiguous buffer of the same size, (c) an in-process copy of that buffer (one
 thread). "in-order pools": the segments after coalescing had the request held consecutive pages
 on both sides.
+
+``--geometry`` (benchmarks/transfer_geometry.py) moves the request's rows from pages of 64 rows to
+pages of ``--dst-pages`` rows: bytes, segments before and after coalescing, the plan's GB/s
+against a contiguous buffer, and the time to the first verified layer in layer-wise mode.
 
 ``--checksums`` instead times the checksum of the same request's pages (``expected_checksums``'
 path): the position-mixed words of issue 44 against the linear sums it replaced, per cache kind.
@@ -331,7 +337,12 @@ def main() -> int:
     p.add_argument("--svg")
     p.add_argument("--checksums", action="store_true", help="time the checksums instead of the engines")
     p.add_argument("--device", default="cpu", help="with --checksums: cpu (torch) or cuda (the Triton kernels)")
+    p.add_argument("--geometry", action="store_true", help="pages of 64 rows to pages of --dst-pages rows, "
+                   "whole and layer by layer")
+    p.add_argument("--dst-pages", nargs="+", type=int, default=[64, 32, 128])
     args = p.parse_args()
+    if args.geometry:
+        return geometry_main(args)
     if args.checksums:
         rows = [r for tokens in args.tokens for r in measure_checksums(tokens, args.layers, args.repeat, args.device)]
         where = torch.cuda.get_device_name() if args.device != "cpu" else f"{torch.get_num_threads()} CPU threads"
@@ -356,6 +367,31 @@ def main() -> int:
     if args.svg and rows:
         with open(args.svg, "w", encoding="utf-8") as f:
             f.write(svg(rows))
+    return 0
+
+
+def geometry_main(args) -> int:
+    """``--geometry``: one row per (engine, tokens, decode page size)."""
+    from benchmarks import transfer_geometry as geo
+    from kvformats.transfer.engines import available
+
+    rows = []
+    for engine in args.engines:
+        if not available(engine):
+            print(f"{engine}: not installed, skipped")
+            continue
+        for tokens in args.tokens:
+            for page in args.dst_pages:
+                rows.append(geo.measure(engine, tokens, args.layers, page, args.repeat))
+                print(json.dumps(rows[-1]), flush=True)
+    print(geo.table(rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"machine": "2-core CPU, loopback (127.0.0.1), no GPU", "rows": rows}, f, indent=1)
+            f.write("\n")
+    if args.svg and rows:
+        with open(args.svg, "w", encoding="utf-8") as f:
+            f.write(geo.svg(rows))
     return 0
 
 

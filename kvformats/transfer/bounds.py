@@ -61,15 +61,22 @@ def _layout(fmt: str, params_json: str) -> Layout:
     return get_format(fmt, **json.loads(params_json))
 
 
+@functools.lru_cache(maxsize=256)
+def _derived(layout: Layout) -> tuple[str, tuple[dict, ...]]:
+    """(spec fingerprint, accepted record identities) of a layout: hashing its byte definition
+    costs ~1 ms, and a plan checks every cache of both sides."""
+    from kvformats.codec.records import accepted_identities
+    from kvformats.spec.formats import fingerprint
+
+    return fingerprint(layout), accepted_identities(layout)
+
+
 def checked_layout(desc, whose: str = "", *, record: bool = True) -> Layout:
     """The layout ``desc.format`` and ``desc.params`` give, after checking every field of the
     description (a ``CacheDesc``) it decides: rows per page, profile, fingerprint, the record
     identity (unless ``record`` is False: the handshake compares records itself, naming both), a
     page width the layout accepts, a page stride of at least the width, every count below
     2**62, and every page inside the arena. HandshakeError naming the cache and field otherwise."""
-    from kvformats.codec.records import accepted_identities
-    from kvformats.spec.formats import fingerprint
-
     where = f"{whose}cache {desc.name!r}"
     for f in COUNTS:
         v = getattr(desc, f)
@@ -83,13 +90,14 @@ def checked_layout(desc, whose: str = "", *, record: bool = True) -> Layout:
     except (KVFormatError, TypeError, ValueError) as err:
         raise HandshakeError(f"{where}: format {desc.format!r} with params {short(desc.params)} is not a layout "
                              f"this kvformats builds: {err}") from None
+    fingerprint, accepted = _derived(layout)
     derived = {"page_size": layout.page_size, "profile": str(layout.params.get("profile", "")),
-               "fingerprint": fingerprint(layout)}
+               "fingerprint": fingerprint}
     for f, want in derived.items():
         if getattr(desc, f) != want:
             raise HandshakeError(f"{where}: {f} = {short(getattr(desc, f))}, but {desc.format} with these params "
                                  f"has {want!r}")
-    if record and desc.record and desc.record not in accepted_identities(layout):
+    if record and desc.record and desc.record not in accepted:
         raise HandshakeError(f"{where} is described as {desc.format}, whose record is "
                              f"{identity_label(record_of(layout).identity())}, but carries the record "
                              f"{label(desc.record)}")

@@ -26,6 +26,12 @@ digits of pi); a stream position is at most 2**32 - 1 words (pages of up to 16 G
 Neither implementation reads a value back to the host, so a sender can checksum right after
 its prefill without a synchronization. The page pad (a per-page region) counts only when whole
 pages move (``include_pad``).
+
+Across page geometries (``kvformats.transfer.geometry``) the entries are not pages but chunks of
+token rows, each inside one page on both sides: ``row_checksums`` gives the same value (the
+stream of a region's bytes of those rows, in row order) whatever page and row the chunk has on
+each side, over the row regions only (the page pad is each side's own), so a source's
+checksums keyed by (cache, token-row range, region) compare with the destination's.
 """
 
 from __future__ import annotations
@@ -101,7 +107,8 @@ def _streams(x: torch.Tensor, a: torch.Tensor, n: torch.Tensor, nbytes: int, who
     flat = x.reshape(p, length)
     words = -(-length // 4)
     if whole and length == 4 * words:
-        return flat.contiguous().view(torch.int32)
+        # through 1-D: a single page may carry any stride, which view(int32) refuses
+        return flat.contiguous().view(-1).view(torch.int32).view(p, words)
     if not whole:
         start = a * nbytes
         idx = (start[:, None] + torch.arange(length, device=x.device)).clamp(max=length - 1)
@@ -109,6 +116,17 @@ def _streams(x: torch.Tensor, a: torch.Tensor, n: torch.Tensor, nbytes: int, who
     out = torch.zeros(p, 4 * words, dtype=torch.uint8, device=x.device)
     out[:, :length] = flat
     return out.view(torch.int32)  # little-endian words (checked in _reference)
+
+
+def _cpu_streams(view: torch.Tensor, pages: torch.Tensor, a: torch.Tensor, n: torch.Tensor, nbytes: int):
+    """(int32 ``[p, words]`` streams, whether each is whole) of CPU entries: only the rows
+    ``[a, a + span)`` of each page, ``span`` the longest entry, so an entry of a few rows (a chunk
+    of a plan across geometries) reads a few rows, not its page."""
+    span = -(-int(n.max()) // nbytes) if n.numel() else 0
+    rows = (a[:, None] + torch.arange(span)).clamp(max=view.shape[1] - 1)
+    x = view[pages[:, None], rows]  # [p, span, nbytes]
+    full = bool((n == span * nbytes).all())
+    return _streams(x, torch.zeros_like(a), n, nbytes, full), full
 
 
 def reference_checksums(layout: Layout, cache: torch.Tensor, pages: torch.Tensor, rows: torch.Tensor, *,
@@ -138,12 +156,13 @@ def _reference(layout, cache, pages, rows, include_pad) -> torch.Tensor:
         for c in range(0, pages.shape[0], CHUNK_PAGES):
             sl = slice(c, c + CHUNK_PAGES)
             a, n = a_all[sl], (b_all[sl] - a_all[sl]) * nbytes
-            # on the host (CPU tensors: free) whether every stream is the whole page, the usual case
-            full = cache.device.type == "cpu" and bool(((a == 0) & (n == n_rows * nbytes)).all())
-            words = _streams(view[safe[sl]], a, n, nbytes, full)
+            if cache.device.type == "cpu":  # host reads are free here: read only the rows that count
+                words, full = _cpu_streams(view, safe[sl], a, n, nbytes)
+            else:
+                words, full = _streams(view[safe[sl]], a, n, nbytes, False), False
             live = None if full else torch.arange(words.shape[1], device=cache.device)[None, :] * 4 < n[:, None]
             for lane in range(2):
-                h = fmix32(words ^ pads[lane])
+                h = fmix32(words ^ pads[lane, :words.shape[1]])
                 if live is not None:
                     h = torch.where(live, h, 0)
                 out[sl, g, lane] = h.sum(1, dtype=torch.int64) & MASK32
@@ -187,3 +206,20 @@ def page_checksums(layout: Layout, cache: torch.Tensor, pages: torch.Tensor, row
 def _kernel():
     """The Triton launcher, from the kernel package's table; None where Triton does not import."""
     return registry.library_kernel("transfer", "page_checksums")
+
+
+def row_regions(layout: Layout) -> tuple[str, ...]:
+    """The regions ``row_checksums`` covers, in order: every region but the page pad (a
+    per-page region, whose size depends on the page geometry)."""
+    return tuple(r.name for r in layout.regions if not r.per_page)
+
+
+def row_checksums(layout: Layout, cache: torch.Tensor, pages: torch.Tensor, rows: torch.Tensor, *,
+                  backend: str = "auto", check=True) -> torch.Tensor:
+    """int64 ``[C, len(row_regions(layout)), 2]``: the checksum of each row region over chunk
+    ``c``'s rows ``rows[c]`` ([start, stop) in page ``pages[c]``; a page may hold several
+    chunks). The value depends on the chunk's bytes only, not on where its page lies, so two
+    caches of one record in pages of different sizes compare chunk by chunk. Checks and devices
+    as ``page_checksums``, whose per-page regions it leaves out."""
+    sums = page_checksums(layout, cache, pages, rows, include_pad=False, backend=backend, check=check)
+    return sums[:, :len(row_regions(layout))]  # the page pad is the last region (Layout.regions): a view

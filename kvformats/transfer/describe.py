@@ -13,6 +13,14 @@ side channel it already has (its metadata exchange); one from a peer that carrie
 identity (an older kvformats) gets the one its format gives. A peer's description is checked
 against the layout its format gives before anything uses it (``kvformats.transfer.bounds``).
 
+Identity and geometry. A cache's *record identity* is its format, its parameters other than
+``page_size``, its profile and its record ABI (``record``): what one token's bytes mean. Its
+*geometry* is the rows per page, the page width (page pad included), the page stride and the
+arena it shares (``GEOMETRY``): where those bytes lie. ``handshake(..., geometry=True)`` (what
+``plan_transfer`` runs: its plans map token rows between geometries) accepts another geometry
+of the same identity and refuses another identity with both named; by default every field must
+agree (whole pages can move only between equal pages).
+
 An arena is every cache whose storage memory overlaps another's (a strided arena's fields, or
 one buffer seen through two storages: DLPack, ``torch.from_numpy``), found by comparing address
 ranges, not storage objects; it is named after its first member in name order, so the order in
@@ -35,6 +43,9 @@ from kvformats.validation import check_cache
 
 # Fields two sides must agree on, in the order a mismatch is reported.
 COMPARED = ("format", "params", "profile", "fingerprint", "page_size", "page_bytes", "page_stride", "arena", "record")
+# Where a cache's bytes lie, not what they mean: a plan maps token rows across these. The spec
+# fingerprint is among them because it covers the page size; the record identity stays compared.
+GEOMETRY = ("fingerprint", "page_size", "page_bytes", "page_stride", "arena")
 
 
 @attrs.frozen
@@ -176,24 +187,45 @@ def from_json(text: str | bytes) -> dict[str, CacheDesc]:
     return {d.name: d for d in descs}
 
 
-def handshake(local: Mapping[str, CacheDesc], peer: Mapping[str, CacheDesc]) -> None:
+def same_geometry(a: CacheDesc, b: CacheDesc) -> bool:
+    """Whether two descriptions of one record lay a page out alike: the same rows per page and
+    page width (the page stride and the arena do not change where a row lies in its page)."""
+    return a.page_size == b.page_size and a.page_bytes == b.page_bytes
+
+
+def identity_label(desc: CacheDesc) -> str:
+    """A cache's record identity in words: format, parameters other than page_size, record."""
+    shaping = ", ".join(f"{k}={v}" for k, v in sorted(desc.params.items()) if k != "page_size")
+    return f"{desc.format}({shaping}) record {label(desc.record)}"
+
+
+def _records_agree(a: CacheDesc, b: CacheDesc, params_equal: bool) -> bool:
+    return a.record == b.record or (a.format == b.format and params_equal
+                                    and same_record(a.record, b.record, a.format, a.params))
+
+
+def handshake(local: Mapping[str, CacheDesc], peer: Mapping[str, CacheDesc], *, geometry: bool = False) -> None:
     """Both sides have the same caches, described alike (``COMPARED``); otherwise a
     HandshakeError naming the first cache and field that differ, and both record identities when
     the records differ. Two records of the same bytes per token are refused as such, whatever
     else differs: the message names both identities. Page counts and where the pages lie in
-    storage may differ: they are each side's own."""
+    storage may differ: they are each side's own. ``geometry=True``: the geometry (``GEOMETRY``:
+    rows per page, page width, stride, arena, and with them the fingerprint) may differ too,
+    provided the record identity (format, parameters but page_size, profile, record) is the
+    same; a different one is refused with both identities named."""
+    if not isinstance(geometry, bool):
+        raise InputTypeError(f"geometry must be a bool, got {describe(geometry)}")
     if set(local) != set(peer):
         only_here, only_there = sorted(set(local) - set(peer)), sorted(set(peer) - set(local))
         raise HandshakeError(f"the peer has other caches: only here {only_here}, only at the peer {only_there}")
     for name in local:
         a, b = local[name], peer[name]
-        agree = a.record == b.record or (a.format == b.format and a.params == b.params
-                                         and same_record(a.record, b.record, a.format, a.params))
+        if geometry:
+            _same_identity(name, a, b)
+            continue
+        agree = _records_agree(a, b, a.params == b.params)
         records = "" if agree else f" (record here {label(a.record)}, at the peer {label(b.record)})"
-        if records and a.record and b.record and a.record["bytes_per_token"] == b.record["bytes_per_token"]:
-            raise HandshakeError(f"cache {name!r}: record differs at the same {a.record['bytes_per_token']} bytes "
-                                 f"per token: here {label(a.record)}, at the peer {label(b.record)}; the bytes "
-                                 f"of a token lie elsewhere in the other record, so no page can move between them")
+        _refuse_same_size(name, a, b, records)
         for field in COMPARED:
             if field == "record":
                 if records:
@@ -203,3 +235,28 @@ def handshake(local: Mapping[str, CacheDesc], peer: Mapping[str, CacheDesc]) -> 
             if getattr(a, field) != getattr(b, field):
                 raise HandshakeError(f"cache {name!r}: {field} differs: here {getattr(a, field)!r}, "
                                      f"at the peer {getattr(b, field)!r}{records}")
+
+
+def _refuse_same_size(name: str, a: CacheDesc, b: CacheDesc, records: str) -> None:
+    """Two records of one size: refused first, whatever else differs (the size says nothing)."""
+    if records and a.record and b.record and a.record["bytes_per_token"] == b.record["bytes_per_token"]:
+        raise HandshakeError(f"cache {name!r}: record differs at the same {a.record['bytes_per_token']} bytes "
+                             f"per token: here {label(a.record)}, at the peer {label(b.record)}; the bytes "
+                             f"of a token lie elsewhere in the other record, so no page can move between them")
+
+
+def _same_identity(name: str, a: CacheDesc, b: CacheDesc) -> None:
+    """The record identity of ``a`` and ``b`` is the same (the geometry may differ)."""
+    shaping = {k: v for k, v in a.params.items() if k != "page_size"}
+    params_equal = shaping == {k: v for k, v in b.params.items() if k != "page_size"}
+    agree = _records_agree(a, b, params_equal)
+    records = "" if agree else f" (record here {label(a.record)}, at the peer {label(b.record)})"
+    _refuse_same_size(name, a, b, records)
+    field = next((f for f, same in (("format", a.format == b.format), ("params", params_equal),
+                                    ("profile", a.profile == b.profile), ("record", agree)) if not same), None)
+    if field is None and a.page_size == b.page_size and a.fingerprint != b.fingerprint:
+        field = "fingerprint"  # at one page size the fingerprint is the byte definition itself
+    if field is not None:
+        raise HandshakeError(f"cache {name!r}: record identity differs ({field}): here {identity_label(a)}, at "
+                             f"the peer {identity_label(b)}; only the page geometry (rows per page, page "
+                             f"width, stride, arena) may differ between the two sides")

@@ -16,6 +16,13 @@ does so on its own thread by default; with ``progress_thread=False`` wait with `
 The deadline covers the whole push or pull, every batch; a refused, failed or late batch raises
 TransferError and the plan's destination pages must be treated as not valid (the receiver never
 saw a "done").
+
+Layer by layer: ``push_layer``/``pull_layer`` move one layer's caches of a request's plan
+(``kvformats.transfer.layers``) as soon as prefill has written that layer; ``push(...,
+notify=message)`` has an engine that ``notifies`` (NIXL) deliver ``message`` to the peer once
+every byte of the push has landed, and ``notifications`` reads what peers sent this side.
+``kvformats.transfer.layerwise`` is the protocol on top: checksums and a completion per layer,
+verified on arrival.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from kvformats.layout import Layout
 from kvformats.transfer.bounds import loads, short
 from kvformats.transfer.describe import CacheDesc, describe_caches, from_json, handshake, to_json
 from kvformats.transfer.engines.base import BUSY, DONE, Engine, batch_size
+from kvformats.transfer.layers import layer_plan
 from kvformats.transfer.plan import TransferPlan
 
 POLL_S = 0.0005  # sleep between polls of a busy batch
@@ -79,10 +87,13 @@ class Endpoint:
         return json.dumps({"engine": self.engine.name, "caches": to_json(self.descs), "bases": self.bases,
                            "metadata": base64.b64encode(self.engine.metadata()).decode()}).encode()
 
-    def connect(self, hello: bytes) -> Peer:
+    def connect(self, hello: bytes, *, geometry: bool = False) -> Peer:
         """Handshake against the peer's hello (HandshakeError on any difference, a cache of
         another record ABI of the same bytes per token among them: the message names both record
-        identities; and on anything malformed: every field is checked before use), then connect."""
+        identities; and on anything malformed: every field is checked before use), then connect.
+        ``geometry=True``: the peer's pages may have another geometry (rows per page, width,
+        stride, arena) for the same record identity (``describe.handshake``): plans then map
+        token rows between them."""
         msg = loads(hello, "the peer's hello")
         if not isinstance(msg, dict) or set(msg) != {"engine", "caches", "bases", "metadata"}:
             raise HandshakeError(f"the peer's hello is not a kvformats hello: {short(msg)}")
@@ -90,7 +101,7 @@ class Endpoint:
         if engine != self.engine.name:
             raise HandshakeError(f"the peer uses engine {short(engine)}, this side {self.engine.name!r}")
         descs = from_json(caches)
-        handshake(self.descs, descs)
+        handshake(self.descs, descs, geometry=geometry)
         if not isinstance(bases, dict) or set(bases) != set(descs):
             raise HandshakeError("the peer's hello has no arena address for each cache")
         for name, base in bases.items():
@@ -112,7 +123,7 @@ class Endpoint:
         if not isinstance(plan, TransferPlan):
             raise InputTypeError(f"plan must be a TransferPlan (plan_transfer), got {describe(plan)}")
         local_descs, remote_descs = (plan.src, plan.dst) if local_side == "src" else (plan.dst, plan.src)
-        if local_descs != self.descs or remote_descs != peer.descs:
+        if local_descs != self.descs or remote_descs != peer.descs:  # a layer's part keeps them whole
             raise InputError(f"the plan was made for other caches: make it from this endpoint's and the peer's "
                              f"descriptions ({'source' if local_side == 'src' else 'destination'} here)")
         parts = []
@@ -122,15 +133,45 @@ class Endpoint:
             parts.append(torch.stack([mine[:, 0] + self.bases[first], theirs[:, 0] + peer.bases[first], mine[:, 1]], 1))
         return torch.cat(parts) if parts else torch.zeros(0, 3, dtype=torch.int64)
 
-    def push(self, peer: Peer, plan: TransferPlan, *, timeout: float = 30.0) -> None:
+    def push(self, peer: Peer, plan: TransferPlan, *, timeout: float = 30.0, notify: bytes | None = None) -> None:
         """Write the plan's source pages (here) to its destination pages (at the peer); every
-        batch within ``timeout`` seconds of the call."""
-        self._run("write", self._rows(plan, peer, "src"), peer, timeout)
+        batch within ``timeout`` seconds of the call. ``notify``: a message the engine delivers
+        to the peer's ``notifications`` after the last byte (its last batch carries it, posted
+        once every earlier batch is done); only for an engine that ``notifies`` (NIXL), an
+        InputError otherwise (Mooncake: send it on the control channel after the push)."""
+        self._check_notify(notify)
+        self._run("write", self._rows(plan, peer, "src"), peer, timeout, notify)
 
     def pull(self, peer: Peer, plan: TransferPlan, *, timeout: float = 30.0) -> None:
         """Read the plan's source pages (at the peer) into its destination pages (here); every
         batch within ``timeout`` seconds of the call."""
         self._run("read", self._rows(plan, peer, "dst"), peer, timeout)
+
+    def push_layer(self, peer: Peer, plan: TransferPlan, layer: int, *, layers: Mapping | None = None,
+                   timeout: float = 30.0, notify: bytes | None = None) -> None:
+        """``push`` of layer ``layer``'s caches of ``plan`` only (``layers.layer_plan``: by the
+        ``L<k>.`` names, or ``layers``, a mapping layer -> cache names)."""
+        self.push(peer, layer_plan(plan, layer, layers), timeout=timeout, notify=notify)
+
+    def pull_layer(self, peer: Peer, plan: TransferPlan, layer: int, *, layers: Mapping | None = None,
+                   timeout: float = 30.0) -> None:
+        """``pull`` of layer ``layer``'s caches of ``plan`` only; its return is the layer's
+        completion here (the engine's batch status)."""
+        self.pull(peer, layer_plan(plan, layer, layers), timeout=timeout)
+
+    def notifications(self) -> list[bytes]:
+        """The messages peers' pushes delivered here since the last call (``push(notify=)``);
+        always empty for an engine that does not notify."""
+        return self.engine.notifications()
+
+    def _check_notify(self, notify) -> None:
+        if notify is None:
+            return
+        if not isinstance(notify, bytes) or not notify:
+            raise InputTypeError(f"notify must be non-empty bytes or None, got {describe(notify)}")
+        if not self.engine.notifies:
+            raise InputError(f"the {self.engine.name} engine delivers no notification to the peer: send the "
+                             f"completion on the control channel after the push")
 
     def wait(self, ready: Callable[[], bool], *, timeout: float = 30.0, what: str = "the peer's message") -> None:
         """Return once ``ready()`` is true (e.g. ``conn.poll`` of a pipe or socket wrapper),
@@ -144,16 +185,21 @@ class Endpoint:
                 raise TransferError(f"no {what} within {timeout} s")
             time.sleep(POLL_S)
 
-    def _run(self, op: str, rows: torch.Tensor, peer: Peer, timeout: float) -> None:
+    def _run(self, op: str, rows: torch.Tensor, peer: Peer, timeout: float, notify: bytes | None = None) -> None:
         timeout = seconds(timeout)
         size = batch_size(self.engine.max_batch)  # an attribute: it may have been set after construction
         deadline = time.monotonic() + timeout
         batches = (rows.shape[0] + size - 1) // size
+        if notify is not None and not batches:  # nothing to move: the completion alone
+            self.engine.notify(peer.handle, notify)
         for i in range(batches):
             chunk = rows[i * size:(i + 1) * size]
             if time.monotonic() > deadline:  # the deadline is the whole call's, not each batch's
                 raise TransferError(self._late(op, timeout, i, batches))
-            handle = self.engine.post(op, peer.handle, chunk)
+            if notify is not None and i == batches - 1:  # every earlier batch is done: the note follows all bytes
+                handle = self.engine.post(op, peer.handle, chunk, notify)
+            else:
+                handle = self.engine.post(op, peer.handle, chunk)
             while (state := self.engine.poll(handle)) == BUSY:
                 if time.monotonic() > deadline:
                     self.engine.abandon(handle)

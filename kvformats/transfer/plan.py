@@ -1,14 +1,22 @@
 """Transfer plans: which (offset, length) byte segments move from one side's caches to the other's.
 
 A request's pages have other page ids on each side, so a plan pairs the i-th source page with
-the i-th destination page of each cache. Offsets count bytes from the start of the cache's
-storage (what an engine registers): an engine adds each side's base address. Two modes:
+the i-th destination page of each cache, or, where the two sides' pages hold other numbers of
+rows, maps the request's token rows from one side's pages to the other's
+(``kvformats.transfer.geometry``: row ``t`` from ``(src_pages[t // Ps], t % Ps)`` to
+``(dst_pages[t // Pd], t % Pd)``, each layout segment to its own place in the page). Offsets
+count bytes from the start of the cache's storage (what an engine registers): an engine adds
+each side's base address. Three modes:
 
 * per cache (default): each page's bytes of that cache (its page width, or with ``rows`` only
   the records of the request's rows in that range, one segment per layout segment and page:
   the rows of a segment are back to back);
 * ``whole_pages=True``: the physical pages of each arena once, from its first field's first
-  byte to its last field's last byte; every field of an arena must then name the same pages.
+  byte to its last field's last byte; every field of an arena must then name the same pages;
+* rows across geometries: a cache whose rows per page differ between the sides, or whose
+  ``rows`` are a ``Ring``, moves the rows ``rows`` (or ``tokens``) names, chunk by chunk
+  (``CachePlan.row_map``; the page stride, page pad and arena may differ in every mode but
+  ``whole_pages``).
 
 Segments are coalesced where both sides are contiguous, so adjacent pages move as one. Every
 check runs here, on the host, before an engine sees the plan: a plan that exists is safe to run.
@@ -28,6 +36,7 @@ from kvformats.errors import InputError, InputTypeError, describe
 from kvformats.layout import Layout
 from kvformats.transfer.bounds import checked_layout
 from kvformats.transfer.describe import CacheDesc, handshake
+from kvformats.transfer.geometry import Ring, RowMap, row_map, row_segments
 
 
 @attrs.frozen(eq=False)
@@ -39,7 +48,9 @@ class CachePlan:
     and the page pad when whole pages move); ``field_rows``: the same per cache of ``caches``
     (fields of one arena may have different rows per page: ``rows_of``); ``src``/``dst``: int64
     ``[N, 2]`` coalesced (offset, length) segments; ``segments_before``: their count before
-    coalescing."""
+    coalescing. ``row_map``: for a plan across geometries (or of a ring), the chunks of token
+    rows that move (``geometry.RowMap``), which the checksums follow; ``src_pages``/``dst_pages``
+    are then each side's pages of the request and ``rows`` is empty."""
 
     name: str
     caches: tuple[str, ...]
@@ -51,6 +62,7 @@ class CachePlan:
     segments_before: int
     include_pad: bool = True  # whole pages move (the page pad too); False when only rows move
     field_rows: dict = attrs.field(factory=dict)  # cache name -> its rows [P, 2], where not ``rows``
+    row_map: RowMap | None = None  # chunks of token rows, for a plan across geometries
 
     @property
     def nbytes(self) -> int:
@@ -87,6 +99,24 @@ class TransferPlan:
         return [{"cache": p.name, "pages": int(p.src_pages.numel()), "bytes": p.nbytes,
                  "segments_before": p.segments_before, "segments": int(p.src.shape[0])}
                 for p in self.caches.values()]
+
+    def only(self, names) -> "TransferPlan":
+        """The part of this plan that moves the caches ``names`` (an iterable of cache names; with
+        whole pages, an arena's fields all or none): one layer's plan, for a layer-by-layer
+        transfer. The descriptions stay whole, so an endpoint accepts the part as its own."""
+        wanted = set(names)
+        unknown = sorted(wanted - {c for p in self.caches.values() for c in p.caches})
+        if unknown:
+            raise InputError(f"the plan moves no cache {unknown}")
+        parts = {}
+        for key, p in self.caches.items():
+            inside = [c in wanted for c in p.caches]
+            if any(inside) and not all(inside):
+                raise InputError(f"plan entry {key!r} moves the arena fields {list(p.caches)} together: take all "
+                                 f"of them or none")
+            if all(inside):
+                parts[key] = p
+        return TransferPlan(caches=parts, src=self.src, dst=self.dst, whole_pages=self.whole_pages)
 
 
 def _page_ids(what: str, pages, desc: CacheDesc) -> torch.Tensor:
@@ -182,22 +212,34 @@ def _check_no_overlap(plans: list[CachePlan], dst: Mapping[str, CacheDesc]) -> N
 
 
 def plan_transfer(src: Mapping[str, CacheDesc], dst: Mapping[str, CacheDesc], src_pages: Mapping, dst_pages: Mapping,
-                  *, rows: Mapping | None = None, whole_pages: bool = False) -> TransferPlan:
+                  *, rows: Mapping | None = None, whole_pages: bool = False, tokens: int | None = None) -> TransferPlan:
     """The segments that move one request's pages of every cache in ``src_pages`` from the
     source caches ``src`` to the destination caches ``dst`` (descriptions of both sides; the
     handshake runs first). ``src_pages``/``dst_pages``: cache name -> the request's page ids on
     that side, in request order (the i-th pages pair up). ``rows``: cache name -> (start, stop)
     rows of the request to move (rows of the i-th page are [i * page_size, (i + 1) * page_size));
-    caches not named move whole pages. ``whole_pages``: move each arena's physical pages once
-    (then no ``rows``). Raises HandshakeError (the handshake's, or a description that its
-    format's layout contradicts: ``bounds.checked_layout``), InputError, InputTypeError; moves
-    nothing."""
-    handshake(src, dst)
+    caches not named move whole pages. A ``rows`` entry may also be a row count ``n`` (rows
+    [0, n)) or a ``geometry.Ring`` (a ring cache: position p at ring row p mod the ring's
+    rows). ``tokens``: rows [0, tokens) of every cache ``rows`` does not name (caches of one
+    row per token). ``whole_pages``: move each arena's physical pages once (then no ``rows``
+    or ``tokens``; both sides' geometry must be the same).
+
+    The two sides may lay out pages differently (rows per page, page stride, page pad, arena)
+    for one record identity (``describe.handshake(geometry=True)``). A cache of other rows per
+    page on each side, or with a ``Ring``, moves by token rows (``geometry``): it needs its rows
+    (``rows`` or ``tokens``), and its page lists may have other lengths. Raises HandshakeError
+    (the handshake's, or a description that its format's layout contradicts:
+    ``bounds.checked_layout``), InputError (rows past either side's pages, destination bytes
+    that overlap or run past the arena, ...), InputTypeError; moves nothing."""
     if not isinstance(whole_pages, bool):
         raise InputTypeError(f"whole_pages must be a bool, got {describe(whole_pages)}")
+    if tokens is not None and (type(tokens) is not int or tokens < 1):  # noqa: E721 - a bool is refused too
+        raise InputTypeError(f"tokens must be a positive int or None, got {describe(tokens)}")
+    # each description against its own layout first: a peer's page_size that its params contradict
+    # is named as such, not as a geometry difference
     layouts = {name: checked_layout(src[name], "source ") for name in src}
-    for name in dst:
-        checked_layout(dst[name], "destination ")
+    dst_layouts = {name: checked_layout(dst[name], "destination ") for name in dst}
+    handshake(src, dst, geometry=not whole_pages)  # whole physical pages need one geometry
     for what, pages in (("src_pages", src_pages), ("dst_pages", dst_pages)):
         if not isinstance(pages, Mapping):
             raise InputTypeError(f"{what} must be a mapping cache name -> page ids, got {describe(pages)}")
@@ -210,25 +252,48 @@ def plan_transfer(src: Mapping[str, CacheDesc], dst: Mapping[str, CacheDesc], sr
     unknown = sorted(set(src_pages) - set(src)) + sorted(set(rows) - set(src_pages))
     if unknown:
         raise InputError(f"no such cache in the plan: {unknown}; caches: {sorted(src)}")
-    if whole_pages and rows:
-        raise InputError("whole_pages moves every row of each page: pass no rows")
-    checked = {}
+    if whole_pages and (rows or tokens is not None):
+        raise InputError("whole_pages moves every row of each page: pass no rows and no tokens")
+    checked, plans = {}, []
     for name in src_pages:
         sp = _page_ids(f"src_pages[{name!r}]", src_pages[name], src[name])
         dp = _page_ids(f"dst_pages[{name!r}]", dst_pages[name], dst[name])
+        spec = rows.get(name, tokens)
+        if isinstance(spec, Ring) or layouts[name].page_size != dst_layouts[name].page_size:
+            plans.append(_row_plan(name, spec, layouts[name], dst_layouts[name], src[name], dst[name], sp, dp))
+            continue
         if sp.numel() != dp.numel():
             raise InputError(f"cache {name!r}: {sp.numel()} source pages but {dp.numel()} destination pages")
-        r = _row_ranges(name, rows.get(name), sp.numel(), layouts[name].page_size)
+        whole = spec is None and src[name].page_bytes == dst[name].page_bytes  # else rows: no page pad
+        spec = (0, spec) if type(spec) is int else spec  # noqa: E721 - a row count: rows [0, n)
+        r = _row_ranges(name, spec, sp.numel(), layouts[name].page_size)
         keep = r[:, 1] > r[:, 0]  # pages the row range does not reach move nothing
-        checked[name] = (sp[keep], dp[keep], r[keep])
-    plans = _whole_page_plans(src, dst, checked) if whole_pages else [
-        _cache_plan(name, layouts[name], src[name], dst[name], *checked[name], whole=name not in rows)
-        for name in checked]
+        checked[name] = (sp[keep], dp[keep], r[keep], whole)
+    plans += _whole_page_plans(src, dst, checked) if whole_pages else [
+        _cache_plan(name, layouts[name], src[name], dst[name], *checked[name]) for name in checked]
     _check_no_overlap(plans, dst)
-    return TransferPlan(caches={p.name: p for p in plans}, src=dict(src), dst=dict(dst), whole_pages=whole_pages)
+    return TransferPlan(caches={p.name: p for p in sorted(plans, key=lambda p: list(src_pages).index(p.caches[0]))},
+                        src=dict(src), dst=dict(dst), whole_pages=whole_pages)
 
 
-def _cache_plan(name, layout: Layout, s: CacheDesc, d: CacheDesc, sp, dp, r, *, whole: bool) -> CachePlan:
+def _row_plan(name, spec, s_layout: Layout, d_layout: Layout, s: CacheDesc, d: CacheDesc, sp, dp) -> CachePlan:
+    """The plan of one cache by token rows (module doc; ``geometry``)."""
+    if spec is None:
+        raise InputError(f"cache {name!r}: the two sides' pages hold {s_layout.page_size} and {d_layout.page_size} "
+                         f"rows: whole pages cannot move between them; give the request's rows (rows={{{name!r}: "
+                         f"n}} or tokens=n)")
+    rows = row_map(name, spec, sp, dp, s_layout.page_size, d_layout.page_size)
+    a, b = row_segments(rows, s_layout, d_layout, (s.offset, s.page_stride), (d.offset, d.page_stride))
+    live = a[:, 1] > 0
+    a, b = a[live], b[live]
+    before = a.shape[0]
+    a, b = coalesce(a, b)
+    empty = torch.zeros(0, 2, dtype=torch.int64)
+    return CachePlan(name=name, caches=(name,), src_pages=sp, dst_pages=dp, rows=empty, src=a, dst=b,
+                     segments_before=before, include_pad=False, row_map=rows)
+
+
+def _cache_plan(name, layout: Layout, s: CacheDesc, d: CacheDesc, sp, dp, r, whole: bool) -> CachePlan:
     layout_segments = _layout_segments(layout)
     width = s.page_bytes if whole else None
     a, b = _segments(s, layout_segments, sp, r, width), _segments(d, layout_segments, dp, r, width)
@@ -251,7 +316,7 @@ def _whole_page_plans(src, dst, checked) -> list[CachePlan]:
         if sorted(names) != sorted(m.name for m in members):
             raise InputError(f"whole_pages moves every field of arena {arena!r}: name all of "
                              f"{sorted(m.name for m in members)}, got {sorted(names)}")
-        sp, dp, r = checked[names[0]]
+        sp, dp, r, _ = checked[names[0]]
         for n in names[1:]:
             if not (torch.equal(checked[n][0], sp) and torch.equal(checked[n][1], dp)):
                 raise InputError(f"whole_pages: the fields of arena {arena!r} must name the same pages, "

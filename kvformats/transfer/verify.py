@@ -10,6 +10,11 @@ The caches given must be the ones the plan was made for (the layout its descript
 same page count, page width, stride and place in the arena): checked on the host from metadata
 before anything is read (InputError). The plan's page ids are host tensors, so their range
 checks in ``page_checksums`` read nothing from a GPU.
+
+A plan across page geometries (``CachePlan.row_map``) is checked by chunks of token rows, not by
+pages: the sender's checksums are keyed by (cache, token-row range, region) in the plan's chunk
+order, the receiver computes the same over its own pages (``checksum.row_checksums``), and a
+mismatch names the cache, the token rows, the region and the page and rows on both sides.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch
 
 from kvformats.errors import InputError, InputTypeError, IntegrityError, describe
 from kvformats.layout import Layout
-from kvformats.transfer.checksum import page_checksums
+from kvformats.transfer.checksum import page_checksums, row_checksums, row_regions
 from kvformats.transfer.describe import CacheDesc
 from kvformats.transfer.plan import TransferPlan
 
@@ -81,6 +86,9 @@ def expected_checksums(plan: TransferPlan, caches: Mapping[str, tuple[Layout, to
     out = {}
     for name, p in _entries(plan, caches, side):
         layout, cache = caches[name]
+        if p.row_map is not None:  # across geometries: by chunks of token rows
+            out[name] = row_checksums(layout, cache, *p.row_map.page_rows(side), backend=backend)
+            continue
         pages = p.src_pages if side == "src" else p.dst_pages
         out[name] = page_checksums(layout, cache, pages, p.rows_of(name), include_pad=p.include_pad,
                                    backend=backend)
@@ -102,11 +110,24 @@ def verify(plan: TransferPlan, caches: Mapping[str, tuple[Layout, torch.Tensor]]
         if bool(bad.any()):
             i, g = (int(v) for v in bad.nonzero()[0])
             layout = caches[name][0]
-            region = layout.regions[g].name
             n = int(bad.any(-1).sum())
+            if p.row_map is not None:
+                raise IntegrityError(_row_mismatch(name, p, i, row_regions(layout)[g], n, bad.shape[0]))
+            region = layout.regions[g].name
             raise IntegrityError(f"cache {name!r}: page {int(p.dst_pages[i])} (sender's page {int(p.src_pages[i])}, "
                                  f"request page {i}) differs in region {region!r} after the transfer "
                                  f"({n} of {bad.shape[0]} pages differ); the pages are not valid")
+
+
+def _row_mismatch(name: str, p, i: int, region: str, n: int, chunks: int) -> str:
+    """The message of a chunk of token rows that differs (a plan across geometries)."""
+    m = p.row_map
+    start, count = int(m.start[i]), int(m.count[i])
+    here, there = int(m.dst_row[i]), int(m.src_row[i])
+    return (f"cache {name!r}: token rows [{start}, {start + count}) (page {int(m.dst_page[i])} rows "
+            f"[{here}, {here + count}) here, sender's page {int(m.src_page[i])} rows [{there}, {there + count})) "
+            f"differ in region {region!r} after the transfer ({n} of {chunks} row ranges differ); the pages are "
+            f"not valid")
 
 
 def save_request_pages(path, plan: TransferPlan, caches: Mapping[str, tuple[Layout, torch.Tensor]], *,
@@ -120,6 +141,30 @@ def save_request_pages(path, plan: TransferPlan, caches: Mapping[str, tuple[Layo
     out = {}
     for name, p in _entries(plan, caches, side):
         layout, cache = caches[name]
+        if p.row_map is not None:  # across geometries: the rows, laid out in the source's pages
+            out[name] = _rows_in_source_pages(plan, name, p.row_map, layout, cache, side)
+            continue
         pages = (p.src_pages if side == "src" else p.dst_pages).to(cache.device)
         out[name] = (layout, cache.index_select(0, pages).contiguous())
     save_caches(path, out)
+
+
+def _rows_in_source_pages(plan: TransferPlan, name: str, rows, layout: Layout, cache: torch.Tensor, side: str):
+    """(source layout, cache) holding the plan's rows of ``name`` from ``side``'s pages, row k of
+    the plan (from its first row) at row k of the file's pages: both sides' files then have one
+    geometry, and ``kvformats diff`` compares them row for row."""
+    from kvformats.transfer.bounds import checked_layout
+
+    src_layout = checked_layout(plan.src[name], "source ")
+    total = int(rows.count.sum())
+    chunk = torch.repeat_interleave(torch.arange(rows.count.numel()), rows.count)
+    within = torch.arange(total) - torch.repeat_interleave(rows.count.cumsum(0) - rows.count, rows.count)
+    pages, first = rows.page_rows(side)
+    page, row = pages[chunk].to(cache.device), (first[:, 0][chunk] + within).to(cache.device)
+    n_pages = -(-total // src_layout.page_size)
+    out = src_layout.allocate(n_pages, device=cache.device)
+    dest = torch.arange(total, device=cache.device)
+    for seg in layout.segments:  # the same segments on both sides: one record (the handshake)
+        taken = layout.segment_view(cache, seg.name)[page, row]
+        src_layout.segment_view(out, seg.name)[dest // src_layout.page_size, dest % src_layout.page_size] = taken
+    return src_layout, out

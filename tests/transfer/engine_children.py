@@ -195,3 +195,158 @@ def mooncake_settings(results) -> None:
     except Exception as err:
         results.put(("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
     _exit(results)
+
+
+# ----- P/D across page geometries, whole requests and layer by layer (issue 45) -----------------
+# Process A prefills with pages of 64 rows, process B decodes with pages of 32 or 128; the
+# request's token rows of every cache move between them (plan_transfer across geometries). Both
+# report each request's rows of every cache per token (gathered and decoded) and their decode
+# step's outputs; the parent compares them bit for bit.
+PREFILL_PAGE = 64
+
+
+def _steps(page: int, seed: int, layers: int):
+    """(config, one layer-step reference per layer): layer k's weights are seed k on both sides,
+    the block tables each side's own (``seed``)."""
+    from kvformats.dsv4_layer.pipeline import LayerStep
+    from kvformats.dsv4_layer.pipeline_config import tiny_config
+    from kvformats.dsv4_layer.pipeline_weights import LayerWeights
+
+    cfg = tiny_config(page_size=page)
+    return cfg, [LayerStep(cfg, seed=seed + k, backend="reference", weights=LayerWeights.random(tiny_config(), seed=k))
+                 for k in range(layers)]
+
+
+def _per_layer(steps, fn) -> dict:
+    """{"L<k>.<cache>": value} of ``fn(step)``'s {cache: value} for every layer."""
+    return {f"L{k}.{name}": v for k, step in enumerate(steps) for name, v in fn(step).items()}
+
+
+def _token_rows(steps, r: int, tokens: int) -> dict:
+    """Cache name -> (encoded rows, decoded rows) of request ``r``'s rows [0, tokens // ratio),
+    read through this side's block tables: what the bytes mean, whatever the pages."""
+    from tests.harness import transfer_pd as pd
+
+    def rows(step):
+        out = {}
+        for name, (table, ratio) in pd.TABLES.items():
+            n = tokens // ratio
+            if n:
+                layout, cache = pd.caches_of(step)[name]
+                i = torch.arange(n)
+                slots = getattr(step.caches, table)[r, i // layout.page_size] * layout.page_size + i % layout.page_size
+                out[name] = (layout.gather(cache, slots), layout.decode(cache, slots))
+        return out
+
+    return _per_layer(steps, rows)
+
+
+def _message(m) -> bytes:
+    """A LayerMessage or LayerFailed as bytes (torch's shared-memory tensors die with their sender)."""
+    import attrs
+
+    from tests.harness import transfer_pd as pd
+
+    return pd.pack({"kind": type(m).__name__, **attrs.asdict(m, recurse=False)})
+
+
+def _layer_message(data):
+    from kvformats.transfer.layerwise import LayerFailed, LayerMessage
+    from tests.harness import transfer_pd as pd
+
+    d = pd.unpack(data)
+    kind = d.pop("kind")
+    return LayerMessage(**d) if kind == "LayerMessage" else LayerFailed(**d)
+
+
+def geometry_prefill(conn, results, engine: str, direction: str, layers: int, layerwise: bool) -> None:
+    """Process A: prefill (pages of 64 rows), then move each request's rows to B: whole
+    requests (push or pull) or layer by layer, each layer pushed once prefill wrote it."""
+    from tests.harness import transfer_pd as pd
+
+    try:
+        from kvformats.transfer import expected_checksums, plan_transfer
+        from kvformats.transfer.endpoint import Endpoint
+        from kvformats.transfer.layerwise import LayerSender
+
+        cfg, steps = _steps(PREFILL_PAGE, 0, layers)
+        caches = _per_layer(steps, pd.caches_of)
+        here = Endpoint(pd._engine(engine), caches)
+        conn.send(here.hello())
+        peer = here.connect(pd._recv(conn, "hello"), geometry=True)
+        dst_pages = pd._recv(conn, "page ids")
+        src_pages = [_per_layer(steps, lambda s: pd.request_pages(s, r, n)) for r, n in enumerate(pd.PREFILL)]
+        conn.send(pd.pack(src_pages))
+        plans = [plan_transfer(here.descs, peer.descs, src_pages[r], dst_pages[r],
+                               rows=_per_layer(steps, lambda s: pd.request_rows(s, n)))
+                 for r, n in enumerate(pd.PREFILL)]
+        if layerwise:
+            senders = [LayerSender(here, peer, plan, caches, send=lambda m: conn.send(_message(m)), request=str(r))
+                       for r, plan in enumerate(plans)]
+            for k, step in enumerate(steps):
+                step.step(*pd.batch(cfg, pd.PREFILL, 0))  # prefill of layer k ...
+                for sender in senders:
+                    sender.push(k, timeout=30)  # ... moves at once
+        else:
+            for step in steps:
+                step.step(*pd.batch(cfg, pd.PREFILL, 0))
+            for plan in plans:
+                sums = {k: v.cpu() for k, v in expected_checksums(plan, caches).items()}
+                if direction == "push":
+                    here.push(peer, plan, timeout=30)
+                    conn.send(pd.pack(("done", sums)))
+                else:
+                    conn.send(pd.pack(("ready", sums)))
+                    pd._recv(conn, "pulled", here)
+        rows = [_token_rows(steps, r, n) for r, n in enumerate(pd.PREFILL)]
+        out = [pd.outputs(step.step(*pd.decode_batch(cfg, pd.PREFILL, 0))) for step in steps]
+        pd._recv(conn, "bye", here)
+        here.close()
+        results.put(("A", "ok", pd.pack({"rows": rows, "out": out})))
+    except Exception as err:  # reported to the parent, which fails the test with it
+        results.put(("A", "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+def geometry_decode(conn, results, engine: str, direction: str, layers: int, layerwise: bool,
+                    page: int = 32) -> None:
+    """Process B: pages of ``page`` rows, its own block tables; verifies every request (layer
+    by layer as each lands, in layer-wise mode) and marks it valid only then; then decodes."""
+    from tests.harness import transfer_pd as pd
+
+    try:
+        from kvformats.transfer import plan_transfer, verify
+        from kvformats.transfer.endpoint import Endpoint
+        from kvformats.transfer.layerwise import LayerReceiver, wait_layers
+
+        cfg, steps = _steps(page, 7, layers)
+        caches = _per_layer(steps, pd.caches_of)
+        here = Endpoint(pd._engine(engine), caches)
+        conn.send(here.hello())
+        peer = here.connect(pd._recv(conn, "hello"), geometry=True)
+        my_pages = [_per_layer(steps, lambda s: pd.request_pages(s, r, n)) for r, n in enumerate(pd.PREFILL)]
+        conn.send(pd.pack(my_pages))
+        src_pages = pd._recv(conn, "page ids", here)
+        plans = [plan_transfer(peer.descs, here.descs, src_pages[r], my_pages[r],
+                               rows=_per_layer(steps, lambda s: pd.request_rows(s, n)))
+                 for r, n in enumerate(pd.PREFILL)]
+        valid, order = [], []
+        if layerwise:
+            receivers = {str(r): LayerReceiver(plan, caches, request=str(r)) for r, plan in enumerate(plans)}
+            wait_layers(receivers, here, conn.poll, lambda: _layer_message(conn.recv()), timeout=WAIT_S)
+            valid = [int(r) for r, rx in receivers.items() if rx.valid]
+            order = {r: rx.verified for r, rx in receivers.items()}
+        else:
+            for r, plan in enumerate(plans):
+                kind, sums = pd._recv(conn, "done", here)
+                if kind == "ready":
+                    here.pull(peer, plan, timeout=30)
+                    conn.send("pulled")
+                verify(plan, caches, sums)
+                valid.append(r)  # only now are the request's pages valid here
+        conn.send("bye")
+        rows = [_token_rows(steps, r, n) for r, n in enumerate(pd.PREFILL)]
+        out = [pd.outputs(step.step(*pd.decode_batch(cfg, pd.PREFILL, 0))) for step in steps]
+        here.close()
+        results.put(("B", "ok", pd.pack({"rows": rows, "out": out}), valid, order))
+    except Exception as err:
+        results.put(("B", "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))

@@ -4,6 +4,11 @@ An engine registers memory, gives the metadata a peer needs to reach it, connect
 and posts batches of (local address, remote address, length) segments as one write (push) or
 read (pull), then reports each batch as busy, done or failed. Batching to the engine's limit,
 deadlines and error reporting live in ``kvformats.transfer.endpoint``, once for all engines.
+
+An engine that ``notifies`` (NIXL) also delivers a short message to the peer once a batch's
+bytes have landed there: the completion of a layer in a layer-by-layer transfer reaches the
+receiver through it. One that does not (Mooncake: a batch's status is known to the side that
+posted it only) leaves that message to the caller's control channel.
 """
 
 from __future__ import annotations
@@ -72,11 +77,23 @@ class Engine:
         """A handle of the peer, for ``post``."""
         raise NotImplementedError
 
-    def post(self, op: str, peer: object, segments: torch.Tensor) -> object:
+    notifies = False  # whether post(..., notify=) and notify() reach the peer (module doc)
+
+    def post(self, op: str, peer: object, segments: torch.Tensor, notify: bytes | None = None) -> object:
         """Start ``op`` ("write": local -> peer, "read": peer -> local) of int64 ``[N, 3]`` rows
         (local address, remote address, length); returns a handle for ``poll``. Raises
-        TransferError when the engine refuses the batch."""
+        TransferError when the engine refuses the batch. ``notify`` (engines that ``notifies``
+        only; never passed otherwise): delivered to the peer's ``notifications`` after the
+        batch's bytes landed."""
         raise NotImplementedError
+
+    def notify(self, peer: object, message: bytes) -> None:
+        """Send ``message`` to the peer's ``notifications`` at once (engines that ``notifies``)."""
+        raise NotImplementedError
+
+    def notifications(self) -> list[bytes]:
+        """The messages peers' ``notify`` sent this side since the last call (none by default)."""
+        return []
 
     def poll(self, handle: object) -> str:
         """BUSY, DONE or FAILED for a posted batch (a finished handle is released)."""

@@ -142,7 +142,7 @@ class MooncakeEngine(Engine):
             raise HandshakeError(f"the peer's Mooncake metadata must be 'host:port', got {target[:100]!r}")
         return target
 
-    def post(self, op: str, peer: object, segments: torch.Tensor) -> object:
+    def post(self, op: str, peer: object, segments: torch.Tensor, notify: bytes | None = None) -> object:
         # The blocking batch call (the asynchronous pair was measured unfit here: module doc), on
         # a worker thread so that the caller's deadline, not MC_TRANSFER_TIMEOUT, bounds the wait.
         local, remote, lengths = (c.tolist() for c in segments.cpu().unbind(1))
