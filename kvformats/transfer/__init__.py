@@ -29,3 +29,4 @@ from kvformats.transfer.tiers import HostTier, RequestPages, TierRows, offload, 
 from kvformats.transfer.tiers_file import load_tier, save_tier  # noqa: E402
 
 __all__ += ["HostTier", "RequestPages", "TierRows", "load_tier", "offload", "restore", "save_tier"]
+from kvformats.transfer.convert_receive import conversion_route, receive_converted, staging_for  # noqa: E402,F401
