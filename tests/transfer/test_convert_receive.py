@@ -11,21 +11,14 @@ from kvformats.codec.convert import convert_rows
 from kvformats.errors import ConversionError, HandshakeError, IntegrityError
 from kvformats.formats import (Fp4DsMlaV41, Fp4DsMlaV41Interleaved, Fp8DsMla, Fp8DsMlaV32, Fp8DsMlaV41,
                                Fp8DsMlaV41Interleaved)
-from kvformats.layout import storage_bytes
 from kvformats.transfer import (conversion_route, describe_caches, expected_checksums, plan_transfer,
                                 receive_converted, staging_for)
+from tests.harness.plan_apply import apply
 
 TOKENS = 150
 SRC_PAGES = [5, 2, 0]  # three pages of 64 rows hold 150 rows
 
 
-def apply(plan, src, dst):
-    """Move the plan's segments with torch (what an engine does)."""
-    for p in plan.caches.values():
-        a, b = storage_bytes(src[p.caches[0]][1]), storage_bytes(dst[p.caches[0]][1])
-        for (so, n), (do, m) in zip(p.src.tolist(), p.dst.tolist()):
-            assert n == m
-            b[do:do + n] = a[so:so + n]
 
 
 def slots(pages, page: int, n: int = TOKENS) -> torch.Tensor:

@@ -16,6 +16,7 @@ from kvformats.formats import CompressorState, Fp8DsMla, Mxfp4Indexer
 from kvformats.layout import storage_bytes
 from kvformats.transfer import (coalesce, describe_caches, expected_checksums, from_json, handshake, plan_transfer,
                                 to_json, verify)
+from tests.harness.plan_apply import apply
 
 KV = Fp8DsMla(head_dim=128, rope_dim=64, page_size=16)
 IDX = Mxfp4Indexer(head_dim=128, page_size=16)
@@ -37,13 +38,6 @@ def arena(pages: int, seed: int | None, device="cpu"):
     return {"kv": (KV, kv), "index": (IDX, idx), "state": (STATE, state)}
 
 
-def apply(plan, src, dst):
-    """Move the plan's segments byte by byte with torch (a stand-in for an engine)."""
-    for p in plan.caches.values():
-        a, b = storage_bytes(src[p.caches[0]][1]), storage_bytes(dst[p.caches[0]][1])
-        for (so, n), (do, m) in zip(p.src.tolist(), p.dst.tolist()):
-            assert n == m
-            b[do:do + n] = a[so:so + n]
 
 
 def page_bytes(caches, name, pages):

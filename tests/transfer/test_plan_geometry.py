@@ -18,6 +18,7 @@ from kvformats.layout import storage_bytes
 from kvformats.transfer import describe_caches, expected_checksums, handshake, plan_transfer, verify
 from kvformats.transfer.checksum import row_checksums
 from kvformats.transfer.geometry import Ring
+from tests.harness.plan_apply import apply
 
 
 def layouts(page: int) -> dict:
@@ -49,13 +50,6 @@ def caches(page: int, pages: int, seed: int | None = None, *, arena: bool = Fals
     return out
 
 
-def apply(plan, src, dst):
-    """Move the plan's segments with torch (what an engine does)."""
-    for p in plan.caches.values():
-        a, b = storage_bytes(src[p.caches[0]][1]), storage_bytes(dst[p.caches[0]][1])
-        for (so, n), (do, m) in zip(p.src.tolist(), p.dst.tolist()):
-            assert n == m
-            b[do:do + n] = a[so:so + n]
 
 
 def slots(pages, page: int, positions: torch.Tensor, ring: bool = False) -> torch.Tensor:
