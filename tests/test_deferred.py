@@ -4,6 +4,8 @@ host (guarded here with meta tensors, whose values cannot be read)."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from kvformats.testing.strategies import storage_bytes
 CPU = torch.device("cpu")
 FORMATS = kvf.list_formats()
 BYTE_FORMATS = [f for f in FORMATS if f != "compressor_state"]
+NO_SITE = 1 << 20  # an id no site has (ids are hashes of the names: asserted below)
 
 
 def _words():
@@ -268,10 +271,11 @@ def test_rope_tail_off_the_host_leaves_invalid_rows_unrotated_and_records(device
         rope_tail(x, torch.tensor([2, 40, -1]), cs, check="strict")
 
 
-@pytest.mark.parametrize("site, error", [(len(deferred.SITES), kvf.InputError), (-1, kvf.InputError),
+@pytest.mark.parametrize("site, error", [(NO_SITE, kvf.InputError), (-1, kvf.InputError),
                                          (deferred.site("encode", "slots"), kvf.InputError),
                                          (float(deferred.site("swa_insert", "positions")), kvf.InputTypeError),
-                                         (True, kvf.InputTypeError), ("rope_tail", kvf.InputTypeError)])
+                                         (True, kvf.InputTypeError), ("rope_tail", kvf.InputTypeError)],
+                         ids=["unknown", "negative", "slots_site", "float", "bool", "name"])
 def test_rope_tail_refuses_a_site_that_is_not_a_positions_site(site, error, device_mode):
     # issue 35 item 5: the site is recorded as given; a bad one broke raise_pending's message
     from kvformats.deepseek_v4.rope import cos_sin_cache, rope_tail
@@ -286,7 +290,37 @@ def test_rope_tail_refuses_a_site_that_is_not_a_positions_site(site, error, devi
         kvf.raise_pending(CPU)
 
 
-@pytest.mark.parametrize("check, where", [(99, 3), (int(deferred.Check.SLOT_RANGE), len(deferred.SITES)),
+def test_sites_are_allocated_by_the_declarations_and_named_alike_by_their_kernels():
+    """The bottom layer holds no table of sites: each declared op allocates its own, and a
+    kernel or reference naming a site of a declared op names one the op declared (a typo would
+    allocate a site of its own and blame no argument of the op)."""
+    pytest.importorskip("triton")
+    import kvformats.deepseek_v4  # noqa: F401  (declares its ops)
+    import kvformats_kernels.dsv4  # noqa: F401  (names the sites its kernels record at)
+    from kvformats.codec.op import DECLARED
+
+    declared = {op.name: op for op in DECLARED.values()}
+    assert all(deferred.SITES[i] == (op.name, arg) for op in declared.values() for arg, i in op.sites.items())
+    strays = [(name, arg) for name, arg in deferred.SITES.values()
+              if name in declared and arg not in declared[name].sites]
+    assert strays == []
+    assert NO_SITE not in deferred.SITES and all(0 <= i < 2**31 for i in deferred.SITES)
+
+
+def test_a_site_id_depends_on_its_names_alone():
+    """The same id in every process, whatever was imported first (the kernels' SITE constexprs,
+    and so what Triton compiles, do not depend on import order)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    code = ("from kvformats.runtime import deferred; import kvformats_kernels.dsv4; import kvformats.deepseek_v4; "
+            "print(deferred.site('swa_insert', 'positions'), deferred.site('encode', 'slots'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == [str(deferred.site("swa_insert", "positions")), str(deferred.site("encode", "slots"))]
+
+
+@pytest.mark.parametrize("check, where", [(99, 3), (int(deferred.Check.SLOT_RANGE), NO_SITE),
                                           (int(deferred.Check.SLOT_RANGE), -1)])
 def test_a_record_that_names_no_known_violation_is_still_reported_once(check, where):
     rec = deferred.error_record(CPU)
@@ -323,16 +357,23 @@ def test_decreasing_query_start_loc_is_recorded_off_the_host(op, device_mode):
         call(backend="reference", check="strict")
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "reference"])
-def test_no_public_call_reads_values_on_the_host_by_default(kernel, monkeypatch):
-    """Every prepared call of tests.harness.calls (each codec and paged op of every format, each
-    deepseek_v4 operation) on meta tensors: any host read of a value would raise, so the
-    default mode's checks on a device read none."""
+@functools.cache
+def _meta_public_calls() -> dict:
     from tests.harness.calls import public_calls
 
+    return public_calls("meta", rows=8)
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "reference"])
+@pytest.mark.parametrize("name", sorted(_meta_public_calls()))
+def test_no_public_call_reads_values_on_the_host_by_default(name, kernel, monkeypatch):
+    """Every prepared call of tests.harness.calls (each codec and paged op of every format, each
+    model op, each declared op with an example) on meta tensors: any host read of a value would
+    raise, so the default mode's checks on a device read none."""
     noop = _NoOps(monkeypatch, kernel)
-    calls = public_calls("meta", rows=8)
-    assert len(calls) >= 40
-    for name, call in calls.items():
-        call()
-    assert len(noop.calls) == len(calls)
+    _meta_public_calls()[name]()
+    assert len(noop.calls) == 1
+
+
+def test_every_op_has_a_call_to_guard():
+    assert len(_meta_public_calls()) >= 40

@@ -13,9 +13,10 @@ Rules the implementations keep (``custom_op`` enforced some of them): outputs ne
 inputs, mutated arguments are declared ``Tensor(a!)`` in the schema, and the fake computes
 shapes, dtypes and strides only.
 
-``ModelOps`` defines the ops of a module of model operations (``kvformats.deepseek_v4.torch_ops``,
-``kvformats.deepseek_v41.torch_ops``) from a table of schemas that list the Python functions'
-parameters, and builds wrappers with the functions' signatures that go through them.
+The pieces an op is made of, for one declared with ``kvformats.codec.op.Op`` and for the table
+form ``ModelOps`` alike: ``define`` (schema, real and fake implementations), ``implementation``
+(the real one: the public function), ``Binding`` (a call's arguments in schema order) and
+``wrapper`` (a function with the public function's signature that goes through the op).
 """
 
 from __future__ import annotations
@@ -96,9 +97,95 @@ def check_memories(**tensors) -> None:
                 check_memory(name, t)
 
 
+def implementation(fn: Callable, names: list[str], *, in_place: bool, keep_layout: bool = False) -> Callable:
+    """The eager implementation of an op whose arguments are ``fn``'s parameters ``names``: it
+    calls ``fn`` (same validation, errors and bytes). An op that writes in place returns None;
+    otherwise the nested result is flattened and every output made contiguous and unaliased
+    (``keep_layout``: outputs keep their documented strides)."""
+
+    def impl(*values):
+        result = fn(**dict(zip(names, values)))
+        if in_place:
+            return None
+        result = flat(result)
+        if keep_layout:
+            return result
+        if not isinstance(result, tuple):
+            return fresh(result, values)
+        outs: list[torch.Tensor] = []  # nor may outputs alias each other (views of one buffer at T * H <= 1)
+        for r in result:
+            outs.append(fresh(r, (*values, *outs)))
+        return tuple(outs)
+
+    return impl
+
+
+class Binding:
+    """``binding(*args, **kwargs)``: the arguments of an op (in schema order) for the call
+    ``fn(*args, **kwargs)``: defaults filled in, scalar types checked, ``out`` workspaces
+    allocated where None (``workspaces(values)`` gives them). ``args`` is the schema's argument
+    list, which names ``fn``'s parameters in order (checked: KVFormatError at import)."""
+
+    def __init__(self, name: str, fn: Callable, args: str, workspaces: Callable | None = None):
+        fields = [a.rsplit(" ", 1) for a in args.split(", ")]  # [schema type, name]
+        params = inspect.signature(fn).parameters
+        if list(params) != [n for _, n in fields]:  # a programming error of this package, found at import
+            raise KVFormatError(f"schema of {name} out of date with {fn.__qualname__}")
+        self.name, self.workspaces = name, workspaces
+        self.positional = [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+        self.defaults = {n: p.default for n, p in params.items() if p.default is not p.empty}
+        self.kinds = {n: (t.split("(")[0].rstrip("?"), t.endswith("?") or self.defaults.get(n, 0) is None)
+                      for t, n in fields}
+
+    def __call__(self, *args, **kwargs) -> dict:
+        name, positional, kinds = self.name, self.positional, self.kinds
+        if len(args) > len(positional) or any(k not in kinds for k in kwargs):
+            raise InputTypeError(f"{name}() takes {len(positional)} positional arguments and keywords {list(kinds)}")
+        values = {**self.defaults, **dict(zip(positional, args)), **kwargs}
+        for n, (kind, optional) in kinds.items():  # the op schema would reject these less helpfully
+            if n not in values:
+                raise InputTypeError(f"{name}() missing argument {n!r}")
+            v = values[n]
+            if n == "check":  # the schema's bool carries True / False; "strict" is applied around the call
+                if v is not True and v is not False and v != "strict":
+                    raise InputTypeError(f"check must be True, False or 'strict', got {describe(v)}")
+                values[n] = v is not False
+            elif kind == "bool":  # the Python functions take any truth value
+                values[n] = bool(v)
+            elif not (v is None and optional) and not (isinstance(v, _PY_TYPES[kind]) and not isinstance(v, bool)):
+                raise InputTypeError(f"{n} must be {_TYPE_NAMES[kind]}, got {describe(v)}")
+            elif isinstance(v, torch.Tensor) and not _compiling():
+                check_memory(n, v)  # before torch's dispatcher meets a sparse or negative-bit tensor
+        if self.workspaces is not None:
+            values.update({k: t for k, t in self.workspaces(values).items() if values[k] is None})
+        return {n: values[n] for n in kinds}
+
+
+def wrapper(fn: Callable, op, binding: Binding, results: Callable) -> Callable:
+    """A function with ``fn``'s signature that calls ``op`` (an OpOverload) on ``binding``'s
+    arguments and returns ``results(arguments, output)``."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        arguments = binding(*args, **kwargs)
+        if kwargs.get("check") == "strict":  # a bool in the schema: strict mode around the call instead
+            with deferred.strict_checks():
+                return results(arguments, op(*arguments.values()))
+        return results(arguments, op(*arguments.values()))
+
+    return call
+
+
+def torch_op(name: str):
+    """The OpOverload ``kvformats::<name>`` (defined by ``define``)."""
+    return getattr(getattr(torch.ops, NAMESPACE), name).default
+
+
 class ModelOps:
-    """The ``torch.library`` ops of one module of model operations (``kvformats.deepseek_v4``,
-    ``kvformats.deepseek_v41``) and wrappers with the Python functions' signatures.
+    """The ``torch.library`` ops of one module of model operations from a table of schemas
+    (``kvformats.deepseek_v41.torch_ops``), and wrappers with the Python functions' signatures.
+    Ops declared with ``kvformats.codec.op.Op`` derive all of this from their declaration; this
+    table form is kept for the modules not yet declared so.
 
     ``schemas``: ``{name: (argument list, returns)}``; op ``kvformats::<prefix><name>`` takes the
     parameters of ``module.<name>`` in definition order (checked here: a schema out of date with
@@ -116,82 +203,18 @@ class ModelOps:
                  workspaces: dict | None = None, keep_layout=frozenset()):
         self.module, self.prefix, self.schemas = module, prefix, schemas
         self.results, self.workspaces, self.keep_layout = results, workspaces or {}, keep_layout
+        self.bindings = {}
         for name, (args, returns) in schemas.items():
-            define(prefix + name, f"({args}) -> {returns}", self._impl(name, arg_names(args)), fakes[name])
-        self.signatures = {name: self._signature(name) for name in schemas}
+            fn = getattr(module, name)
+            impl = implementation(fn, arg_names(args), in_place=returns == "()", keep_layout=name in keep_layout)
+            define(prefix + name, f"({args}) -> {returns}", impl, fakes[name])
+            self.bindings[name] = Binding(name, fn, args, self.workspaces.get(name))
         self.op_names = tuple(prefix + n for n in schemas)
-        self.wrappers = {name: self._wrapper(name) for name in schemas}
-
-    # ----- the real implementations: the public functions ----------------------------------------
-    def _impl(self, name: str, names: list[str]):
-        fn = getattr(self.module, name)
-        in_place = self.schemas[name][1] == "()"  # the result is the written arguments themselves
-        keep = name in self.keep_layout
-
-        def impl(*values):
-            result = fn(**dict(zip(names, values)))
-            if in_place:
-                return None
-            result = flat(result)
-            if keep:
-                return result
-            if not isinstance(result, tuple):
-                return fresh(result, values)
-            outs: list[torch.Tensor] = []  # nor may outputs alias each other (views of one buffer at T * H <= 1)
-            for r in result:
-                outs.append(fresh(r, (*values, *outs)))
-            return tuple(outs)
-
-        return impl
-
-    # ----- wrappers ------------------------------------------------------------------------------
-    def _signature(self, name: str):
-        fn, args = getattr(self.module, name), self.schemas[name][0]
-        fields = [a.rsplit(" ", 1) for a in args.split(", ")]  # [schema type, name]
-        params = inspect.signature(fn).parameters
-        if list(params) != [n for _, n in fields]:  # a programming error of this package, found at import
-            raise KVFormatError(f"schema of {self.prefix}{name} out of date with {fn.__qualname__}")
-        positional = [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
-        defaults = {n: p.default for n, p in params.items() if p.default is not p.empty}
-        kinds = {n: (t.split("(")[0].rstrip("?"), t.endswith("?") or defaults.get(n, 0) is None) for t, n in fields}
-        return positional, defaults, kinds
+        self.wrappers = {name: wrapper(getattr(module, name), torch_op(prefix + name), self.bindings[name],
+                                       functools.partial(results, name)) for name in schemas}
 
     def op_arguments(self, name: str, *args, **kwargs) -> dict:
         """The arguments of op ``<prefix><name>`` (in schema order) for the call
         ``module.<name>(*args, **kwargs)``: defaults filled in, scalar types checked, ``out``
         workspaces allocated where None."""
-        positional, defaults, kinds = self.signatures[name]
-        if len(args) > len(positional) or any(k not in kinds for k in kwargs):
-            raise InputTypeError(f"{name}() takes {len(positional)} positional arguments and keywords {list(kinds)}")
-        values = {**defaults, **dict(zip(positional, args)), **kwargs}
-        for n, (kind, optional) in kinds.items():  # the op schema would reject these less helpfully
-            if n not in values:
-                raise InputTypeError(f"{name}() missing argument {n!r}")
-            v = values[n]
-            if n == "check":  # the schema's bool carries True / False; "strict" is applied around the call
-                if v is not True and v is not False and v != "strict":
-                    raise InputTypeError(f"check must be True, False or 'strict', got {describe(v)}")
-                values[n] = v is not False
-            elif kind == "bool":  # the Python functions take any truth value
-                values[n] = bool(v)
-            elif not (v is None and optional) and not (isinstance(v, _PY_TYPES[kind]) and not isinstance(v, bool)):
-                raise InputTypeError(f"{n} must be {_TYPE_NAMES[kind]}, got {describe(v)}")
-            elif isinstance(v, torch.Tensor) and not _compiling():
-                check_memory(n, v)  # before torch's dispatcher meets a sparse or negative-bit tensor
-        if name in self.workspaces:
-            values.update({k: t for k, t in self.workspaces[name](values).items() if values[k] is None})
-        return {n: values[n] for n in kinds}
-
-    def _wrapper(self, name: str):
-        op = getattr(getattr(torch.ops, NAMESPACE), self.prefix + name).default
-        results, op_arguments = self.results, self.op_arguments
-
-        @functools.wraps(getattr(self.module, name))
-        def call(*args, **kwargs):
-            arguments = op_arguments(name, *args, **kwargs)
-            if kwargs.get("check") == "strict":  # a bool in the schema: strict mode around the call instead
-                with deferred.strict_checks():
-                    return results(name, arguments, op(*arguments.values()))
-            return results(name, arguments, op(*arguments.values()))
-
-        return call
+        return self.bindings[name](*args, **kwargs)

@@ -26,7 +26,7 @@ import torch
 from kvformats.compat import tokenspeed_spec as _spec
 from kvformats.codec.slot_ops import decode as slot_decode
 from kvformats.codec.slot_ops import encode as slot_encode
-from kvformats.compat._common import (cache_head_dim, compiling, cut, dops, ds_mla, head, indexer_of_cache,
+from kvformats.compat._common import (cache_head_dim, compiling, cut, ds_mla, head, indexer_of_cache,
                                       indexer_of_rows, op_key, rows_of, same_pages)
 from kvformats.compat._replay import replayed
 from kvformats.compat.tokenspeed_paged import (  # noqa: F401  (re-exported)
@@ -88,8 +88,7 @@ def fused_qnorm_rope_kv_insert(q, kv, swa_kv_cache_2d, slot_mapping, positions, 
     as its contract says (spec/checks.md) either way."""
     if q_out is not None:
         q = _q_out(q_out, q)
-    (dops.swa_insert if compiling() else swa_insert)(q, kv, swa_kv_cache_2d, slot_mapping, positions, cos_sin_cache,
-                                                     rms_norm_eps, page_size=block_size)
+    swa_insert(q, kv, swa_kv_cache_2d, slot_mapping, positions, cos_sin_cache, rms_norm_eps, page_size=block_size)
 
 
 def _q_out(q_out, q):
@@ -175,7 +174,7 @@ def _compress_kv_insert(label, ratio, mask, compress_ratio, base, state_cache, r
                                                 (positions, req, state_slots, kv_slots))
     if mask is not None:
         kv_slots = _masked_slots(mask, kv_slots, positions)
-    return (dops.compress_kv_insert if compiling() else compress_kv_insert)(
+    return compress_kv_insert(
         state_cache, kv_cache_2d, ratio=ratio, positions=positions, req_indices=req, state_slots=state_slots,
         block_table=block_table, rms_weight=weight, rms_eps=eps, cos_sin_cache=cos_sin, kv_slots=kv_slots,
         kv_page_size=kv_block_size, block_table_base_offsets=base)
@@ -194,7 +193,7 @@ def deepseek_v4_csa_indexer_cache_insert(state_cache, token_to_req_indices, posi
     positions, req, state_slots, index_slots = cut((compressor_slot_mapping, positions),
                                                    (positions, token_to_req_indices, compressor_slot_mapping,
                                                     kv_slot_mapping))
-    return (dops.indexer_compress_insert if compiling() else indexer_compress_insert)(
+    return indexer_compress_insert(
         state_cache, kv_cache_2d, index_format="mxfp4_indexer" if use_fp4_cache else "fp8_indexer",
         positions=positions, req_indices=req, state_slots=state_slots, block_table=block_table,
         rms_weight=rms_norm_weight, rms_eps=rms_norm_eps, cos_sin_cache=cos_sin_cache, index_slots=index_slots,
@@ -251,7 +250,7 @@ def save_deepseek_v4_compressor_state(kv, score, ape, state_cache, slot_mapping,
     now). tokenspeed's tokens: the shortest of kv and the slot mapping."""
     same_pages("block_size", block_size, state_cache)
     kv, score, positions, slot_mapping = cut((slot_mapping, kv), (kv, score, positions, slot_mapping))
-    return (dops.save_compressor_state if compiling() else save_compressor_state)(
+    return save_compressor_state(
         kv, score, _unreorder(ape) if compress_ratio == 4 else ape, state_cache, ratio=compress_ratio,
         positions=positions, slots=slot_mapping)
 
@@ -306,8 +305,6 @@ def dequantize_deepseek_v4_fp8_ds_mla_cache(cache_2d, slot_mapping, block_size=6
 def deepseek_v4_prepare_indexer_q_mxfp4(index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale):
     """``((q_packed uint8 [T, H, 64], q_scale int32 [T, H]), weights_out [T, H])``
     (``dsv4.prepare_indexer_q_mxfp4``)."""
-    if compiling():
-        return dops.prepare_indexer_q_mxfp4(index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale)
     (packed, scale), weights_out = prepare_indexer_q_mxfp4(index_q, positions, cos_sin_cache, weights,
                                                            softmax_scale, head_scale)
     if not packed.is_contiguous():  # the reference returns a view of its [T * H, 68] rows
@@ -317,8 +314,7 @@ def deepseek_v4_prepare_indexer_q_mxfp4(index_q, positions, cos_sin_cache, weigh
 
 def deepseek_v4_prepare_indexer_q_fp8(index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale):
     """``(q_fp8 float8_e4m3fn [T, H, 128], weights_out [T, H])`` (``dsv4.prepare_indexer_q_fp8``)."""
-    return (dops.prepare_indexer_q_fp8 if compiling() else prepare_indexer_q_fp8)(
-        index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale)
+    return prepare_indexer_q_fp8(index_q, positions, cos_sin_cache, weights, softmax_scale, head_scale)
 
 
 def deepseek_v4_prepare_indexer_q(index_q, positions, cos_sin_cache, weights, head_scale):
@@ -338,7 +334,7 @@ def deepseek_v4_prepare_indexer_q(index_q, positions, cos_sin_cache, weights, he
     if isinstance(head_scale, bool) or not isinstance(head_scale, (int, float)):
         raise InputTypeError(f"head_scale must be a float, got {describe(head_scale)}")
     rotated = rope_tail(index_q, positions, cos_sin_cache)
-    query = (dops.hadamard_transform if compiling() else _hadamard)(rotated, index_q.shape[-1] ** -0.5)
+    query = _hadamard(rotated, index_q.shape[-1] ** -0.5)
     return query.contiguous(), (weights.float() * float(head_scale)).contiguous()
 
 
@@ -354,10 +350,9 @@ def deepseek_v4_fused_inv_rope_fp8_quant(o, positions, cos_sin_cache, n_groups, 
     if width is not None and (width != rope_dim or nope_dim + rope_dim != d):
         raise InputError(f"rope_dim ({rope_dim!r}) must be the cos_sin_cache width ({width}) and nope_dim + rope_dim "
                          f"({nope_dim!r} + {rope_dim!r}) the head dim ({d}): kvformats puts the RoPE dims last")
-    fn = dops.inv_rope_fp8_quant if compiling() else inv_rope_fp8_quant
     if quant_group_size == 128 and tma_aligned_scales is True:  # the defaults: the native call's shortest key
-        return fn(o, positions, cos_sin_cache, n_groups=n_groups, heads_per_group=heads_per_group)
-    return fn(o, positions, cos_sin_cache, n_groups=n_groups, heads_per_group=heads_per_group,
+        return inv_rope_fp8_quant(o, positions, cos_sin_cache, n_groups=n_groups, heads_per_group=heads_per_group)
+    return inv_rope_fp8_quant(o, positions, cos_sin_cache, n_groups=n_groups, heads_per_group=heads_per_group,
               quant_group_size=quant_group_size, tma_aligned_scales=tma_aligned_scales)
 
 
@@ -366,5 +361,5 @@ def hadamard_transform(x, *, scale=1.0, override=None, solution=None):
     (``dsv4.hadamard_transform``: bf16 input, float32 butterfly, bf16 result). ``override`` and
     ``solution`` pick among tokenspeed's registered kernels; kvformats has one definition, so they
     are accepted and not used."""
-    y = (dops.hadamard_transform if compiling() else _hadamard)(x, scale)
+    y = _hadamard(x, scale)
     return y if y.dtype == x.dtype else y.to(x.dtype)

@@ -18,7 +18,7 @@ from kvformats.codec.paged_ops import dequantize_gather, gather_paged
 from kvformats.codec.slot_ops import gather as slot_gather
 from kvformats.compat import tokenspeed_spec as _spec
 from kvformats.compat._replay import replayed
-from kvformats.compat._common import (cache_head_dim, check_int_out, compiling, cut_to, dops, ds_mla, head,
+from kvformats.compat._common import (cache_head_dim, check_int_out, compiling, cut_to, ds_mla, head,
                                       indexer_of_cache, mxfp4_indexer, op_key, store_cast)
 from kvformats.deepseek_v4.indices import (combine_dense_swa_indices, combine_topk_swa_indices,
                                            compressed_slot_mapping, decode_swa_indices_and_lens,
@@ -45,13 +45,12 @@ def deepseek_v4_compressed_slot_mapping(*, num_tokens, query_start_loc, seq_lens
     """int64 ``[num_tokens]`` compressed-cache slots, −1 off the group ends (``out`` filled with −1,
     a view of it returned; an ``out`` of another integer dtype receives them cast)
     (``dsv4.compressed_slot_mapping``)."""
-    fn = dops.compressed_slot_mapping if compiling() else compressed_slot_mapping
     if out is None or not store_cast(out, torch.int64):
-        return fn(num_tokens=num_tokens, query_start_loc=query_start_loc, seq_lens=seq_lens, block_table=block_table,
-                  page_size=block_size, ratio=compress_ratio, out=out)
+        return compressed_slot_mapping(num_tokens=num_tokens, query_start_loc=query_start_loc, seq_lens=seq_lens,
+                                       block_table=block_table, page_size=block_size, ratio=compress_ratio, out=out)
     check_int_out("out", out, num_tokens if isinstance(num_tokens, int) else 0, None, _device(seq_lens))
-    slots = fn(num_tokens=num_tokens, query_start_loc=query_start_loc, seq_lens=seq_lens, block_table=block_table,
-               page_size=block_size, ratio=compress_ratio)
+    slots = compressed_slot_mapping(num_tokens=num_tokens, query_start_loc=query_start_loc, seq_lens=seq_lens,
+                                    block_table=block_table, page_size=block_size, ratio=compress_ratio)
     out.fill_(-1)
     out[:num_tokens] = slots
     return out[:num_tokens]
@@ -73,7 +72,7 @@ def deepseek_v4_compute_global_topk_indices_and_lens(*, topk_indices, token_to_r
     """``(global int32 [T, K], lens int32 [T])`` (``dsv4.global_topk_indices_and_lens``); the first
     T entries of longer ``token_to_req_indices`` / ``is_valid_token`` are read."""
     token_to_req_indices, is_valid_token = cut_to(topk_indices, token_to_req_indices, is_valid_token)
-    return (dops.global_topk_indices_and_lens if compiling() else global_topk_indices_and_lens)(
+    return global_topk_indices_and_lens(
         topk_indices=topk_indices, req_indices=token_to_req_indices, block_table=block_table, page_size=block_size,
         is_valid_token=is_valid_token)
 
@@ -81,7 +80,7 @@ def deepseek_v4_compute_global_topk_indices_and_lens(*, topk_indices, token_to_r
 def deepseek_v4_combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_lens, window_size,
                                          compress_ratio, topk, workspace_width, compressed_base):
     """Sparse-prefill rows ``[top-k | window]`` and their lengths (``dsv4.combine_topk_swa_indices``)."""
-    return (dops.combine_topk_swa_indices if compiling() else combine_topk_swa_indices)(
+    return combine_topk_swa_indices(
         topk_indices=topk_indices, query_start_loc=query_start_loc, seq_lens=seq_lens, gather_lens=gather_lens,
         window_size=window_size, ratio=compress_ratio, topk=topk, workspace_width=workspace_width,
         compressed_base=compressed_base)
@@ -93,7 +92,7 @@ def deepseek_v4_combine_dense_swa_indices(*, positions, token_to_req_indices, se
     """Dense-prefill rows ``[compressed | window]`` and their lengths (``dsv4.combine_dense_swa_indices``);
     the first T entries of a longer ``token_to_req_indices`` are read."""
     token_to_req_indices, = cut_to(positions, token_to_req_indices)
-    return (dops.combine_dense_swa_indices if compiling() else combine_dense_swa_indices)(
+    return combine_dense_swa_indices(
         positions=positions, req_indices=token_to_req_indices, seq_lens=seq_lens, compressed_lens=compressed_lens,
         gather_lens=gather_lens, window_size=window_size, ratio=compress_ratio, workspace_width=workspace_width,
         compressed_base=compressed_base)
@@ -124,7 +123,7 @@ def deepseek_v4_decode_swa_indices_and_lens(*, query_start_loc, seq_lens, token_
             check_int_out("out_indices", out_indices, n or 0, window_size, dev)
         if cast_l:
             check_int_out("out_lens", out_lens, n or 0, None, dev)
-    idx, lens = (dops.decode_swa_indices_and_lens if compiling() else decode_swa_indices_and_lens)(
+    idx, lens = decode_swa_indices_and_lens(
         query_start_loc=query_start_loc, seq_lens=seq_lens, req_indices=token_to_req_indices,
         block_table=block_table, window_size=window_size, page_size=block_size,
         block_table_base_offsets=block_table_base_offsets, is_valid_token=is_valid_token,
@@ -140,12 +139,11 @@ def deepseek_v4_build_dense_prefill_local_compressed_indices(*, positions, compr
     """``out[:T, :width]`` filled with the local compressed rows of each token, and returned
     (``dsv4.dense_prefill_local_compressed_indices``); an ``out`` of another integer dtype
     receives them cast."""
-    fn = dops.dense_prefill_local_compressed_indices if compiling() else dense_prefill_local_compressed_indices
     if out is None or not store_cast(out, torch.int32):
-        return fn(positions=positions, ratio=compress_ratio, width=width, out=out)
+        return dense_prefill_local_compressed_indices(positions=positions, ratio=compress_ratio, width=width, out=out)
     check_int_out("out", out, _rows(positions) or 0, width if isinstance(width, int) else 0, _device(positions),
                   min_cols=True)
-    idx = fn(positions=positions, ratio=compress_ratio, width=width)
+    idx = dense_prefill_local_compressed_indices(positions=positions, ratio=compress_ratio, width=width)
     out[:idx.shape[0], :idx.shape[1]] = idx
     return out[:idx.shape[0], :idx.shape[1]]
 
@@ -247,8 +245,9 @@ def gather_paged_indexer_fp8_cache(cache_2d, page_table=None, cu_seq_lens=None, 
         raise InputTypeError("gather_paged_indexer_fp8_cache needs cu_seq_lens and block_size")
     table = block_table if page_table is None else page_table
     lay = indexer_of_cache(Fp8Indexer, cache_2d, block_size)
-    if isinstance(cu_seq_lens, torch.Tensor) and cu_seq_lens.dim() == 1 and cu_seq_lens.shape[0] == 0:
-        cu_seq_lens = cu_seq_lens.new_zeros(1)  # tokenspeed: no offsets, no rows
-    values, scales = lay.gather_paged(cache_2d, block_table=head(table, _requests(cu_seq_lens)),
-                                      cu_seq_lens=cu_seq_lens)
+    requests = _requests(cu_seq_lens)
+    if requests is None and isinstance(cu_seq_lens, torch.Tensor) and cu_seq_lens.dim() == 1:
+        cu_seq_lens, requests = cu_seq_lens.new_zeros(1), 0  # empty: tokenspeed's no offsets, no rows
+    # the codec op itself (Layout.gather_paged is one call layer around it)
+    values, scales = gather_paged(lay, cache_2d, block_table=head(table, requests), cu_seq_lens=cu_seq_lens)
     return values.view(torch.float8_e4m3fn), scales.view(torch.float32).squeeze(1)

@@ -9,8 +9,11 @@
 
 Every public function validates its arguments first (typed errors, nothing written) and then
 calls the implementation registered for its backend under the model op ``("deepseek_v4", op)`` in
-``kvformats.codec.registry``; the reference implementations take the validated tensors. A mapping
-from every tokenspeed function is in docs/porting-from-tokenspeed.md.
+``kvformats.codec.registry``; the reference implementations take the validated tensors. Each op
+is declared once, in its module (``kvformats.codec.op.Op``): importing this package defines its
+``torch.library`` op ``kvformats::dsv4_<op>``, which the public function goes through while
+``torch.compile`` traces it. A mapping from every tokenspeed function is in
+docs/porting-from-tokenspeed.md.
 """
 
 import warnings

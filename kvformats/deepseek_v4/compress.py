@@ -23,23 +23,27 @@ import torch
 
 from kvformats.codec import registry
 from kvformats.codec.blocktable import table_slots
+from kvformats.codec.op import Op, replayed
 from kvformats.codec.rows import write_rows
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.pooling import pool_reference
 from kvformats.deepseek_v4.transforms import hadamard_reference, rope_tail
 from kvformats.errors import InputError
-from kvformats.runtime import deferred, replay
+from kvformats.runtime import deferred
 from kvformats.validation import check_slots
 
 INDEX_FORMATS = ("fp8_indexer", "mxfp4_indexer")
 
+SAVE_COMPRESSOR_STATE = Op(D.MODEL_FAMILY, "save_compressor_state", mutates=("state_cache",), sites=("slots",))
+COMPRESS_KV_INSERT = Op(D.MODEL_FAMILY, "compress_kv_insert", mutates=("kv_cache",),
+                        sites=("kv_slots", "rope positions"))
+INDEXER_COMPRESS_INSERT = Op(D.MODEL_FAMILY, "indexer_compress_insert", mutates=("index_cache",),
+                             sites=("index_slots", "rope positions"))
+
 
 # ----- save -------------------------------------------------------------------------------------
-_SAVE_SITE = deferred.site("save_compressor_state", "slots")
-
-
-@replay.replayable
+@SAVE_COMPRESSOR_STATE.public
 def save_compressor_state(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, state_cache: torch.Tensor, *,
                           ratio: int, positions: torch.Tensor, slots: torch.Tensor | None = None,
                           req_indices: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
@@ -70,13 +74,13 @@ def save_compressor_state(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tens
                             block_table_base_offsets, state_cache.shape[0])
     elif block_table is not None or req_indices is not None:
         raise InputError("pass either slots= or block_table= with req_indices=, not both")
-    fn = D.resolve("save_compressor_state", backend, device)
-    check_slots(layout, slots, n, state_cache, check_range=check, unique=True, site=_SAVE_SITE,
-                kernel=registry.is_kernel(fn))
+    fn = SAVE_COMPRESSOR_STATE.resolve(backend, device)
+    check_slots(layout, slots, n, state_cache, check_range=check, unique=True,
+                site=SAVE_COMPRESSOR_STATE.site("slots"), kernel=registry.is_kernel(fn))
     fn(layout, kv, score, ape, state_cache, positions, slots)
 
 
-@D.reference("save_compressor_state")
+@SAVE_COMPRESSOR_STATE.reference
 def save_compressor_state_reference(layout, kv, score, ape, state_cache, positions, slots) -> None:
     write_rows(layout, state_cache, slots, layout.encode_rows((kv, score), positions=positions, ape=ape))
 
@@ -113,7 +117,7 @@ def _writes(ratio: int, positions, state_slots, target_slots, capacity: int, cos
             & (rope_pos < cos_sin.shape[0]))
 
 
-def _value_checks(op: str, target: str, layout, cache, ratio, positions, state_slots, target_slots, cos_sin,
+def _value_checks(op: Op, target: str, layout, cache, ratio, positions, state_slots, target_slots, cos_sin,
                   check, fn) -> None:
     """The target-slot and rope-position checks of a compress insert, as ``check`` says: on the
     host before any write, or on the device (recorded here for the reference; a kernel records
@@ -126,13 +130,13 @@ def _value_checks(op: str, target: str, layout, cache, ratio, positions, state_s
         ends = _group_end(ratio, positions, state_slots, target_slots)
         capacity = cache.shape[0] * layout.page_size
         over = ends & (target_slots >= capacity)
-        deferred.record_where(over, target_slots, capacity, deferred.Check.SLOT_RANGE, deferred.site(op, target))
+        deferred.record_where(over, target_slots, capacity, deferred.Check.SLOT_RANGE, op.site(target))
         rope_pos = positions.long() // ratio * ratio
         deferred.record_where(ends & ~over & (rope_pos >= cos_sin.shape[0]), rope_pos, cos_sin.shape[0],
-                              deferred.Check.POSITION_RANGE, deferred.site(op, "rope positions"))
+                              deferred.Check.POSITION_RANGE, op.site("rope positions"))
 
 
-@replay.replayable
+@COMPRESS_KV_INSERT.public
 def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, ratio: int, positions: torch.Tensor,
                        req_indices: torch.Tensor, state_slots: torch.Tensor, block_table: torch.Tensor,
                        rms_weight: torch.Tensor, rms_eps: float, cos_sin_cache: torch.Tensor,
@@ -170,8 +174,8 @@ def compress_kv_insert(state_cache: torch.Tensor, kv_cache: torch.Tensor, *, rat
     kv_layout = C.ds_mla_layout(kv_cache, rms_weight.shape[0], rope_dim, kv_page_size)
     if kv_cache.device != state_cache.device:
         raise InputError(f"kv_cache must be on the state cache's device {state_cache.device}, got {kv_cache.device}")
-    fn = D.resolve("compress_kv_insert", backend, kv_cache.device)
-    _value_checks("compress_kv_insert", "kv_slots", kv_layout, kv_cache, ratio, positions, state_slots, kv_slots,
+    fn = COMPRESS_KV_INSERT.resolve(backend, kv_cache.device)
+    _value_checks(COMPRESS_KV_INSERT, "kv_slots", kv_layout, kv_cache, ratio, positions, state_slots, kv_slots,
                   cos_sin_cache, check, fn)
     fn(state_cache, kv_cache, kv_layout, ratio, positions, req_indices, state_slots, block_table,
         block_table_base_offsets, rms_weight, eps, cos_sin_cache, kv_slots)
@@ -185,13 +189,13 @@ def _insert_at(kind: str, ratio: int, state_cache, kv_cache, kwargs: dict) -> No
     compress_kv_insert(state_cache, kv_cache, ratio=ratio, **kwargs)
 
 
-@replay.replayable
+@replayed
 def csa_compress_kv_insert(state_cache, kv_cache, **kwargs) -> None:
     """``compress_kv_insert`` with ratio 4 (overlapping windows of 8 positions)."""
     _insert_at("CSA", 4, state_cache, kv_cache, kwargs)
 
 
-@replay.replayable
+@replayed
 def hca_compress_kv_insert(state_cache, kv_cache, **kwargs) -> None:
     """``compress_kv_insert`` with ratio 128 (windows of 128 positions, no overlap)."""
     _insert_at("HCA", 128, state_cache, kv_cache, kwargs)
@@ -206,7 +210,7 @@ def _pooled_rows(state_cache, ratio, positions, req_indices, state_slots, block_
     return idx, rope_tail(normed, p // ratio * ratio, cos_sin)
 
 
-@D.reference("compress_kv_insert")
+@COMPRESS_KV_INSERT.reference
 def compress_kv_insert_reference(state_cache, kv_cache, kv_layout, ratio, positions, req_indices, state_slots,
                                  block_table, base, weight, eps, cos_sin, kv_slots) -> None:
     idx, x = _pooled_rows(state_cache, ratio, positions, req_indices, state_slots, block_table, base, weight,
@@ -216,7 +220,7 @@ def compress_kv_insert_reference(state_cache, kv_cache, kv_layout, ratio, positi
 
 
 # ----- CSA indexer ------------------------------------------------------------------------------
-@replay.replayable
+@INDEXER_COMPRESS_INSERT.public
 def indexer_compress_insert(state_cache: torch.Tensor, index_cache: torch.Tensor, *, index_format: str,
                             positions: torch.Tensor, req_indices: torch.Tensor, state_slots: torch.Tensor,
                             block_table: torch.Tensor, rms_weight: torch.Tensor, rms_eps: float,
@@ -248,14 +252,14 @@ def indexer_compress_insert(state_cache: torch.Tensor, index_cache: torch.Tensor
     if index_cache.device != state_cache.device:
         raise InputError(f"index_cache must be on the state cache's device {state_cache.device}, "
                          f"got {index_cache.device}")
-    fn = D.resolve("indexer_compress_insert", backend, index_cache.device)
-    _value_checks("indexer_compress_insert", "index_slots", layout, index_cache, ratio, positions, state_slots,
+    fn = INDEXER_COMPRESS_INSERT.resolve(backend, index_cache.device)
+    _value_checks(INDEXER_COMPRESS_INSERT, "index_slots", layout, index_cache, ratio, positions, state_slots,
                   index_slots, cos_sin_cache, check, fn)
     fn(state_cache, index_cache, layout, positions, req_indices, state_slots, block_table,
         block_table_base_offsets, rms_weight, eps, cos_sin_cache, index_slots)
 
 
-@D.reference("indexer_compress_insert")
+@INDEXER_COMPRESS_INSERT.reference
 def indexer_compress_insert_reference(state_cache, index_cache, layout, positions, req_indices, state_slots,
                                       block_table, base, weight, eps, cos_sin, index_slots) -> None:
     idx, x = _pooled_rows(state_cache, 4, positions, req_indices, state_slots, block_table, base, weight,

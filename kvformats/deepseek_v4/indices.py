@@ -18,11 +18,46 @@ import torch
 
 from kvformats.codec import registry
 from kvformats.codec.blocktable import request_of_token, table_slots
+from kvformats.codec.op import Op
+from kvformats.codec.torch_library import rows
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.deepseek_v4 import _validation as C
 from kvformats.dsv4_constants import ALIGN, INT32_MAX, INT64_MAX, max_page_entry, round_up
 from kvformats.errors import InputError
-from kvformats.runtime import deferred, replay
+from kvformats.runtime import deferred
+
+
+def _i32(like, *shape):
+    return like.new_empty(shape, dtype=torch.int32)
+
+
+# The index helpers. Fakes compute shapes, dtypes and strides only; the ``out=`` workspaces a
+# wrapper allocates where the caller passes None are exactly the size of the result.
+TABLE_SLOT_MAPPING = Op(D.MODEL_FAMILY, "table_slot_mapping",
+                        fake=lambda positions, *_: positions.new_empty(positions.shape, dtype=torch.int64))
+COMPRESSED_SLOT_MAPPING = Op(
+    D.MODEL_FAMILY, "compressed_slot_mapping", mutates=("out",), sites=("query_start_loc",),
+    workspaces={"out": lambda v: v["block_table"].new_empty(max(v["num_tokens"], 0), dtype=torch.int64)},
+    result=lambda a: a["out"][:a["num_tokens"]])
+GLOBAL_TOPK_INDICES_AND_LENS = Op(D.MODEL_FAMILY, "global_topk_indices_and_lens",
+                                  fake=lambda topk, *_: (_i32(topk, *topk.shape), _i32(topk, topk.shape[0])))
+COMBINE_TOPK_SWA_INDICES = Op(
+    D.MODEL_FAMILY, "combine_topk_swa_indices", sites=("query_start_loc",),
+    fake=lambda topk_idx, qsl, sl, gl, window, ratio, topk, *_: (
+        _i32(topk_idx, topk_idx.shape[0], round_up(topk + window, ALIGN)), _i32(topk_idx, topk_idx.shape[0])))
+COMBINE_DENSE_SWA_INDICES = Op(
+    D.MODEL_FAMILY, "combine_dense_swa_indices",
+    fake=lambda pos, req, sl, cl, gl, window, ratio, ww, cb, *_: (
+        _i32(pos, pos.shape[0], round_up(max(cb + window, 1), ALIGN)), _i32(pos, pos.shape[0])))
+DECODE_SWA_INDICES_AND_LENS = Op(
+    D.MODEL_FAMILY, "decode_swa_indices_and_lens", mutates=("out_indices", "out_lens"), sites=("query_start_loc",),
+    workspaces={"out_indices": lambda v: _i32(v["req_indices"], rows(v["req_indices"]), max(v["window_size"], 0)),
+                "out_lens": lambda v: _i32(v["req_indices"], rows(v["req_indices"]))},
+    result=lambda a: (a["out_indices"][:a["req_indices"].shape[0]], a["out_lens"][:a["req_indices"].shape[0]]))
+DENSE_PREFILL_LOCAL_COMPRESSED_INDICES = Op(
+    D.MODEL_FAMILY, "dense_prefill_local_compressed_indices", mutates=("out",),
+    workspaces={"out": lambda v: _i32(v["positions"], rows(v["positions"]), max(v["width"], 0))},
+    result=lambda a: a["out"][:a["positions"].shape[0], :a["width"]])
 
 def _table_limit(page_size: int, limit: int) -> int | None:
     """``table_slots``' num_pages for ``max_page_entry`` (None where every int64 entry fits)."""
@@ -63,13 +98,13 @@ def _device(t):
     return t.device if isinstance(t, torch.Tensor) else None
 
 
-def _check_offsets(qsl, check, fn, op: str) -> None:
+def _check_offsets(qsl, check, fn, op: Op) -> None:
     """query_start_loc never decreases: on the host (CPU, strict) or on the device (a kernel
     records it; the reference records through torch operations)."""
     if deferred.on_host(check, qsl):
         C.check_sorted("query_start_loc", qsl)
     elif not registry.is_kernel(fn):
-        deferred.record_decrease(qsl, deferred.site(op, "query_start_loc"), start_zero=False)
+        deferred.record_decrease(qsl, op.site("query_start_loc"), start_zero=False)
 
 
 def _valid_tokens(req, requests: int, is_valid_token):
@@ -78,9 +113,11 @@ def _valid_tokens(req, requests: int, is_valid_token):
 
 
 # ----- slot mappings ----------------------------------------------------------------------------
-@replay.replayable
-def table_slot_mapping(*, positions, req_indices, block_table, page_size: int, entry_stride: int = 1,
-                       block_table_base_offsets=None, is_valid_token=None, backend: str = "auto", check=True):
+@TABLE_SLOT_MAPPING.public
+def table_slot_mapping(*, positions: torch.Tensor, req_indices: torch.Tensor, block_table: torch.Tensor,
+                       page_size: int, entry_stride: int = 1, block_table_base_offsets: torch.Tensor | None = None,
+                       is_valid_token: torch.Tensor | None = None, backend: str = "auto",
+                       check: bool | str = True) -> torch.Tensor:
     """int64 ``[T]`` slots of a cache group (spec/upstream.md §1.3): logical row ``p // entry_stride``
     (1 for SWA/state groups, ``ratio`` for compressed groups), page ``table[r, row // page_size
     - base[r]]``, slot ``page * page_size + row % page_size``; −1 for missing pages and invalid
@@ -96,11 +133,11 @@ def table_slot_mapping(*, positions, req_indices, block_table, page_size: int, e
     if is_valid_token is not None:
         C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(n,), device=dev)
     _check_sizes(("page_size", page_size, INT64_MAX), ("entry_stride", entry_stride, INT64_MAX))
-    return D.resolve("table_slot_mapping", backend, dev)(positions, req_indices, block_table, page_size,
+    return TABLE_SLOT_MAPPING.resolve(backend, dev)(positions, req_indices, block_table, page_size,
                                                           entry_stride, block_table_base_offsets, is_valid_token)
 
 
-@D.reference("table_slot_mapping")
+@TABLE_SLOT_MAPPING.reference
 def table_slot_mapping_reference(positions, req, table, page_size, stride, base, is_valid):
     p = positions.long()
     slots = table_slots(table, req, torch.div(p, stride, rounding_mode="floor"), page_size, base,
@@ -109,9 +146,11 @@ def table_slot_mapping_reference(positions, req, table, page_size, stride, base,
     return torch.where(ok, slots, torch.full_like(slots, -1))
 
 
-@replay.replayable
-def compressed_slot_mapping(*, num_tokens: int, query_start_loc, seq_lens, block_table, page_size: int, ratio: int,
-                            block_table_base_offsets=None, out=None, backend: str = "auto", check=True):
+@COMPRESSED_SLOT_MAPPING.public
+def compressed_slot_mapping(*, num_tokens: int, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                            block_table: torch.Tensor, page_size: int, ratio: int,
+                            block_table_base_offsets: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                            backend: str = "auto", check: bool | str = True) -> torch.Tensor:
     """int64 ``[num_tokens]``: the compressed-cache slot of each group-ending token, −1 elsewhere.
 
     Request r (``query_start_loc [R + 1]``, ``seq_lens [R]``, ``block_table [R, P]``) owns tokens
@@ -131,8 +170,8 @@ def compressed_slot_mapping(*, num_tokens: int, query_start_loc, seq_lens, block
         C.check_tensor("out", out, dtypes=(torch.int64,), shape=(None,), device=dev)
         if out.shape[0] < num_tokens:
             raise InputError(f"out must hold at least num_tokens = {num_tokens} entries, got {out.shape[0]}")
-    fn = D.resolve("compressed_slot_mapping", backend, dev)
-    _check_offsets(query_start_loc, check, fn, "compressed_slot_mapping")
+    fn = COMPRESSED_SLOT_MAPPING.resolve(backend, dev)
+    _check_offsets(query_start_loc, check, fn, COMPRESSED_SLOT_MAPPING)
     return fn(num_tokens, query_start_loc, seq_lens, block_table, page_size, ratio, block_table_base_offsets, out)
 
 
@@ -146,7 +185,7 @@ def _token_positions(query_start_loc, seq_lens, t_abs, requests):
     return req, inside, seq_lens.long()[req] - qlen + (t_abs - qsl[req])
 
 
-@D.reference("compressed_slot_mapping")
+@COMPRESSED_SLOT_MAPPING.reference
 def compressed_slot_mapping_reference(num_tokens, qsl, seq_lens, table, page_size, ratio, base, out):
     t = torch.arange(num_tokens, device=table.device)
     req, inside, p = _token_positions(qsl, seq_lens, t, table.shape[0])
@@ -162,9 +201,10 @@ def compressed_slot_mapping_reference(num_tokens, qsl, seq_lens, table, page_siz
 
 
 # ----- top-k / sparse index rows ----------------------------------------------------------------
-@replay.replayable
-def global_topk_indices_and_lens(*, topk_indices, req_indices, block_table, page_size: int, is_valid_token=None,
-                                 backend: str = "auto", check=True):
+@GLOBAL_TOPK_INDICES_AND_LENS.public
+def global_topk_indices_and_lens(*, topk_indices: torch.Tensor, req_indices: torch.Tensor, block_table: torch.Tensor,
+                                 page_size: int, is_valid_token: torch.Tensor | None = None, backend: str = "auto",
+                                 check: bool | str = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Map local compressed indices to global compressed-cache slots.
 
     ``topk_indices`` int32 ``[T, K]`` (−1 = none), ``req_indices [T]``, ``block_table [R, P]``.
@@ -184,11 +224,11 @@ def global_topk_indices_and_lens(*, topk_indices, req_indices, block_table, page
     _check_sizes(("page_size", page_size, INT64_MAX))
     if is_valid_token is not None:
         C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(n,), device=dev)
-    fn = D.resolve("global_topk_indices_and_lens", backend, dev)
+    fn = GLOBAL_TOPK_INDICES_AND_LENS.resolve(backend, dev)
     return fn(topk_indices, req_indices, block_table, page_size, is_valid_token)
 
 
-@D.reference("global_topk_indices_and_lens")
+@GLOBAL_TOPK_INDICES_AND_LENS.reference
 def global_topk_indices_and_lens_reference(topk, req, table, page_size, is_valid):
     ok = _valid_tokens(req.long(), table.shape[0], is_valid)
     glob = table_slots(table, req, topk.long(), page_size, None, _table_limit(page_size, INT32_MAX))
@@ -216,10 +256,11 @@ def _check_workspace_args(window_size, ratio, workspace_width, compressed_base):
     _check_fits("compressed_base + window_size", compressed_base + window_size, INT32_MAX)
 
 
-@replay.replayable
-def combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_lens, window_size: int, ratio: int,
-                             topk: int, workspace_width: int, compressed_base: int, backend: str = "auto",
-                             check=True):
+@COMBINE_TOPK_SWA_INDICES.public
+def combine_topk_swa_indices(*, topk_indices: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                             gather_lens: torch.Tensor, window_size: int, ratio: int, topk: int,
+                             workspace_width: int, compressed_base: int, backend: str = "auto",
+                             check: bool | str = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse-prefill index rows ``[top-k compressed | sliding window]`` into the per-request
     workspace (rows ``[compressed | SWA]``, flattened with row stride ``workspace_width``).
 
@@ -245,13 +286,13 @@ def combine_topk_swa_indices(*, topk_indices, query_start_loc, seq_lens, gather_
     _check_fits("topk + window_size", topk + window_size, INT32_MAX)
     if topk_indices.shape[1] < topk:
         raise InputError(f"topk_indices must have at least topk = {topk} columns, got {topk_indices.shape[1]}")
-    fn = D.resolve("combine_topk_swa_indices", backend, dev)
-    _check_offsets(query_start_loc, check, fn, "combine_topk_swa_indices")
+    fn = COMBINE_TOPK_SWA_INDICES.resolve(backend, dev)
+    _check_offsets(query_start_loc, check, fn, COMBINE_TOPK_SWA_INDICES)
     return fn(topk_indices, query_start_loc, seq_lens, gather_lens, window_size, ratio, topk, workspace_width,
               compressed_base)
 
 
-@D.reference("combine_topk_swa_indices")
+@COMBINE_TOPK_SWA_INDICES.reference
 def combine_topk_swa_indices_reference(topk_idx, qsl, seq_lens, gather_lens, window, ratio, topk, ww, cb):
     n, dev = topk_idx.shape[0], topk_idx.device
     width = round_up(topk + window, ALIGN)
@@ -270,10 +311,11 @@ def combine_topk_swa_indices_reference(topk_idx, qsl, seq_lens, gather_lens, win
     return _int32_entries(out), torch.where(inside, topk_len + swa_len, 0).to(torch.int32)
 
 
-@replay.replayable
-def combine_dense_swa_indices(*, positions, req_indices, seq_lens, compressed_lens, gather_lens, window_size: int,
-                              ratio: int, workspace_width: int, compressed_base: int, backend: str = "auto",
-                              check=True):
+@COMBINE_DENSE_SWA_INDICES.public
+def combine_dense_swa_indices(*, positions: torch.Tensor, req_indices: torch.Tensor, seq_lens: torch.Tensor,
+                              compressed_lens: torch.Tensor, gather_lens: torch.Tensor, window_size: int, ratio: int,
+                              workspace_width: int, compressed_base: int, backend: str = "auto",
+                              check: bool | str = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense-prefill index rows ``[all compressed entries | sliding window]`` into the workspace.
 
     Token t of request r at ``positions[t]`` = p: ``compressed_len = min((p + 1) // ratio,
@@ -293,12 +335,12 @@ def combine_dense_swa_indices(*, positions, req_indices, seq_lens, compressed_le
     C.check_index("compressed_lens", compressed_lens, r, dev)
     C.check_index("gather_lens", gather_lens, r, dev)
     _check_workspace_args(window_size, ratio, workspace_width, compressed_base)
-    fn = D.resolve("combine_dense_swa_indices", backend, dev)
+    fn = COMBINE_DENSE_SWA_INDICES.resolve(backend, dev)
     return fn(positions, req_indices, seq_lens, compressed_lens, gather_lens, window_size, ratio, workspace_width,
               compressed_base)
 
 
-@D.reference("combine_dense_swa_indices")
+@COMBINE_DENSE_SWA_INDICES.reference
 def combine_dense_swa_indices_reference(positions, req, seq_lens, compressed_lens, gather_lens, window, ratio,
                                         ww, cb):
     dev, rq = positions.device, seq_lens.shape[0]
@@ -322,10 +364,13 @@ def combine_dense_swa_indices_reference(positions, req, seq_lens, compressed_len
     return _int32_entries(out), torch.where(ok, comp_len + swa_len, 0).to(torch.int32)
 
 
-@replay.replayable
-def decode_swa_indices_and_lens(*, query_start_loc, seq_lens, req_indices, block_table, window_size: int,
-                                page_size: int, block_table_base_offsets=None, is_valid_token=None, out_indices=None,
-                                out_lens=None, backend: str = "auto", check=True):
+@DECODE_SWA_INDICES_AND_LENS.public
+def decode_swa_indices_and_lens(*, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, req_indices: torch.Tensor,
+                                block_table: torch.Tensor, window_size: int, page_size: int,
+                                block_table_base_offsets: torch.Tensor | None = None,
+                                is_valid_token: torch.Tensor | None = None, out_indices: torch.Tensor | None = None,
+                                out_lens: torch.Tensor | None = None, backend: str = "auto",
+                                check: bool | str = True) -> tuple[torch.Tensor, torch.Tensor]:
     """SWA-cache slots of each decode token's window -> ``(int32 [T, window_size], lens int32 [T])``.
 
     Token t of request r = ``req_indices[t]`` is at ``p = seq_lens[r] - (qsl[r+1] - qsl[r]) +
@@ -349,13 +394,13 @@ def decode_swa_indices_and_lens(*, query_start_loc, seq_lens, req_indices, block
             C.check_tensor(name, out, dtypes=(torch.int32,), shape=shape, device=dev)
             if out.shape[0] < n:
                 raise InputError(f"{name} must have at least T = {n} rows, got {out.shape[0]}")
-    fn = D.resolve("decode_swa_indices_and_lens", backend, dev)
-    _check_offsets(query_start_loc, check, fn, "decode_swa_indices_and_lens")
+    fn = DECODE_SWA_INDICES_AND_LENS.resolve(backend, dev)
+    _check_offsets(query_start_loc, check, fn, DECODE_SWA_INDICES_AND_LENS)
     return fn(query_start_loc, seq_lens, req_indices, block_table, window_size, page_size, block_table_base_offsets,
               is_valid_token, out_indices, out_lens)
 
 
-@D.reference("decode_swa_indices_and_lens")
+@DECODE_SWA_INDICES_AND_LENS.reference
 def decode_swa_indices_and_lens_reference(qsl, seq_lens, req, table, window, page_size, base, is_valid,
                                           out_indices, out_lens):
     n, dev, rq = req.shape[0], req.device, table.shape[0]
@@ -382,9 +427,10 @@ def decode_swa_indices_and_lens_reference(qsl, seq_lens, req, table, window, pag
     return idx, lens
 
 
-@replay.replayable
-def dense_prefill_local_compressed_indices(*, positions, ratio: int, width: int, out=None, backend: str = "auto",
-                                           check=True):
+@DENSE_PREFILL_LOCAL_COMPRESSED_INDICES.public
+def dense_prefill_local_compressed_indices(*, positions: torch.Tensor, ratio: int, width: int,
+                                           out: torch.Tensor | None = None, backend: str = "auto",
+                                           check: bool | str = True) -> torch.Tensor:
     """int32 ``[T, width]``: ``j`` where ``j < min((p + 1) // ratio, width)``, else −1 (the local
     compressed rows a dense-prefill token may attend). ``out`` (int32 ``[>= T, >= width]``)
     receives ``out[:T, :width]`` and that view is returned. No value of ``positions`` is invalid:
@@ -400,11 +446,11 @@ def dense_prefill_local_compressed_indices(*, positions, ratio: int, width: int,
         C.check_tensor("out", out, dtypes=(torch.int32,), shape=(None, None), device=dev)
         if out.shape[0] < n or out.shape[1] < width:
             raise InputError(f"out must be at least [{n}, {width}], got {tuple(out.shape)}")
-    fn = D.resolve("dense_prefill_local_compressed_indices", backend, dev)
+    fn = DENSE_PREFILL_LOCAL_COMPRESSED_INDICES.resolve(backend, dev)
     return fn(positions, ratio, width, out)
 
 
-@D.reference("dense_prefill_local_compressed_indices")
+@DENSE_PREFILL_LOCAL_COMPRESSED_INDICES.reference
 def dense_prefill_local_compressed_indices_reference(positions, ratio, width, out):
     p = positions.long()
     count = torch.div(p + 1, ratio, rounding_mode="floor").clamp(0, width)

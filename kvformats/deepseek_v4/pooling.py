@@ -17,11 +17,18 @@ from __future__ import annotations
 import torch
 
 from kvformats.codec.blocktable import table_slots
+from kvformats.codec.op import Op
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.transforms import rms_norm
 
 MASKED_SCORE = -1.0e30
+
+# Not replayed, as before it was declared: no engine step calls it (the inserts pool in their own
+# kernels); quality checks do (kvformats.dsv4_layer.quality).
+POOL_COMPRESSOR_STATE = Op(D.MODEL_FAMILY, "pool_compressor_state", replay=False,
+                           fake=lambda state, ratio, positions, req, table, weight, *_:
+                           state.new_empty((positions.shape[0], weight.shape[0]), dtype=torch.float32))
 
 
 def window_slots(state_cache, ratio: int, positions, req_indices, block_table, base_offsets) -> torch.Tensor:
@@ -39,7 +46,7 @@ def _take(state_cache, slots, col: int, width: int) -> torch.Tensor:
     return state_cache[:, :, col:col + width][safe // rows, safe % rows]
 
 
-@D.reference("pool_compressor_state")
+@POOL_COMPRESSOR_STATE.reference
 def pool_reference(state_cache, ratio: int, positions, req_indices, block_table, base_offsets,
                    weight, eps: float) -> torch.Tensor:
     """float32 ``[T, h]``: pooled and normed windows ending at each position (inputs validated)."""
@@ -59,10 +66,11 @@ def pool_reference(state_cache, ratio: int, positions, req_indices, block_table,
     return rms_norm(pooled, weight, eps)
 
 
+@POOL_COMPRESSOR_STATE.public
 def pool_compressor_state(state_cache: torch.Tensor, *, ratio: int, positions: torch.Tensor,
                           req_indices: torch.Tensor, block_table: torch.Tensor, rms_weight: torch.Tensor,
                           rms_eps: float, block_table_base_offsets: torch.Tensor | None = None,
-                          backend: str = "auto", check=True) -> torch.Tensor:
+                          backend: str = "auto", check: bool | str = True) -> torch.Tensor:
     """Pool and RMS-normalise the compressor-state window ending at each token -> float32 ``[T, h]``.
 
     Args:
@@ -86,5 +94,5 @@ def pool_compressor_state(state_cache: torch.Tensor, *, ratio: int, positions: t
     C.check_index("req_indices", req_indices, n, device)
     C.check_table(block_table, None, device, block_table_base_offsets)
     eps = C.check_float("rms_eps", rms_eps)
-    fn = D.resolve("pool_compressor_state", backend, state_cache.device)
+    fn = POOL_COMPRESSOR_STATE.resolve(backend, state_cache.device)
     return fn(state_cache, ratio, positions, req_indices, block_table, block_table_base_offsets, rms_weight, eps)

@@ -12,21 +12,25 @@ from __future__ import annotations
 
 import torch
 
+from kvformats.codec.op import Op
 from kvformats.codec.rows import locate, write_rows
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.transforms import rms_norm, rope_tail
 from kvformats.errors import InputError, InputTypeError, describe
-from kvformats.runtime import deferred, replay
+from kvformats.runtime import deferred
 from kvformats.validation import REPEATED_SLOTS, repeats
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)
 
+SWA_INSERT = Op(D.MODEL_FAMILY, "swa_insert", mutates=("q", "kv_cache"), sites=("positions",),
+                result=lambda a: a["q"])
 
-@replay.replayable
+
+@SWA_INSERT.public
 def swa_insert(q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
                positions: torch.Tensor, cos_sin_cache: torch.Tensor, rms_eps: float, *, page_size: int = 64,
-               backend: str = "auto", check: bool = True) -> torch.Tensor:
+               backend: str = "auto", check: bool | str = True) -> torch.Tensor:
     """Normalise and rotate ``q`` in place and insert ``kv`` into the SWA cache. Returns ``q``.
 
     Args:
@@ -67,11 +71,11 @@ def swa_insert(q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, slots:
             live = slots[locate(layout, kv_cache, slots)[0]]
             if repeats(live):
                 raise InputError(REPEATED_SLOTS)
-    D.resolve("swa_insert", backend, device)(q, kv, kv_cache, layout, slots, positions, cos_sin_cache, eps)
+    SWA_INSERT.resolve(backend, device)(q, kv, kv_cache, layout, slots, positions, cos_sin_cache, eps)
     return q
 
 
-@D.reference("swa_insert")
+@SWA_INSERT.reference
 def swa_insert_reference(q, kv, kv_cache, layout, slots, positions, cos_sin, eps) -> None:
     # check=False: a token at an invalid position is rotated by the identity and recorded (the
     # public function raised on the host where its check mode asks).
@@ -85,4 +89,4 @@ def swa_insert_reference(q, kv, kv_cache, layout, slots, positions, cos_sin, eps
         write_rows(layout, kv_cache, slots, layout.encode_rows(x))
 
 
-_SITE = deferred.site("swa_insert", "positions")
+_SITE = SWA_INSERT.site("positions")

@@ -9,39 +9,43 @@ from __future__ import annotations
 
 import torch
 
+from kvformats.codec.op import Op
 from kvformats.deepseek_v4 import _dispatch as D
 from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.rope import cos_sin_cache, rope_tail
 from kvformats.errors import BackendUnavailableError, InputError, InputTypeError, describe
-from kvformats.runtime import replay
 from kvformats.validation import FLOAT_DTYPES, check_memory
 
 __all__ = ["cos_sin_cache", "hadamard_transform", "rms_norm", "rope_tail"]
 
 
-def resolve_for_shapes(op: str, backend: str, device, args: tuple):
-    """The implementation of ``deepseek_v4.op`` for ``args`` (validated, in the order the
-    implementation takes them). A kernel that does not run every shape names the ones it cannot
-    in an ``unsupported(*args)`` attribute; for those, backend="triton" raises
+def resolve_for_shapes(op: Op, backend: str, device, args: tuple):
+    """The implementation of ``op`` for ``args`` (validated, in the order the implementation
+    takes them). A kernel that does not run every shape names the ones it cannot in an
+    ``unsupported(*args)`` attribute; for those, backend="triton" raises
     BackendUnavailableError (nothing falls back silently) and "auto" picks the reference."""
-    fn = D.resolve(op, backend, device)
+    fn = op.resolve(backend, device)
     unsupported = getattr(fn, "unsupported", None)
     reason = unsupported(*args) if unsupported is not None else None
     if reason is None:
         return fn
     if backend == "triton":
-        raise BackendUnavailableError(f"the Triton kernel of deepseek_v4.{op} does not run {reason}; pass "
+        raise BackendUnavailableError(f"the Triton kernel of deepseek_v4.{op.name} does not run {reason}; pass "
                                       f"backend='reference', or 'auto' (which runs the reference for these shapes)")
-    return D.resolve(op, "reference", device)
+    return op.resolve("reference", device)
 
 
 def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-@replay.replayable
+HADAMARD_TRANSFORM = Op(D.MODEL_FAMILY, "hadamard_transform",
+                        fake=lambda x, *_: x.new_empty(x.shape, dtype=torch.bfloat16))
+
+
+@HADAMARD_TRANSFORM.public
 def hadamard_transform(x: torch.Tensor, scale: float | None = None, *, backend: str = "auto",
-                       check=True) -> torch.Tensor:
+                       check: bool | str = True) -> torch.Tensor:
     """Natural-order (Sylvester) Walsh-Hadamard transform of the last dim -> bfloat16, same shape.
 
     ``y_j = scale * sum_i (-1)^popcount(i & j) * bf16(x)_i`` with ``scale = D^-0.5`` by default
@@ -60,10 +64,10 @@ def hadamard_transform(x: torch.Tensor, scale: float | None = None, *, backend: 
     if not _is_pow2(d):
         raise InputError(f"hadamard_transform needs a power-of-two last dim, got {describe(x)}")
     scale = d ** -0.5 if scale is None else float(scale)
-    return resolve_for_shapes("hadamard_transform", backend, x.device, (x, scale))(x, scale)
+    return resolve_for_shapes(HADAMARD_TRANSFORM, backend, x.device, (x, scale))(x, scale)
 
 
-@D.reference("hadamard_transform")
+@HADAMARD_TRANSFORM.reference
 def hadamard_reference(x: torch.Tensor, scale: float) -> torch.Tensor:
     """The butterfly of ``hadamard_transform`` on validated input."""
     shape, d = x.shape, x.shape[-1]

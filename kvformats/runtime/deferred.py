@@ -30,10 +30,12 @@ import contextlib
 import contextvars
 import enum
 import os
+import threading
+import zlib
 
 import torch
 
-from kvformats.errors import BackendUnavailableError, InputError, InputTypeError
+from kvformats.errors import BackendUnavailableError, InputError, InputTypeError, KVFormatError
 
 WORDS = 8
 STATE, CHECK, SITE, INDEX, VALUE, BOUND = range(6)
@@ -67,36 +69,41 @@ MESSAGES = {
                           "rows beyond them were not copied: pass larger workspaces",
 }
 
-# (op, argument) of every place that records; a kernel gets its index as a constexpr (SITE).
-SITES = (
-    ("encode", "slots"), ("decode", "slots"), ("gather", "slots"), ("decode_topk", "topk_slots"),
-    ("dequantize_gather", "gather_lens"), ("dequantize_gather", "out"), ("gather_paged", "cu_seq_lens"),
-    ("save_compressor_state", "slots"), ("compress_kv_insert", "kv_slots"),
-    ("compress_kv_insert", "rope positions"), ("indexer_compress_insert", "index_slots"),
-    ("indexer_compress_insert", "rope positions"), ("swa_insert", "slots"), ("swa_insert", "positions"),
-    ("inv_rope_fp8_quant", "positions"), ("prepare_indexer_q_mxfp4", "positions"),
-    ("prepare_indexer_q_fp8", "positions"), ("compressed_slot_mapping", "query_start_loc"),
-    ("combine_topk_swa_indices", "query_start_loc"), ("decode_swa_indices_and_lens", "query_start_loc"),
-    ("rope_tail", "positions"), ("swa_rope_scatter", "positions"), ("page_checksums", "pages"),
-)
-_SITE_INDEX = {site: i for i, site in enumerate(SITES)}
+# ----- sites: the (op, argument) a violation is recorded for ----------------------------------
+# Registered by the layers above as they declare their ops (kvformats.codec.op.Op's ``sites``);
+# this layer knows no op. A site's id is a hash of its names, not a position in a table: a kernel
+# names the site the same way and gets the same id whichever module is imported first, and the
+# ids (constexprs of the kernels: part of what Triton compiles) are the same in every process.
+SITES: dict[int, tuple[str, str]] = {}  # id -> (op, argument), every site named in this process
+_SITE_IDS: dict[tuple[str, str], int] = {}
+_SITE_LOCK = threading.Lock()
 
 
 def site(op: str, arg: str) -> int:
-    """The constexpr naming (op, argument) in the record."""
-    return _SITE_INDEX[(op, arg)]
+    """The id naming (op, argument) in the record (a 31-bit int, a constexpr of the kernels),
+    registered on first use: the declaration of ``op`` registers its sites, and a kernel or
+    reference asking by the same names gets the same id."""
+    key = (op, arg)
+    index = _SITE_IDS.get(key)
+    if index is None:
+        index = zlib.crc32(f"{op}\x00{arg}".encode()) & 0x7FFFFFFF
+        with _SITE_LOCK:  # two threads naming a new site at once must register it once
+            other = SITES.setdefault(index, key)
+            if other != key:  # a programming error: two sites may not share an id
+                raise KVFormatError(f"sites {other} and {key} hash to the same id {index}; rename one")
+            _SITE_IDS[key] = index
+    return index
 
 
 def check_site(value, what: str = "site", *, arg_suffix: str = "") -> int:
-    """``value`` if it is a site (an exact int indexing SITES) whose argument ends with
+    """``value`` if it is a site (an exact int among SITES) whose argument ends with
     ``arg_suffix``; InputTypeError for a non-int (a float would be truncated and blame another
-    op), InputError for an index out of range or a site of another kind of argument."""
+    op), InputError for an id no site has or a site of another kind of argument."""
     if type(value) is not int:  # noqa: E721 - bools and floats are refused on purpose
         raise InputTypeError(f"{what} must be an int from kvformats.runtime.deferred.site(op, arg), "
                              f"got {type(value).__name__} {value!r}")
-    if not 0 <= value < len(SITES):
-        raise InputError(f"{what} must be in [0, {len(SITES)}) (kvformats.runtime.deferred.site(op, arg)), "
-                         f"got {value}")
+    if value not in SITES:
+        raise InputError(f"{what} must be a site id from kvformats.runtime.deferred.site(op, arg), got {value}")
     if not SITES[value][1].endswith(arg_suffix):
         raise InputError(f"{what} {value} names {SITES[value][0]}'s {SITES[value][1]!r}; it must name an "
                          f"argument ending in {arg_suffix!r}")
@@ -234,7 +241,7 @@ def describe_record(words) -> str | None:
     """The message of a record read to the host (a list of 8 ints), or None when it is clear."""
     if not words[STATE]:
         return None
-    known = words[CHECK] in Check._value2member_map_ and 0 <= words[SITE] < len(SITES)
+    known = words[CHECK] in Check._value2member_map_ and words[SITE] in SITES
     if not known:  # never raise here: the message is all that is left of the violation
         return (f"a violation of unknown kind (check {words[CHECK]}, site {words[SITE]}) was recorded: "
                 f"index {words[INDEX]}, value {words[VALUE]}, bound {words[BOUND]} "

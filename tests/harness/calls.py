@@ -8,15 +8,23 @@ benchmarks and the guard that the default checks never synchronize.
 request), beyond it a prefill of four requests. Shapes are DeepSeek V4's (kv head 512 with
 RoPE 64, indexer head 128, 64 query heads); caches hold every slot the calls name. Calls that
 return rows write into preallocated outputs where the op takes ``out``.
+
+An op declared with an ``example`` (``kvformats.codec.op.Op``) gets its call from it: the ops of
+the package without a call written here, and those of the modules named in
+``KVFORMATS_EXTRA_OPS`` (module names separated by commas, imported here): how
+tests/test_new_op_suite.py runs the suite on an op declared outside the package.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 from typing import Callable
 
 import torch
 
 from kvformats import deepseek_v4 as dsv4
+from kvformats.codec import op as declared
 from kvformats.codec.registry import get_format, list_formats
 from kvformats.deepseek_v4.rope import cos_sin_cache
 from kvformats.formats import CompressorState, CompressorStateV41
@@ -290,12 +298,51 @@ def dsv41_calls(rows: int, device, g: torch.Generator, check=True,
     }
 
 
+EXTRA_OP_MODULES = tuple(importlib.import_module(m.strip())
+                         for m in os.environ.get("KVFORMATS_EXTRA_OPS", "").split(",") if m.strip())
+
+
+def example_ops() -> list:
+    """The declared ops whose calls come from their ``example``: those of the package and of
+    ``EXTRA_OP_MODULES`` (not of other modules a test imported: every worker builds the same
+    calls)."""
+    modules = {m.__name__ for m in EXTRA_OP_MODULES}
+    return [op for op in declared.DECLARED.values() if op.example is not None and op.function is not None and (
+        op.function.__module__ in modules or op.function.__module__.startswith("kvformats."))]
+
+
+def call_name(op) -> str:
+    """The name of ``op``'s prepared call: its torch op's prefix, a dot, its name (``dsv4.swa_insert``)."""
+    return f"{op.family.torch_prefix.rstrip('_')}.{op.name}"
+
+
+def example_call(op, rows: int, device, g: torch.Generator, check=True, custom: bool = False) -> Callable[[], object]:
+    """A prepared call of ``op`` from its ``example(rows, g)`` on ``device`` (through its torch
+    op when ``custom``). Each argument is a free variable of the call under its own name, as in
+    the calls written here: the replay fuzzer rebuilds a call by those names (tests/replay_fuzz.py)."""
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in op.example(rows, g).items()}
+    names = ", ".join(kwargs)
+    source = (f"def make(fn, check, {names}):\n"
+              f"    return lambda: fn({', '.join(f'{n}={n}' for n in kwargs)}, check=check)\n")
+    scope: dict = {}
+    exec(source, scope)  # noqa: S102 - the argument names are the op's parameters
+    return scope["make"](op.wrapper if custom else op.function, check, **kwargs)
+
+
+def declared_calls(rows: int, device, g: torch.Generator, check=True, custom: bool = False,
+                   have=()) -> dict[str, Callable[[], object]]:
+    """The prepared calls of ``example_ops()`` not among ``have``."""
+    return {call_name(op): example_call(op, rows, device, g, check, custom)
+            for op in example_ops() if call_name(op) not in have}
+
+
 def public_calls(device, rows: int = 64, *, check=True, custom: bool = False,
                  seed: int = 0) -> dict[str, Callable[[], object]]:
     """Name -> one prepared call of every public op (codec ops of every format, deepseek_v4 ops,
-    index helpers, deepseek_v41 ops) at ``rows`` tokens on ``device``; through the ``torch.library``
-    custom ops (``kvformats.codec.torch_ops``, ``kvformats.deepseek_v4.torch_ops``,
-    ``kvformats.deepseek_v41.torch_ops``) when ``custom``."""
+    index helpers, deepseek_v41 ops, declared ops with an example: ``example_ops``) at ``rows``
+    tokens on ``device``; through the ``torch.library`` custom ops (``kvformats.codec.torch_ops``,
+    ``kvformats.deepseek_v4.torch_ops``, ``kvformats.deepseek_v41.torch_ops``, the declared ops'
+    wrappers) when ``custom``."""
     g = torch.Generator().manual_seed(seed)
     _NORMAL.pop(str(torch.device(device)), None)
     calls: dict[str, Callable[[], object]] = {}
@@ -305,4 +352,5 @@ def public_calls(device, rows: int = 64, *, check=True, custom: bool = False,
     calls.update(query_calls(rows, device, g, check, custom))
     calls.update(index_calls(rows, device, g, custom=custom))
     calls.update(dsv41_calls(rows, device, g, check, custom))
+    calls.update(declared_calls(rows, device, g, check, custom, have=calls))
     return calls

@@ -142,6 +142,9 @@ def encode_input(name: str, n: int, dtype, seed: int, device=DEV, layout=None):
         kwargs = dict(positions=torch.randint(-9, 1000, (n,), generator=g).to(device),
                       ape=(torch.randn(layout.ratio, w, generator=g) * 0.01).to(dtype).to(device))
         return (padded(kv.to(device)), padded(score.to(device))), kwargs
+    if layout.name == "compressor_state_v41":  # (kv, score) rows, no positions: V4.1 keeps no ape
+        kv, score = (rows(n, layout.width, 0, 0.0, dtype, seed + i) for i in (0, 1))
+        return (padded(kv.to(device)), padded(score.to(device))), {}
     return padded(rows(n, layout.head_dim, block, elem_max, dtype, seed).to(device)), {}
 
 
