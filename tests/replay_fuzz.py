@@ -169,3 +169,15 @@ def shape_of(r, inputs):
     if isinstance(r, (tuple, list)):
         return type(r), tuple(shape_of(x, inputs) for x in r)
     return r
+
+
+def check_replay(fn, log) -> None:
+    """A replayed call of ``fn`` launches what its full path launches (the same kernels and
+    arguments, addresses at the same places), raises the same error and returns the same shapes."""
+    inputs = tensors_of(fn)
+    got, got_result, got_error = outcome(fn, log, enabled=True)
+    want, want_result, want_error = outcome(fn, log, enabled=False)
+    assert got_error == want_error
+    at = addresses(got, want)
+    assert normalized(got, inputs, at) == normalized(want, inputs, at)
+    assert shape_of(got_result, inputs) == shape_of(want_result, inputs)

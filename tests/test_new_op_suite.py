@@ -172,15 +172,9 @@ _FLIPS = {"seed": lambda v: 1 - v, "alias": lambda v: not v, "offset": lambda v:
 
 
 def _check(fn, log) -> None:
-    from replay_fuzz import addresses, normalized, outcome, shape_of, tensors_of
+    from replay_fuzz import check_replay
 
-    inputs = tensors_of(fn)
-    got, got_result, got_error = outcome(fn, log, enabled=True)
-    want, want_result, want_error = outcome(fn, log, enabled=False)
-    assert got_error == want_error
-    at = addresses(got, want)
-    assert normalized(got, inputs, at) == normalized(want, inputs, at)
-    assert shape_of(got_result, inputs) == shape_of(want_result, inputs)
+    check_replay(fn, log)
 
 
 @pytest.mark.parametrize("custom", [False, True], ids=["api", "custom_op"])

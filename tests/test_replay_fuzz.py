@@ -39,7 +39,7 @@ pytest.importorskip("triton")
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from replay_fuzz import (FLOAT_NAMES, addresses, base_calls, normalized, outcome, shape_of,  # noqa: E402
+from replay_fuzz import (FLOAT_NAMES, addresses, base_calls, check_replay, normalized, outcome,  # noqa: E402
                          stub_with_replay, tensors_of, variant)
 
 import kvformats as kvf  # noqa: E402
@@ -215,14 +215,7 @@ def programs(draw):
     return variants, steps
 
 
-def _check(fn, log):
-    inputs = tensors_of(fn)
-    got, got_result, got_error = outcome(fn, log, enabled=True)
-    want, want_result, want_error = outcome(fn, log, enabled=False)
-    assert got_error == want_error
-    at = addresses(got, want)
-    assert normalized(got, inputs, at) == normalized(want, inputs, at)
-    assert shape_of(got_result, inputs) == shape_of(want_result, inputs)
+_check = check_replay
 
 
 def run_program(program) -> None:

@@ -18,15 +18,8 @@ from kvformats.transfer.engines import available
 WAIT_S = 240  # the whole scenario, both processes (spawn + torch import + two layer steps each)
 
 
-def run(engine: str, direction: str, mode: str) -> dict:
-    if not available(engine):
-        pytest.skip(f"the {engine} engine is not installed here (pip install 'kvformats[{engine}]'; see "
-                    f"docs/transfer.md)")
-    ctx = mp.get_context("spawn")
-    a, b = ctx.Pipe()
-    results = ctx.Queue()
-    procs = [ctx.Process(target=fn, args=(conn, results, engine, direction, mode))
-             for fn, conn in ((pd.prefill_side, a), (pd.decode_side, b))]
+def _results(procs, results) -> dict:
+    """Start both sides, collect one result from each (keyed by its side) and end the processes."""
     for p in procs:
         p.start()
     try:
@@ -41,6 +34,18 @@ def run(engine: str, direction: str, mode: str) -> dict:
                 p.kill()
                 p.join(5)
     return out
+
+
+def run(engine: str, direction: str, mode: str) -> dict:
+    if not available(engine):
+        pytest.skip(f"the {engine} engine is not installed here (pip install 'kvformats[{engine}]'; see "
+                    f"docs/transfer.md)")
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    results = ctx.Queue()
+    procs = [ctx.Process(target=fn, args=(conn, results, engine, direction, mode))
+             for fn, conn in ((pd.prefill_side, a), (pd.decode_side, b))]
+    return _results(procs, results)
 
 
 def same(x, y) -> bool:
@@ -102,20 +107,7 @@ def run_geometry(engine: str, direction: str, page: int, layerwise: bool) -> dic
     layers = 2 if layerwise else 1
     procs = [ctx.Process(target=kids.geometry_prefill, args=(a, results, engine, direction, layers, layerwise)),
              ctx.Process(target=kids.geometry_decode, args=(b, results, engine, direction, layers, layerwise, page))]
-    for p in procs:
-        p.start()
-    try:
-        out = {}
-        for _ in procs:
-            item = results.get(timeout=WAIT_S)
-            out[item[0]] = item
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    return out
+    return _results(procs, results)
 
 
 def differing(want, got, path="") -> list[str]:
