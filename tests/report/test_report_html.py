@@ -14,23 +14,14 @@ import torch
 import kvformats as kvf
 from kvformats.caches.check import check
 from kvformats.caches.hexdump import slot_record
-from kvformats.cli import main
 from kvformats.errors import InputError, InputTypeError, LayoutError
 from kvformats.report.markup import json_for_script
 from kvformats.report.rowdata import packed_floats
 from tests.report.report_cases import (DIFF_AT, HOSTILE, NAN_AT, PAGES, ZERO_PAGE, demo_report, embedded, hostile,
                                        hostile_pages, planted, section, written_cache)
 from tests.test_hardening_files import rewrite_metadata, set_entry
+from tests.test_hardening_files import one_line_usage_error, run  # the CLI's one-line refusals
 
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
-
-def one_line_usage_error(code, out, err):
-    return code == 2 and out == "" and err.startswith("kvformats: error: ") and err.count("\n") == 1
 
 
 ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "main", "script", "section", "h1", "h2", "h3", "h4",
