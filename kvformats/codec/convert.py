@@ -49,7 +49,7 @@ def _data(layout) -> list[tuple[str, str]]:
     return [(r.name, r.dtype) for r in layout.data_regions]
 
 
-def _pairs(src, dst) -> list[tuple]:
+def region_pairs(src, dst) -> list[tuple]:
     """(source, target) data regions, in row order: a conversion maps each region's elements by
     index. The same format converts between parameters of equal data regions (another profile);
     two formats convert when their data regions have the same names and element types, a target
@@ -87,7 +87,7 @@ def _map(pairs, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple[str, int, tor
     return torch.cat(parts, dim=1), dropped
 
 
-def _row_record(layout) -> tuple:
+def row_record(layout) -> tuple:
     """What a gathered row holds, byte for byte: each region's name, type, place in the row, and
     the numerics profile that chose the bytes."""
     return (tuple((r.name, r.dtype, r.row_offset, r.nbytes, r.block) for r in layout.regions if not r.per_page),
@@ -98,12 +98,12 @@ def convert_rows(src, rows: torch.Tensor, dst, *, exact: bool = False) -> torch.
     """Gathered rows of ``src`` (uint8 ``[N, src.row_bytes]``) -> uint8 ``[N, dst.row_bytes]``.
     Two layouts of one record (the V4.1 page-planar and token-interleaved pairs, same profile)
     hold the same row bytes: the rows are copied, exactly."""
-    pairs = _pairs(src, dst)
+    pairs = region_pairs(src, dst)
     if not isinstance(rows, torch.Tensor) or rows.dtype != torch.uint8 or rows.dim() != 2 \
             or rows.shape[1] != src.row_bytes:
         raise InputError(f"rows must be a uint8 tensor [N, {src.row_bytes}] ({src.name} gathered rows), "
                          f"got {describe(rows)}")
-    if _row_record(src) == _row_record(dst):
+    if row_record(src) == row_record(dst):
         return rows.clone()
     if src.decode_dtype is None:
         if not exact or src == dst:

@@ -27,7 +27,7 @@ from typing import Mapping
 
 import torch
 
-from kvformats.codec.convert import _pairs, _row_record, convert_rows
+from kvformats.codec.convert import convert_rows, region_pairs, row_record
 from kvformats.codec.rows import read_rows, write_rows
 from kvformats.errors import ConversionError, HandshakeError, InputError, InputTypeError, IntegrityError, describe
 from kvformats.layout import Layout
@@ -56,11 +56,11 @@ def conversion_route(src: CacheDesc, dst: CacheDesc) -> str:
         refused = err
     a, b = checked_layout(src, "source "), checked_layout(dst, "destination ")
     try:
-        _pairs(a, b)
+        region_pairs(a, b)
     except ConversionError as err:
         raise HandshakeError(f"{refused}; and kvformats.codec.convert declares no conversion between them "
                              f"({err})") from None
-    return "convert-exact" if _row_record(a) == _row_record(b) else "convert-lossy"
+    return "convert-exact" if row_record(a) == row_record(b) else "convert-lossy"
 
 
 def staging_for(src: CacheDesc | Layout, n_pages: int, *, name: str | None = None,
