@@ -13,7 +13,11 @@
 #                                     # (the released kernels compiled: RELEASED_DEVICE=cuda, the default here)
 #                                     # (carry .tokenspeed and .engines: .engines/ts-shims, and the released
 #                                     # wheels in .engines/cache/wheels for the tests that read them), the V4.1
-#                                     # model ops and the ape-halves save, compiled
+#                                     # model ops and the ape-halves save, compiled; tokenspeed's own test file
+#                                     # against the drop-in is the `own` part (tools/tokenspeed_own_tests.py)
+#   tools/gpu_session.sh own          # tokenspeed's own test/runtime/test_deepseek_v4_attention_ops.py (main at
+#                                     # f4d8ec6e, files in .tokenspeed/main: carry .tokenspeed) run against
+#                                     # kvformats.compat.tokenspeed by tools/tokenspeed_own_tests.py
 #
 # Logs go to $OUT (the device tool's folder) or ./gpu-logs; each part prints a short summary,
 # failures first, so a truncated console still shows what matters. Knobs (environment):
@@ -23,8 +27,8 @@
 # jobs): a hand-made `while pgrep -f NAME` loop also matches the shell running it and never ends.
 set -u
 case "${1:-all}" in
-  tests|bench|sanitize|fuzz|checks|all|v41|compat) ;;
-  *) echo "usage: $0 tests|bench|sanitize|fuzz|checks|all|v41|compat" >&2; exit 2 ;;
+  tests|bench|sanitize|fuzz|checks|all|v41|compat|own) ;;
+  *) echo "usage: $0 tests|bench|sanitize|fuzz|checks|all|v41|compat|own" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -90,6 +94,15 @@ compat() {
   echo "== compat tests (exit $?)"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOG/compat_tests.log" | tail -30
 }
 
+own() {
+  # writes $OUT/tokenspeed_own_tests.txt too; exit 0 only when every failure is a declared difference
+  timeout "${TESTS_S:-300}" python3 tools/tokenspeed_own_tests.py --src "${OWN_SRC:-.tokenspeed/main}" \
+    > "$LOG/own_tests.log" 2>&1
+  echo "== tokenspeed's own tests vs the drop-in (exit $?)"
+  grep -E "^[A-Za-z_.]+ +(failed|error|difference) |^counts|^RESULT|^Traceback|^[A-Za-z]+Error" "$LOG/own_tests.log" \
+    | cut -c1-240 | tail -40
+}
+
 checks() {
   local sums
   sums=$(mktemp -d)
@@ -105,4 +118,5 @@ case "${1:-all}" in
   all) checks; bench ;;
   v41) v41 ;;
   compat) compat ;;
+  own) own ;;
 esac
