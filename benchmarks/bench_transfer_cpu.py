@@ -113,6 +113,17 @@ def receiver(conn, engine: str, tokens: int, layers: int, nbytes: int) -> None:
     here.close()
 
 
+
+def time_push(here, peer, plan, one, times: dict) -> None:
+    """One timed push of ``plan`` and one of the same bytes as a single contiguous write (``one``),
+    appended to ``times["plan"]`` and ``times["contiguous"]``."""
+    t = time.perf_counter()
+    here.push(peer, plan, timeout=60)
+    times["plan"].append(time.perf_counter() - t)
+    t = time.perf_counter()
+    here._run("write", one, peer, 60)
+    times["contiguous"].append(time.perf_counter() - t)
+
 def measure(engine: str, tokens: int, layers: int, repeat: int) -> dict:
     from kvformats.transfer import describe_caches, plan_transfer
     from kvformats.transfer.endpoint import Endpoint
@@ -140,12 +151,7 @@ def measure(engine: str, tokens: int, layers: int, repeat: int) -> dict:
         here.push(peer, plan, timeout=60)  # warm-up: first touch of every page on both sides
         here._run("write", one, peer, 60)
         for _ in range(repeat):
-            t = time.perf_counter()
-            here.push(peer, plan, timeout=60)
-            times["plan"].append(time.perf_counter() - t)
-            t = time.perf_counter()
-            here._run("write", one, peer, 60)
-            times["contiguous"].append(time.perf_counter() - t)
+            time_push(here, peer, plan, one, times)
         a.send("bye")
         here.close()
     finally:
@@ -349,6 +355,13 @@ def main() -> int:
         print(f"torch {torch.__version__}, {where}")
         print(checksum_table(rows))
         return 0
+    rows = engine_rows(args, lambda engine, tokens: [measure(engine, tokens, args.layers, args.repeat)])
+    return report(args, rows, table, svg)
+
+
+def engine_rows(args, measure_engine) -> list:
+    """``measure_engine(engine, tokens)``'s rows for each installed engine of ``args.engines`` and
+    each of ``args.tokens``, each printed as JSON as it comes."""
     from kvformats.transfer.engines import available
 
     rows = []
@@ -357,42 +370,32 @@ def main() -> int:
             print(f"{engine}: not installed, skipped")
             continue
         for tokens in args.tokens:
-            rows.append(measure(engine, tokens, args.layers, args.repeat))
-            print(json.dumps(rows[-1]), flush=True)
-    print(table(rows))
+            for row in measure_engine(engine, tokens):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def report(args, rows: list, table_of, svg_of) -> int:
+    """The table of ``rows``, and ``--json`` / ``--svg`` files of them where asked."""
+    print(table_of(rows))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"machine": "2-core CPU, loopback (127.0.0.1), no GPU", "rows": rows}, f, indent=1)
             f.write("\n")
     if args.svg and rows:
         with open(args.svg, "w", encoding="utf-8") as f:
-            f.write(svg(rows))
+            f.write(svg_of(rows))
     return 0
 
 
 def geometry_main(args) -> int:
     """``--geometry``: one row per (engine, tokens, decode page size)."""
     from benchmarks import transfer_geometry as geo
-    from kvformats.transfer.engines import available
 
-    rows = []
-    for engine in args.engines:
-        if not available(engine):
-            print(f"{engine}: not installed, skipped")
-            continue
-        for tokens in args.tokens:
-            for page in args.dst_pages:
-                rows.append(geo.measure(engine, tokens, args.layers, page, args.repeat))
-                print(json.dumps(rows[-1]), flush=True)
-    print(geo.table(rows))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"machine": "2-core CPU, loopback (127.0.0.1), no GPU", "rows": rows}, f, indent=1)
-            f.write("\n")
-    if args.svg and rows:
-        with open(args.svg, "w", encoding="utf-8") as f:
-            f.write(geo.svg(rows))
-    return 0
+    rows = engine_rows(args, lambda engine, tokens: [geo.measure(engine, tokens, args.layers, page, args.repeat)
+                                                      for page in args.dst_pages])
+    return report(args, rows, geo.table, geo.svg)
 
 
 if __name__ == "__main__":

@@ -183,12 +183,7 @@ def _measure(engine: str, tokens: int, layers: int, page: int, repeat: int) -> d
         plan = plan_transfer(here.descs, peer.descs, pages, dst_pages, rows=rows)
         one = torch.tensor([[flat.data_ptr(), remote_flat, nbytes]])
         for i in range(repeat + 1):  # round 0 untimed: first touch of every page on both sides
-            t = time.perf_counter()
-            here.push(peer, plan, timeout=60)
-            times["plan"].append(time.perf_counter() - t)
-            t = time.perf_counter()
-            here._run("write", one, peer, 60)
-            times["contiguous"].append(time.perf_counter() - t)
+            base.time_push(here, peer, plan, one, times)
             a.send(("whole", time.monotonic()))  # the whole request: checksums, push, "done", verify
             sums = expected_checksums(plan, caches)
             here.push(peer, plan, timeout=60)
