@@ -259,6 +259,19 @@ def _layer_message(data):
     return LayerMessage(**d) if kind == "LayerMessage" else LayerFailed(**d)
 
 
+def _geometry_side(conn, engine: str, page: int, seed: int, layers: int):
+    """One side of the geometry run: its model steps (pages of ``page`` rows), their caches and an
+    endpoint connected to the other side's (another geometry of the same records allowed)."""
+    from kvformats.transfer.endpoint import Endpoint
+    from tests.harness import transfer_pd as pd
+
+    cfg, steps = _steps(page, seed, layers)
+    caches = _per_layer(steps, pd.caches_of)
+    here = Endpoint(pd._engine(engine), caches)
+    conn.send(here.hello())
+    return cfg, steps, caches, here, here.connect(pd._recv(conn, "hello"), geometry=True)
+
+
 def geometry_prefill(conn, results, engine: str, direction: str, layers: int, layerwise: bool) -> None:
     """Process A: prefill (pages of 64 rows), then move each request's rows to B: whole
     requests (push or pull) or layer by layer, each layer pushed once prefill wrote it."""
@@ -266,14 +279,9 @@ def geometry_prefill(conn, results, engine: str, direction: str, layers: int, la
 
     try:
         from kvformats.transfer import expected_checksums, plan_transfer
-        from kvformats.transfer.endpoint import Endpoint
         from kvformats.transfer.layerwise import LayerSender
 
-        cfg, steps = _steps(PREFILL_PAGE, 0, layers)
-        caches = _per_layer(steps, pd.caches_of)
-        here = Endpoint(pd._engine(engine), caches)
-        conn.send(here.hello())
-        peer = here.connect(pd._recv(conn, "hello"), geometry=True)
+        cfg, steps, caches, here, peer = _geometry_side(conn, engine, PREFILL_PAGE, 0, layers)
         dst_pages = pd._recv(conn, "page ids")
         src_pages = [_per_layer(steps, lambda s: pd.request_pages(s, r, n)) for r, n in enumerate(pd.PREFILL)]
         conn.send(pd.pack(src_pages))
@@ -315,14 +323,9 @@ def geometry_decode(conn, results, engine: str, direction: str, layers: int, lay
 
     try:
         from kvformats.transfer import plan_transfer, verify
-        from kvformats.transfer.endpoint import Endpoint
         from kvformats.transfer.layerwise import LayerReceiver, wait_layers
 
-        cfg, steps = _steps(page, 7, layers)
-        caches = _per_layer(steps, pd.caches_of)
-        here = Endpoint(pd._engine(engine), caches)
-        conn.send(here.hello())
-        peer = here.connect(pd._recv(conn, "hello"), geometry=True)
+        cfg, steps, caches, here, peer = _geometry_side(conn, engine, page, 7, layers)
         my_pages = [_per_layer(steps, lambda s: pd.request_pages(s, r, n)) for r, n in enumerate(pd.PREFILL)]
         conn.send(pd.pack(my_pages))
         src_pages = pd._recv(conn, "page ids", here)
