@@ -133,34 +133,36 @@ ROWS_WARPS = ((2, 1), (4, 1), (8, 1), (16, 1), (4, 2), (8, 2), (16, 2), (4, 4), 
 SWEEP = {
     ("fp8_ds_mla", "encode"): [dict(block_m=b, num_warps=w) for b, w in ROWS_WARPS if b <= 16],
     ("fp8_ds_mla", "decode"): [dict(block_m=b, num_warps=w) for b, w in ROWS_WARPS if b <= 16],
-    ("fp8_ds_mla", "paged"): [dict(block_m=b, num_warps=w) for b, w in ROWS_WARPS],
-    ("gather", "bytes"): [dict(tile_bytes=t, num_warps=w)
-                          for t, w in ((2048, 1), (4096, 1), (8192, 1), (4096, 2), (8192, 2), (8192, 4),
-                                       (16384, 4), (16384, 8))],
-    ("gather", "paged"): [dict(tile_bytes=t, num_warps=w)
-                          for t, w in ((1024, 1), (2048, 1), (4096, 1), (8192, 1), (2048, 2), (4096, 2), (8192, 2),
-                                       (8192, 4), (16384, 4))],
+    ("fp8_ds_mla", "dequantize_gather"): [dict(block_m=b, num_warps=w) for b, w in ROWS_WARPS],
+    ("rows", "gather"): [dict(tile_bytes=t, num_warps=w)
+                         for t, w in ((2048, 1), (4096, 1), (8192, 1), (4096, 2), (8192, 2), (8192, 4),
+                                      (16384, 4), (16384, 8))],
+    ("rows", "gather_paged"): [dict(tile_bytes=t, num_warps=w)
+                               for t, w in ((1024, 1), (2048, 1), (4096, 1), (8192, 1), (2048, 2), (4096, 2),
+                                            (8192, 2), (8192, 4), (16384, 4))],
     ("indexer", "encode"): [dict(block_m=b, num_warps=w) for b, w in ROWS_WARPS + ((64, 8),) if b >= 8],
-    ("mxfp4", "encode"): [dict(block_m=b, num_warps=w, lane=1)  # a block per lane: block_m * 4 >= 32 * warps
-                          for b, w in ((4, 1), (8, 1), (16, 1), (8, 2), (16, 2), (32, 2), (16, 4), (32, 4),
-                                       (64, 4), (64, 8), (128, 8))]
-                         + [dict(block_m=32, num_warps=4, lane=0)],
+    ("indexer", "encode_mxfp4"): [dict(block_m=b, num_warps=w, lane=1)  # a block per lane: block_m * 4 >= 32 * warps
+                                  for b, w in ((4, 1), (8, 1), (16, 1), (8, 2), (16, 2), (32, 2), (16, 4), (32, 4),
+                                               (64, 4), (64, 8), (128, 8))]
+                                 + [dict(block_m=32, num_warps=4, lane=0)],
     ("indexer", "decode"): [dict(block_m=b, num_warps=w) for b, w in ROWS_WARPS],
-    ("indexer", "paged"): [dict(block_m=b, num_warps=w) for b, w in ROWS_WARPS + ((64, 8),)],
-    ("state", "copy"): [dict(block_m=m, block_w=bw, num_warps=w)
-                        for (m, bw), w in itertools.product(((1, 2048), (2, 1024), (4, 512)), (4, 8))],
+    ("indexer", "dequantize_gather"): [dict(block_m=b, num_warps=w) for b, w in ROWS_WARPS + ((64, 8),)],
+    **{("state", op): [dict(block_m=m, block_w=bw, num_warps=w)
+                       for (m, bw), w in itertools.product(((1, 2048), (2, 1024), (4, 512)), (4, 8))]
+       for op in ("encode", "gather")},
 }
-SWEEP_USES = {  # config key -> (format, op) timed to choose it
+SWEEP_USES = {  # config key (kernel module, op: kvformats_kernels.tuning) -> (format, op) timed to choose it
     ("fp8_ds_mla", "encode"): [("fp8_ds_mla", "encode")],
     ("fp8_ds_mla", "decode"): [("fp8_ds_mla", "decode")],
-    ("fp8_ds_mla", "paged"): [("fp8_ds_mla", "dequantize_gather")],
-    ("gather", "bytes"): [("fp8_ds_mla", "gather"), ("fp8_indexer", "gather"), ("mxfp4_indexer", "gather")],
-    ("gather", "paged"): [("fp8_indexer", "gather_paged"), ("mxfp4_indexer", "gather_paged")],
+    ("fp8_ds_mla", "dequantize_gather"): [("fp8_ds_mla", "dequantize_gather")],
+    ("rows", "gather"): [("fp8_ds_mla", "gather"), ("fp8_indexer", "gather"), ("mxfp4_indexer", "gather")],
+    ("rows", "gather_paged"): [("fp8_indexer", "gather_paged"), ("mxfp4_indexer", "gather_paged")],
     ("indexer", "encode"): [("fp8_indexer", "encode")],
-    ("mxfp4", "encode"): [("mxfp4_indexer", "encode")],
+    ("indexer", "encode_mxfp4"): [("mxfp4_indexer", "encode")],
     ("indexer", "decode"): [("fp8_indexer", "decode"), ("mxfp4_indexer", "decode")],
-    ("indexer", "paged"): [("fp8_indexer", "dequantize_gather"), ("mxfp4_indexer", "dequantize_gather")],
-    ("state", "copy"): [("compressor_state", "encode"), ("compressor_state", "gather")],
+    ("indexer", "dequantize_gather"): [("fp8_indexer", "dequantize_gather"), ("mxfp4_indexer", "dequantize_gather")],
+    ("state", "encode"): [("compressor_state", "encode")],
+    ("state", "gather"): [("compressor_state", "gather")],
 }
 PAGED_FORMATS = ("fp8_ds_mla", "fp8_indexer", "mxfp4_indexer")
 
@@ -256,11 +258,10 @@ def sweep(setups, log, keys=None, rounds: int = 1):
     by its median over ``rounds`` rounds (the upper one of an even count). A round goes over
     every candidate of every key before the next, so drift falls on all alike. Prints each
     candidate's figures per round."""
-    from kvformats_kernels import _common as cm
-    from kvformats_kernels import settings
+    from kvformats_kernels import settings, tuning
 
     keys = [k for k in SWEEP if keys is None or k in keys]
-    base = {k: dict(cm.CONFIG[k]) for k in keys}  # a candidate overrides its keys only
+    base = {k: dict(tuning.CONFIG[k]) for k in keys}  # a candidate overrides its keys only
     times: dict = {}
     for _ in range(rounds):
         for key in keys:
@@ -283,7 +284,7 @@ def sweep(setups, log, keys=None, rounds: int = 1):
                 best = (mid, {**base[key], **candidate})
         if best is not None:
             settings.change("config", key, best[1])
-        log(f"sweep {key} -> {cm.CONFIG[key]}")
+        log(f"sweep {key} -> {tuning.CONFIG[key]}")
 
 
 def sweep_one(setups, key) -> float:
@@ -304,8 +305,8 @@ def sweep_one(setups, key) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--sweep-keys", default=None, metavar="FAMILY.OP,...",
-                    help="sweep only these configs (e.g. fp8_ds_mla.paged,indexer.decode)")
+    ap.add_argument("--sweep-keys", default=None, metavar="MODULE.OP,...",
+                    help="sweep only these configs (e.g. fp8_ds_mla.dequantize_gather,indexer.decode)")
     ap.add_argument("--sweep-rounds", type=int, default=1, help="interleaved rounds of the sweep (median kept)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None, help="also write every table row as a record (tools/bandwidth_chart.py)")
@@ -318,17 +319,17 @@ def main():
     ap.add_argument("--ops", default=None,
                     help="only these ops, comma-separated: encode, decode, gather (codecs) and "
                          "dequantize_gather, gather_paged, decode_topk (paged); default all")
-    ap.add_argument("--set", action="append", default=[], metavar="[FAMILY.OP.]KEY=INT",
+    ap.add_argument("--set", action="append", default=[], metavar="[MODULE.OP.]KEY=INT",
                     help="override KEY in every kernel config that has it (e.g. hw_cvt=0), or in the "
-                         "config of one (family, op) only (e.g. mxfp4.encode.block_m=64, v41.decode.num_warps=8), or with a small. "
-                         "prefix in the overrides of calls of few rows (cm.SMALL); repeatable")
+                         "config of one (kernel module, op) only (e.g. indexer.encode_mxfp4.block_m=64, "
+                         "v41.decode.num_warps=8), or with a small. prefix in the overrides of calls of few "
+                         "rows (tuning.SMALL); repeatable")
     ap.add_argument("--small-rows", type=int, default=None,
                     help="calls of at most this many rows take the small-call overrides (default: the "
                          "library's bounds.small_rows; 0 turns them off)")
     args = ap.parse_args()
     import kvformats_kernels as kk
-    from kvformats_kernels import _common as cm
-    from kvformats_kernels import settings
+    from kvformats_kernels import settings, tuning
 
     if args.small_rows is not None:
         settings.change("bounds", "small_rows", args.small_rows)
@@ -363,7 +364,7 @@ def main():
     log(f"date {datetime.date.today()}  device {dev}  torch {torch.__version__}  triton {triton.__version__}  "
         f"git {rev or '?'} (+ working tree)")
     if args.set or args.small_rows is not None:
-        log(f"config overrides: {', '.join(args.set)}; small-call overrides up to {cm.BOUNDS['small_rows']} rows")
+        log(f"config overrides: {', '.join(args.set)}; small-call overrides up to {tuning.BOUNDS['small_rows']} rows")
     bw = copy_bandwidth()
     log(f"device-to-device copy bandwidth (read + write): {bw:.0f} GB/s")
 
@@ -384,7 +385,7 @@ def main():
         sweep(setups, log, keys, args.sweep_rounds)
         del setups
         torch.cuda.empty_cache()
-        log(f"configs: {cm.CONFIG}")
+        log(f"configs: {tuning.CONFIG}")
 
     log()
     log("| format | op | rows | slots | eager µs | graph µs | GB/s | % copy BW | reference µs | min MB "

@@ -1,4 +1,4 @@
-"""Launch configurations of calls of few rows (``kvformats_kernels._common.SMALL`` and ``FEW``),
+"""Launch configurations of calls of few rows (``kvformats_kernels.tuning.SMALL`` and ``FEW``),
 on the GPU.
 
     python3 -m benchmarks small_gpu [--rows 64] [--rounds 2] [--sets 1] [--keys fp8_ds_mla.decode,...]
@@ -6,7 +6,7 @@ on the GPU.
 At ``--rows`` rows (at most SMALL_ROWS; FEW's overrides apply up to FEW_ROWS) a call's time is
 one program's chain of dependent loads and instructions plus the launch, so rows per program
 and warps per program trade parallel programs against each program's share of the arithmetic.
-For every (family, op) of SMALL, each candidate of CANDIDATES (the library's current setting
+For every (kernel module, op) of SMALL, each candidate of CANDIDATES (the library's current setting
 at ``--rows`` first, marked *) is set in turn and the codec ops that use it are timed: per-call
 µs inside a CUDA graph, prefill-like slots (the rows in one page taken at random) and random
 slots (a random permutation of a 1 GiB cache's slots), as in bench_kernels_gpu.py. The rounds
@@ -33,19 +33,21 @@ CANDIDATES: dict[tuple[str, str], list[dict[str, int]]] = {
     ("fp8_ds_mla", "decode"): [dict(block_m=m, num_warps=w) for m, w in ((2, 1), (1, 1), (1, 2), (2, 2), (4, 2))],
     ("indexer", "encode"): [dict(block_m=m, num_warps=w) for m, w in ((2, 1), (1, 1), (4, 1), (2, 2))],
     # fewer than 32 (row, block) pairs per warp take the layout without a block per lane (indexer.py)
-    ("mxfp4", "encode"): [dict(block_m=m, num_warps=w) for m, w in ((8, 1), (16, 2), (4, 1), (2, 1), (1, 1))],
+    ("indexer", "encode_mxfp4"): [dict(block_m=m, num_warps=w)
+                                  for m, w in ((8, 1), (16, 2), (4, 1), (2, 1), (1, 1))],
     ("indexer", "decode"): [dict(block_m=m, num_warps=w) for m, w in ((2, 1), (1, 1), (4, 1), (4, 2), (8, 2))],
-    ("state", "copy"): [dict(block_m=1, block_w=bw, num_warps=w)
-                        for bw, w in ((1024, 4), (512, 2), (512, 4), (256, 1), (256, 2), (2048, 4), (2048, 8))],
-    ("gather", "bytes"): [dict(tile_bytes=t, num_warps=w) for t, w in ((1024, 1), (512, 1), (2048, 1), (2048, 2))],
+    **{("state", op): [dict(block_m=1, block_w=bw, num_warps=w)
+                       for bw, w in ((1024, 4), (512, 2), (512, 4), (256, 1), (256, 2), (2048, 4), (2048, 8))]
+       for op in ("encode", "gather")},
+    ("rows", "gather"): [dict(tile_bytes=t, num_warps=w) for t, w in ((1024, 1), (512, 1), (2048, 1), (2048, 2))],
 }
 CODEC_OPS = ("encode", "decode", "gather")
 
 
 def uses(key: tuple[str, str]) -> list[tuple[str, str]]:
-    """(format, codec op) timed for config ``key``; the state config also serves the state decode."""
+    """(format, codec op) timed for config ``key``; the state gather's config also serves the state decode."""
     found = [(fmt, op) for fmt, op in SWEEP_USES[key] if op in CODEC_OPS]
-    if key == ("state", "copy"):
+    if key == ("state", "gather"):
         found.append(("compressor_state", "decode"))
     return found
 
@@ -83,13 +85,13 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--sets", type=int, default=1)
-    ap.add_argument("--keys", default=None, help="only these configs, e.g. fp8_ds_mla.decode,state.copy")
+    ap.add_argument("--keys", default=None, help="only these configs, e.g. fp8_ds_mla.decode,state.gather")
     args = ap.parse_args()
     from kvformats_kernels import _common as cm
-    from kvformats_kernels import settings
+    from kvformats_kernels import settings, tuning
 
-    if args.rows > cm.BOUNDS["small_rows"]:
-        raise SystemExit(f"--rows {args.rows}: calls of more than {cm.BOUNDS['small_rows']} rows do not take SMALL")
+    if args.rows > tuning.BOUNDS["small_rows"]:
+        raise SystemExit(f"--rows {args.rows}: calls of more than {tuning.BOUNDS['small_rows']} rows do not take SMALL")
     keys = [k for k in CANDIDATES if args.keys is None or ".".join(k) in args.keys.split(",")]
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"date {datetime.date.today()}  device {torch.cuda.get_device_name()}  torch {torch.__version__}  "
@@ -99,7 +101,7 @@ def main() -> None:
     candidates = {key: candidates_of(key, cm.config(*key, args.rows)) for key in keys}
     for _ in range(args.rounds):
         for key in keys:
-            default, few = dict(cm.SMALL[key]), cm.FEW.get(key)  # a candidate stands alone
+            default, few = dict(tuning.SMALL[key]), tuning.FEW.get(key)  # a candidate stands alone
             settings.change("few", key, None)
             for cand in candidates[key]:
                 settings.change("small", key, {**default, **cand})

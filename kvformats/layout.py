@@ -16,6 +16,7 @@ import attrs
 import torch
 
 from kvformats.errors import BackendUnavailableError, InputError, InputTypeError, LayoutError, describe
+from kvformats.examples import Examples
 from kvformats.numerics.elements import ELEMENTS, ElementType
 from kvformats.runtime import deferred
 from kvformats.validation import check_cache, check_float_rows
@@ -224,23 +225,10 @@ class Layout:
     page_alignment: ClassVar[str | None] = None  # name of a segment whose record size pages round up to
     container_dtype: ClassVar[torch.dtype] = torch.uint8
     quant_input_dtype: ClassVar[torch.dtype] = torch.float32  # what encode rounds its input to first
-    # Valid parameter sets worth fuzzing besides the defaults (keyword arguments for get_format;
-    # kvformats.testing.strategies draws one, the first when it shrinks) and the page sizes to draw.
-    example_params: ClassVar[tuple[dict, ...]] = ({},)
-    page_size_range: ClassVar[tuple[int, int]] = (1, 64)
-    # Whether decode(encode(decode(encode(x)))) == decode(encode(x)) is a stated property of the
-    # format's default numerics (spec/README.md §5); the codec state machine checks it where so.
-    value_idempotent: ClassVar[bool] = False
-    # A small valid parameter set for tests and examples that look at every byte of a few pages
-    # (cache files, dumps, diffs): keyword arguments for get_format.
-    small_params: ClassVar[dict] = {"page_size": 4}
-    # The parameters (keyword arguments for get_format) that give every scaled region exactly one
-    # quantization block, the narrowest geometry, where reductions over a block see one block;
-    # None when the format does not name one (the tests of that geometry then skip it).
-    one_block_params: ClassVar[dict | None] = None
-    # The rows the spec's worked example shows: (non-default parameters, slot) each
-    # (kvformats.spec.examples).
-    worked_examples: ClassVar[tuple[tuple[dict, int], ...]] = (({}, 70),)
+    # The format's fixtures for tests and docs (parameter sets, worked examples, example encode
+    # arguments and the values decode gives back for them): kvformats.examples.Examples, bound to
+    # the layout when read through one.
+    examples: ClassVar[Examples] = Examples()
 
     page_size: int = attrs.field(default=64, validator=positive)
 
@@ -513,20 +501,6 @@ class Layout:
         if kwargs:
             raise InputError(f"{self.name}.encode takes no keyword arguments, got {sorted(kwargs)}")
         return check_float_rows("x", x, self.head_dim, device), {}
-
-    def decoded_reference(self, x, **kwargs) -> torch.Tensor:
-        """The float32 ``[N, D]`` values that ``decode`` (its outputs side by side) gives back,
-        within the bound of the format's element types, for ``encode(x, **kwargs)``: here ``x``
-        rounded to ``quant_input_dtype``. A format whose encode takes other inputs overrides this."""
-        return x.to(self.quant_input_dtype).float()
-
-    def example_encode_args(self, n: int, values, gen: torch.Generator) -> tuple[object, dict, torch.Tensor]:
-        """Valid ``encode`` arguments for ``n`` rows and the float32 ``[n, D]`` values that
-        ``decode`` (its outputs side by side) gives back within the format's bound: here rows
-        ``x = values((n, head_dim))`` (``values``: the caller's random float tensors of a shape)
-        and ``x`` itself. A format whose encode takes other inputs says so by overriding this."""
-        x = values((n, self.head_dim))
-        return x, {}, x.float()
 
     # ----- codec (implemented per format) --------------------------------------------------
     def encode_rows(self, x) -> torch.Tensor:  # pragma: no cover - abstract

@@ -14,74 +14,22 @@ import torch
 import triton.language as tl
 
 from kvformats.runtime import deferred
-from kvformats_kernels import rows_jit, settings
+from kvformats_kernels import rows_jit, settings, tuning
 from kvformats_kernels.launch import fast
 
-# Rows per program and warps per program of each kernel, by (family, op); maxnreg caps the
-# registers per thread (0: the compiler's choice; see launch_opts). Benchmarks may override
-# entries; tests run whatever is here.
-# The shapes are a sweep's fastest (bench_kernels_gpu.py --sweep, one- and two-warp shapes
-# included). They depend on the kernel bodies: re-sweep a family after changing its kernels.
-CONFIG = settings.declare("config", {  # the fastest shapes of large calls (benchmarks/)
-    ("fp8_ds_mla", "encode"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
-    ("fp8_ds_mla", "decode"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1},
-    ("fp8_ds_mla", "paged"): {"block_m": 8, "num_warps": 4, "hw_cvt": 1, "maxnreg": 0},
-    # evict_first_rows: the slot gather of rows of at most this many bytes marks its loads
-    # evict-first in L2 (chosen by measurement: short rows gain, fp8_ds_mla's lose; the figures
-    # are in docs/explanation/measured-choices.md); max_unit: the widest unit of the byte copies (rows.py)
-    ("gather", "bytes"): {"tile_bytes": 4096, "num_warps": 1, "max_unit": 8, "evict_first_rows": 256},
-    # cu_scan_max: gather_paged finds the request of a row by one compare against all of
-    # cu_seq_lens up to this many requests, by binary search beyond
-    ("gather", "paged"): {"tile_bytes": 4096, "num_warps": 1, "cu_scan_max": 64},
-    ("indexer", "encode"): {"block_m": 8, "num_warps": 1, "hw_cvt": 1, "maxnreg": 0},
-    ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1, "lane": 1, "hw_cvt": 1},
-    ("indexer", "decode"): {"block_m": 8, "num_warps": 2, "hw_cvt": 1},
-    # mxfp4_cs_stores: the MXFP4 dequantize_gather stores its float32 rows with the streaming
-    # hint (chosen by measurement; the FP8 rows and the slot decodes gain nothing from it, so
-    # they store plainly: docs/explanation/measured-choices.md)
-    ("indexer", "paged"): {"block_m": 8, "num_warps": 2, "hw_cvt": 1, "mxfp4_cs_stores": 1},
-    ("state", "copy"): {"block_m": 1, "block_w": 2048, "num_warps": 4},
-})
-
-
-# The row counts up to which calls take SMALL's and FEW's overrides (below).
-BOUNDS = settings.declare("bounds", {"small_rows": 512, "few_rows": 128})
-# Calls of at most BOUNDS["small_rows"] rows (decode steps) take these overrides: a decode step's
-# time is one program's chain of dependent loads and instructions, which is shorter in programs
-# of a few rows and one warp.
-SMALL = settings.declare("small", {
-    ("fp8_ds_mla", "encode"): {"block_m": 1, "num_warps": 1},
-    ("fp8_ds_mla", "decode"): {"block_m": 2, "num_warps": 1},
-    ("gather", "bytes"): {"tile_bytes": 1024, "num_warps": 1},
-    ("indexer", "encode"): {"block_m": 2, "num_warps": 1},
-    ("mxfp4", "encode"): {"block_m": 8, "num_warps": 1},  # 8 x 4 blocks: one per lane (indexer.py)
-    ("indexer", "decode"): {"block_m": 2, "num_warps": 1},
-    ("state", "copy"): {"block_m": 1, "block_w": 1024, "num_warps": 4},
-})
-# Calls of at most BOUNDS["few_rows"] rows (and within "small_rows") take FEW's overrides on top of SMALL's:
-# one row per program, so that every row has a program of its own while the grid still fits
-# on the GPU's SMs; beyond the bound it lengthens the calls it shortens below it
-# (docs/explanation/measured-choices.md). The MXFP4 encode then takes its layout without a
-# block per lane (indexer.py).
-FEW = settings.declare("few", {
-    ("fp8_ds_mla", "decode"): {"block_m": 1, "num_warps": 2},
-    ("mxfp4", "encode"): {"block_m": 1, "num_warps": 1},
-    ("indexer", "decode"): {"block_m": 1, "num_warps": 1},
-})
-
-
-def config(family: str, op: str, rows: int | None = None) -> dict[str, int]:
-    """The launch configuration of (family, op); for a call of ``rows`` <= BOUNDS["small_rows"]
-    rows, with SMALL's overrides, and FEW's too for ``rows`` <= BOUNDS["few_rows"] (``rows`` is a shape, known on the
-    host, so graphs capture either)."""
-    key = (family, op)
-    cfg = CONFIG[key]
-    if rows is None or rows > BOUNDS["small_rows"]:
+def config(module: str, op: str, rows: int | None = None) -> dict[str, int]:
+    """The launch configuration of ``op`` launched by kernel ``module`` (its name in the tuning
+    tables: ``tuning.module_name``); for a call of ``rows`` <= BOUNDS["small_rows"] rows, with
+    SMALL's overrides, and FEW's too for ``rows`` <= BOUNDS["few_rows"] (``rows`` is a shape,
+    known on the host, so graphs capture either). The values are kvformats_kernels.tuning's."""
+    key = (module, op)
+    cfg = tuning.CONFIG[key]
+    if rows is None or rows > tuning.BOUNDS["small_rows"]:
         return cfg
-    if key in SMALL:
-        cfg = {**cfg, **SMALL[key]}
-    if rows <= BOUNDS["few_rows"] and key in FEW:
-        cfg = {**cfg, **FEW[key]}
+    if key in tuning.SMALL:
+        cfg = {**cfg, **tuning.SMALL[key]}
+    if rows <= tuning.BOUNDS["few_rows"] and key in tuning.FEW:
+        cfg = {**cfg, **tuning.FEW[key]}
     return cfg
 
 
@@ -348,7 +296,3 @@ def words_aligned(u8: torch.Tensor, stride: int, geometry: dict) -> bool:
     holds."""
     g = geometry
     return (u8.data_ptr() | stride | g["VAL_OFF"] | g["VAL_STRIDE"] | (g["QB"] // 2)) % 4 == 0
-
-
-# launch settings change through settings.change
-settings.guard(__name__, 'CONFIG', 'SMALL', 'FEW', 'BOUNDS')

@@ -10,9 +10,12 @@ import torch
 from kvformats.formats import Fp8DsMla, Fp8DsMlaV32
 from kvformats_kernels import _common as cm
 from kvformats_kernels import fp8_ds_mla_jit as jit
+from kvformats_kernels import tuning
 from kvformats_kernels.geometry import nope_rope_constants, row_geometry
 from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
+
+NAME = tuning.module_name(__name__)  # this module's name in the tuning tables (kvformats_kernels.tuning)
 
 # The V3.2 656 B rows take the same kernels, with float32 scales (SCALE_F32); the encode's
 # constexprs implement every numerics profile of both.
@@ -78,7 +81,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
         return
     x, is_bf16 = cm.rows_input(x)
     u8, stride = cm.byte_cache(layout, cache)
-    cfg = cm.config("fp8_ds_mla", "encode", n)
+    cfg = cm.config(NAME, "encode", n)
     block_m, consts = _encode_plan(layout, is_bf16, tuple(cfg.items()), cm.hw_cvt(cfg))
     fast(jit.encode_kernel)[(cm.grid_rows(n, block_m),)](
         x, slots, u8, cm.error_record(cache), n, cm.row_stride(x), slots.stride(0), cache.shape[0] * layout.page_size,
@@ -95,7 +98,7 @@ def _decode_plan(layout, rope16: bool, cfg_items: tuple, hw: bool, site: int):
 
 def _decode_launch(layout, u8: torch.Tensor, stride: int, n: int, site: int):
     alias, stride16, rope16 = _rope_alias(layout, u8, stride)
-    cfg = cm.config("fp8_ds_mla", "decode", n)
+    cfg = cm.config(NAME, "decode", n)
     return (*_decode_plan(layout, rope16, tuple(cfg.items()), cm.hw_cvt(cfg), site), alias, stride16)
 
 
@@ -117,7 +120,7 @@ def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, ba
     """bf16 ``out [R, W, head_dim]``: see kvformats.codec.paged_ops.dequantize_gather (validated there)."""
     u8, stride = cm.byte_cache(layout, cache)
     alias, stride16, rope16 = _rope_alias(layout, u8, stride)
-    cfg = cm.CONFIG[("fp8_ds_mla", "paged")]
+    cfg = cm.config(NAME, "dequantize_gather")
     block_m, consts = _paged_plan(layout, rope16, gather_lens is not None, base is not None, tuple(cfg.items()),
                                   cm.hw_cvt(cfg))
     cm.launch_paged(u8, stride, out.view(torch.int16), block_table, seq_lens, gather_lens, base, offset,

@@ -9,9 +9,12 @@ import torch
 from kvformats.formats import Fp8Indexer, Mxfp4Indexer
 from kvformats_kernels import _common as cm
 from kvformats_kernels import indexer_jit as jit
+from kvformats_kernels import tuning
 from kvformats_kernels.geometry import block_constants, row_geometry
 from kvformats_kernels.launch import fast
 from kvformats_kernels.rows import gather, gather_paged  # noqa: F401  (re-exported: the byte copies)
+
+NAME = tuning.module_name(__name__)  # this module's name in the tuning tables (kvformats_kernels.tuning)
 
 SERVES = (Fp8Indexer, Mxfp4Indexer)
 ENCODES_PROFILES = True  # the encodes' constexprs implement every numerics profile of both
@@ -80,7 +83,7 @@ def encode(layout, x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) ->
     x, is_bf16 = cm.rows_input(x)
     u8, stride = cm.byte_cache(layout, cache)
     mxfp4 = _mxfp4(layout)
-    cfg = cm.config("mxfp4" if mxfp4 else "indexer", "encode", n)
+    cfg = cm.config(NAME, "encode_mxfp4" if mxfp4 else "encode", n)
     words = mxfp4 and cm.words_aligned(u8, stride, block_constants(layout))
     block_m, consts = _encode_plan(layout, is_bf16, tuple(cfg.items()), cm.hw_cvt(cfg), words)
     fast(_kernels(layout)[0])[(cm.grid_rows(n, block_m),)](
@@ -99,7 +102,7 @@ def _decode_plan(layout, cfg_items: tuple, hw: bool, site: int):
 
 
 def _decode_launch(layout, u8: torch.Tensor, stride: int, n: int, site: int):
-    cfg = cm.config("indexer", "decode", n)
+    cfg = cm.config(NAME, "decode", n)
     return (*_decode_plan(layout, tuple(cfg.items()), cm.hw_cvt(cfg), site), u8, 0)
 
 
@@ -123,7 +126,7 @@ def _paged_plan(layout, has_glen: bool, has_base: bool, cfg_items: tuple, hw: bo
 def dequantize_gather(layout, cache, out, block_table, seq_lens, gather_lens, base, offset) -> None:
     """float32 ``out [R, W, head_dim]``: see kvformats.codec.paged_ops.dequantize_gather (validated there)."""
     u8, stride = cm.byte_cache(layout, cache)
-    cfg = cm.CONFIG[("indexer", "paged")]
+    cfg = cm.config(NAME, "dequantize_gather")
     block_m, consts = _paged_plan(layout, gather_lens is not None, base is not None, tuple(cfg.items()),
                                   cm.hw_cvt(cfg))
     cm.launch_paged(u8, stride, out, block_table, seq_lens, gather_lens, base, offset, cache.shape[0], block_m,

@@ -18,15 +18,17 @@ import torch
 from kvformats.errors import LayoutError
 from kvformats_kernels import _common as cm
 from kvformats_kernels import rows_jit as jit
+from kvformats_kernels import tuning
 from kvformats_kernels.launch import fast
 
+NAME = tuning.module_name(__name__)  # this module's name in the tuning tables (kvformats_kernels.tuning)
 UNITS = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
 
-def _unit_of(g: int) -> torch.dtype:
-    """The widest unit (at most CONFIG's ``max_unit`` bytes) whose size divides ``g``, the
-    greatest common divisor of the values (0 when all are 0: every size divides them)."""
-    widest = cm.CONFIG[("gather", "bytes")].get("max_unit", 8)
+def _unit_of(g: int, cfg) -> torch.dtype:
+    """The widest unit (at most the launch config ``cfg``'s ``max_unit`` bytes) whose size divides
+    ``g``, the greatest common divisor of the values (0 when all are 0: every size divides them)."""
+    widest = cfg.get("max_unit", 8)
     return next(u for u in UNITS if u.itemsize <= widest and g % u.itemsize == 0)
 
 
@@ -88,14 +90,14 @@ def gather(layout, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     if n == 0:
         return out
     pages = cache.shape[0]
+    cfg = cm.config(NAME, "gather", n)
     if pages:
         u8, stride = cm.byte_cache(layout, cache)
-        unit = _unit_of(math.gcd(u8.data_ptr(), stride, _layout_gcd(layout, True)))
+        unit = _unit_of(math.gcd(u8.data_ptr(), stride, _layout_gcd(layout, True)), cfg)
     else:
         unit = torch.uint8
     src, stride = unit_cache(layout, cache, unit)
-    block_m, consts = _gather_plan(layout, unit, tuple(cm.config("gather", "bytes", n).items()),
-                                   cm.CONFIG[("gather", "bytes")]["evict_first_rows"])
+    block_m, consts = _gather_plan(layout, unit, tuple(cfg.items()), cfg["evict_first_rows"])
     fast(jit.gather_bytes_kernel)[(cm.grid_rows(n, block_m),)](
         src, slots, out.view(unit), cm.error_record(cache), n, slots.stride(0), pages * layout.page_size, stride,
         **consts)
@@ -122,19 +124,19 @@ def gather_paged(layout, cache: torch.Tensor, views, block_table: torch.Tensor, 
     t_rows = views[0].shape[0]
     requests = cu_seq_lens.shape[0] - 1
     pages = cache.shape[0]
+    cfg = cm.config(NAME, "gather_paged")
     if pages:
         u8, stride = cm.byte_cache(layout, cache)
         g = math.gcd(u8.data_ptr(), stride, _layout_gcd(layout, False))
         for v in views:
             g = math.gcd(g, v.data_ptr(), v.stride(0) if v.shape[0] > 1 else v.shape[1])
-        unit = _unit_of(g)
+        unit = _unit_of(g, cfg)
     else:
         unit = torch.uint8
     src, stride = unit_cache(layout, cache, unit)
     outs = [v.view(unit) for v in views]
     while len(outs) < 2:
         outs.append(outs[0])
-    cfg = cm.CONFIG[("gather", "paged")]
     block_m, consts = _paged_plan(layout, unit, tuple(cfg.items()), requests)
     fast(jit.gather_paged_kernel)[(max(1, cm.grid_rows(t_rows, block_m)),)](
         src, block_table, cu_seq_lens, outs[0], outs[1], cm.error_record(cache), t_rows, requests,

@@ -10,7 +10,10 @@ import torch
 from kvformats.formats import CompressorState, CompressorStateV41
 from kvformats_kernels import _common as cm
 from kvformats_kernels import state_jit as jit
+from kvformats_kernels import tuning
 from kvformats_kernels.launch import fast
+
+NAME = tuning.module_name(__name__)  # this module's name in the tuning tables (kvformats_kernels.tuning)
 
 SERVES = (CompressorState, CompressorStateV41)
 
@@ -76,7 +79,7 @@ def encode(layout, x, cache: torch.Tensor, slots: torch.Tensor, *, positions: to
     if n == 0:
         return
     block_m, cols, consts = _encode_plan(layout, (kv_bf16, score_bf16, ape_bf16), ape_half,
-                                         tuple(cm.config("state", "copy", n).items()), site)
+                                         tuple(cm.config(NAME, "encode", n).items()), site)
     fast(jit.encode_kernel)[(cm.grid_rows(n, block_m), cols)](
         kv, score, positions, ape, slots, cache, cm.error_record(cache), n, cm.row_stride(kv), cm.row_stride(score),
         positions.stride(0), ape_stride, ape_half_stride, slots.stride(0), cache.shape[0] * layout.page_size,
@@ -94,7 +97,7 @@ def _gather_words(layout, cache: torch.Tensor, slots: torch.Tensor, split: int, 
     widths = [split, elems - split] if split else [elems]
     outs = [torch.empty((n, w), dtype=dtype, device=cache.device) for w in widths]
     if n > 0:
-        block_m, cols, consts = _gather_plan(layout, split, tuple(cm.config("state", "copy", n).items()), site)
+        block_m, cols, consts = _gather_plan(layout, split, tuple(cm.config(NAME, "gather", n).items()), site)
         fast(jit.gather_kernel)[(cm.grid_rows(n, block_m), cols)](
             cache.view(torch.int32), slots, outs[0].view(torch.int32), outs[-1].view(torch.int32),
             cm.error_record(cache), n, slots.stride(0), cache.shape[0] * layout.page_size, cache.stride(0), **consts)

@@ -146,7 +146,7 @@ def test_encode_takes_no_keyword_arguments_and_a_pair():
 def test_example_encode_args_decode_back_exactly():
     lay = kvf.CompressorStateV41(head_dim=4, page_size=3)
     g = torch.Generator().manual_seed(0)
-    x, kwargs, ref = lay.example_encode_args(5, None, g)
+    x, kwargs, ref = lay.examples.encode_args(5, None, g)
     assert kwargs == {}
     cache = lay.allocate(2)
     slots = torch.tensor([0, 2, 4, 5, -1])

@@ -122,7 +122,7 @@ def test_rope_argument_errors_are_typed(call, err, words):
 
 
 # ----- item 5: empty batches, every format x profile ---------------------------------------------
-# one-block geometries too (each format's Layout.one_block_params): a reduction over an empty
+# one-block geometries too (each format's Layout.examples.one_block): a reduction over an empty
 # batch there leaves a [0, 1] tensor with a zero stride, which a byte view refuses (fp8_indexer
 # deepgemm-ref, fp8_ds_mla_v32 head 192)
 EMPTY_CASES = [pytest.param(name, profile, geometry, id=f"{name}-{profile}-{geometry}")
@@ -134,7 +134,7 @@ EMPTY_CASES = [pytest.param(name, profile, geometry, id=f"{name}-{profile}-{geom
 def _layout(name, profile, geometry):
     if geometry == "one-block":
         require(name, "one_block")
-    params = dict(type(kvf.get_format(name)).one_block_params if geometry == "one-block" else {}, page_size=4)
+    params = dict(type(kvf.get_format(name)).examples.one_block if geometry == "one-block" else {}, page_size=4)
     return kvf.get_format(name, **params, **({} if profile is None else {"profile": profile}))
 
 

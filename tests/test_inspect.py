@@ -10,8 +10,8 @@ from kvformats.caches.hexdump import hexdump_page, json_number, page_lines, slot
 from kvformats.spec.diagram import layout_svg
 
 def small(name):
-    """The format's declared small layout (``Layout.small_params``)."""
-    return kvf.get_format(name, **type(kvf.get_format(name)).small_params)
+    """The format's declared small layout (``Layout.examples.small_params``)."""
+    return kvf.get_format(name, **type(kvf.get_format(name)).examples.small_params)
 
 
 def filled(layout, pages=3, scale=1.0, seed=0):

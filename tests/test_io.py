@@ -11,8 +11,8 @@ from kvformats.caches.files import CacheFileError, load_cache, load_caches, read
 
 
 def small(name):
-    """The format's declared small layout (``Layout.small_params``)."""
-    return kvf.get_format(name, **type(kvf.get_format(name)).small_params)
+    """The format's declared small layout (``Layout.examples.small_params``)."""
+    return kvf.get_format(name, **type(kvf.get_format(name)).examples.small_params)
 
 
 def filled(layout, pages=3, page_stride=None, seed=0):

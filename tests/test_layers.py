@@ -28,7 +28,7 @@ LAYERS = (
     ("runtime", ("kvformats.runtime",)),  # deferred value checks, launch replay
     ("validation", ("kvformats.validation",)),  # argument checks
     ("numerics", ("kvformats.numerics",)),
-    ("declaration", ("kvformats.layout",)),
+    ("declaration", ("kvformats.layout", "kvformats.examples")),  # a format's layout and its fixtures
     ("formats", ("kvformats.formats",)),
     ("model constants", ("kvformats.dsv4_constants", "kvformats.dsv41_constants")),  # what the model ops share with their kernels
     ("kernels", ("kvformats_kernels",)),

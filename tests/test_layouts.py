@@ -21,8 +21,8 @@ GEOMETRY = [  # (layout, row_bytes, page_bytes, {region: (offset, nbytes)})
 ]
 IDS = [f"{lay.name}-{i}" for i, (lay, *_) in enumerate(GEOMETRY)]
 # The derived-geometry invariants hold for every layout: those above and, for each registered
-# format they lack, its declared small one (Layout.small_params).
-LAYOUTS = [g[0] for g in GEOMETRY] + [kvf.get_format(n, **type(kvf.get_format(n)).small_params)
+# format they lack, its declared small one (Layout.examples.small_params).
+LAYOUTS = [g[0] for g in GEOMETRY] + [kvf.get_format(n, **type(kvf.get_format(n)).examples.small_params)
                                       for n in kvf.list_formats() if n not in {g[0].name for g in GEOMETRY}]
 LAYOUT_IDS = IDS + [lay.name for lay in LAYOUTS[len(GEOMETRY):]]
 

@@ -26,6 +26,7 @@ from kvformats.codec import registry
 from kvformats.codec.convert import convert_rows
 from kvformats.codec.slot_ops import register_reference_ops
 from kvformats.errors import LayoutError
+from kvformats.examples import Examples
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.numerics import codes as nx
 from kvformats.testing import strategies as kst
@@ -43,8 +44,8 @@ class TinyRows(Layout):
     name = NAME
     scale_rule = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax")
     quant_input_dtype = torch.bfloat16
-    example_params = (dict(head_dim=48, tail=16), dict(head_dim=40, tail=8), dict(head_dim=18, tail=2))
-    page_size_range = (1, 8)
+    examples = Examples(params=(dict(head_dim=48, tail=16), dict(head_dim=40, tail=8), dict(head_dim=18, tail=2)),
+                        page_size_range=(1, 8))
 
     head_dim: int = attrs.field(default=48, validator=positive)
     tail: int = attrs.field(default=16, validator=positive)
@@ -235,7 +236,7 @@ def test_strategies_draw_its_declared_parameters_and_blocks(tiny):
         assert check(layout, zeroed)["ok"]
 
     round_trip()
-    assert seen <= {(p["head_dim"], p["tail"]) for p in TinyRows.example_params} and seen
+    assert seen <= {(p["head_dim"], p["tail"]) for p in TinyRows.examples.params} and seen
 
 
 def test_its_capabilities_are_read_from_the_declaration_and_the_registry(tiny):
@@ -247,7 +248,7 @@ def test_its_capabilities_are_read_from_the_declaration_and_the_registry(tiny):
     assert not has(NAME, "kernels", op="decode")
     assert has("fp8_ds_mla", "published") and has("fp8_ds_mla", "one_block") and has("fp8_ds_mla", "kernels")
     assert not has("compressor_state", "paged_reads")
-    assert tiny.decode_dtypes == (torch.bfloat16,) and tiny.small_params == {"page_size": 4}
+    assert tiny.decode_dtypes == (torch.bfloat16,) and tiny.examples.small_params == {"page_size": 4}
     with pytest.raises(InputError, match="wings"):
         has(NAME, "wings")
     with pytest.raises(kvf.InputError, match="cuda"):

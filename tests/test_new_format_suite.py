@@ -28,6 +28,7 @@ import attrs
 import torch
 
 from kvformats.errors import LayoutError
+from kvformats.examples import Examples
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.numerics import codes as nx
 
@@ -41,7 +42,7 @@ class ScratchRows(Layout):
     name = "scratch_rows"
     scale_rule = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-4, floor_on="absmax")
     quant_input_dtype = torch.bfloat16  # the tail is stored in bf16: encode rounds its input to it
-    example_params = (dict(head_dim=48, tail=16), dict(head_dim=40, tail=8))
+    examples = Examples(params=(dict(head_dim=48, tail=16), dict(head_dim=40, tail=8)))  # what the suite runs
 
     head_dim: int = attrs.field(default=48, validator=positive)
     tail: int = attrs.field(default=16, validator=positive)

@@ -32,8 +32,8 @@ def loop_slot(layout, cache, table, r, pos, base=0):
 
 LAYOUTS = [kvf.Fp8DsMla(page_size=4), kvf.Fp8Indexer(page_size=4), kvf.Mxfp4Indexer(page_size=8)]
 # ... and every other registered format whose rows decode to one tensor, at its declared small
-# parameters (Layout.small_params, Layout.paged_reads)
-LAYOUTS += [kvf.get_format(name, **type(kvf.get_format(name)).small_params) for name in kvf.list_formats()
+# parameters (Layout.examples.small_params, Layout.paged_reads)
+LAYOUTS += [kvf.get_format(name, **type(kvf.get_format(name)).examples.small_params) for name in kvf.list_formats()
             if kvf.get_format(name).paged_reads and name not in {lay.name for lay in LAYOUTS}]
 
 
@@ -102,7 +102,7 @@ def test_gather_paged_into_workspaces_leaves_the_tail_untouched():
 
 @pytest.mark.parametrize("name", kvf.list_formats())
 def test_decode_topk_is_decode_reshaped(name):
-    layout = kvf.get_format(name, **type(kvf.get_format(name)).small_params)
+    layout = kvf.get_format(name, **type(kvf.get_format(name)).examples.small_params)
     cache = layout.allocate(3)
     topk = torch.tensor([[0, -1, 5], [11, 2, -1]])
     got = layout.decode_topk(cache, topk)

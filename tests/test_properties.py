@@ -194,10 +194,10 @@ NOT_PROJECTIONS = {kvf.Nvfp4DsMla: "its rounded-up subnormal e4m3 scales: a bloc
 
 
 def declared_bound(layout, x, kwargs, out):
-    """decode's output against the values it stands for (``Layout.decoded_reference``), within
-    the per-element bound read from the layout's regions and element types (evaluated in float64:
+    """decode's output against the values it stands for (``Layout.examples.decoded_reference``),
+    within the per-element bound read from the layout's regions and element types (evaluated in float64:
     in float32, ``|x| - max s`` of a clipped 2^36 rounds below the error it bounds)."""
-    ref = layout.decoded_reference(x, **kwargs).double()
+    ref = layout.examples.decoded_reference(x, **kwargs).double()
     got = torch.cat([t.double() for t in as_tuple(out)], dim=1)
     assert got.shape == ref.shape
     excess = (got - ref).abs() - element_bound(layout, ref)

@@ -47,9 +47,8 @@ from kvformats.codec import slot_ops  # noqa: E402
 from kvformats.errors import SettingsError  # noqa: E402
 from kvformats.runtime import deferred, replay, replay_plan  # noqa: E402
 from tests.harness.launch_stub import stubbed_launches  # noqa: E402
-from kvformats_kernels import _common as cm  # noqa: E402
 from kvformats_kernels import settings as ks  # noqa: E402
-from kvformats_kernels import triton_abi  # noqa: E402
+from kvformats_kernels import triton_abi, tuning  # noqa: E402
 from kvformats_kernels.launch import fast  # noqa: E402
 
 NAMES = sorted(base_calls(8, False, True, 0))
@@ -73,8 +72,9 @@ CHANGES = [("bounds", "few_rows", (0, 128)), ("bounds", "small_rows", (0, 512)),
            ("compress_bounds", "split_max_t", (2048, 0)), ("swa", "block_h", (8, 4)),
            *(_other("v41", key, block_m=2) for key in ("encode", "encode_lanes", "decode", "paged")),
            *(_other("nvfp4", key, block_m=2) for key in ("encode", "decode", "paged")),
-           _other("config", ("gather", "paged"), tile_bytes=1024),
-           _other("config", ("fp8_ds_mla", "paged"), block_m=2), _other("config", ("indexer", "paged"), block_m=2),
+           _other("config", ("rows", "gather_paged"), tile_bytes=1024),
+           _other("config", ("fp8_ds_mla", "dequantize_gather"), block_m=2),
+           _other("config", ("indexer", "dequantize_gather"), block_m=2),
            _other("indices", "compressed_slot_mapping", block=64, num_warps=1),
            *(_other("indices", key, few_rows=0) for key in (
                "global_topk_indices_and_lens", "combine_topk_swa_indices", "combine_dense_swa_indices",
@@ -306,13 +306,13 @@ def test_a_launch_around_the_launcher_refuses_the_recording(stub):
 
 def test_settings_change_only_through_their_function(stub):
     with pytest.raises(SettingsError, match="settings.change"):
-        cm.CONFIG[("gather", "bytes")] = {"tile_bytes": 1}
+        tuning.CONFIG[("rows", "gather")] = {"tile_bytes": 1}
     with pytest.raises(TypeError):
-        cm.CONFIG[("gather", "bytes")]["tile_bytes"] = 1  # entries are read-only too
+        tuning.CONFIG[("rows", "gather")]["tile_bytes"] = 1  # entries are read-only too
     with pytest.raises(SettingsError, match="settings.change"):
-        del cm.CONFIG[("gather", "bytes")]
+        del tuning.CONFIG[("rows", "gather")]
     with pytest.raises(SettingsError, match="rebinding"):
-        cm.BOUNDS = {"small_rows": 0, "few_rows": 0}
+        tuning.BOUNDS = {"small_rows": 0, "few_rows": 0}
     with pytest.raises(SettingsError, match="known"):
         ks.change("nosuch", "x", 1)
     lay, x = kvf.get_format("fp8_indexer"), torch.randn(8, 128, dtype=torch.bfloat16)

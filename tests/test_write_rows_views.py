@@ -14,6 +14,7 @@ from kvformats.codec import registry
 from kvformats.codec.rows import read_rows, write_rows
 from kvformats.codec.slot_ops import register_reference_ops
 from kvformats.errors import LayoutError
+from kvformats.examples import Examples
 from kvformats.layout import Field, Layout, Segment, positive
 
 NAME = "scratch_view_rows"
@@ -25,7 +26,7 @@ class ViewRows(Layout):
 
     name = NAME
     quant_input_dtype = torch.bfloat16
-    example_params = (dict(head_dim=8),)
+    examples = Examples(params=(dict(head_dim=8),))
 
     head_dim: int = attrs.field(default=8, validator=positive)
     page_size: int = attrs.field(default=4, validator=positive)

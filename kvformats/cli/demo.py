@@ -117,7 +117,7 @@ def _case(layout, n: int, device: str, gen: torch.Generator):
     """(encode thunk, decode thunk, reference float32 [N, D], bound [N, D], cache, slots)."""
     cache = layout.allocate(-(-n // layout.page_size) + 1, device=device)
     slots = torch.randperm(cache.shape[0] * layout.page_size, generator=gen)[:n].to(device)
-    x, kwargs, ref = _on(device, layout.example_encode_args(n, _rows(gen), gen))
+    x, kwargs, ref = _on(device, layout.examples.encode_args(n, _rows(gen), gen))
 
     def dec():
         out = layout.decode(cache, slots)

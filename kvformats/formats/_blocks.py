@@ -11,6 +11,7 @@ import attrs
 import torch
 
 from kvformats.errors import LayoutError
+from kvformats.examples import Examples
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.numerics.profiles import ProfiledLayout, profile_field
 
@@ -79,7 +80,7 @@ class IndexerRows(BlockScaledRows, ProfiledLayout, Layout):
     input; re-encoding decoded values gives the same values."""
 
     DATA_SEGMENT = "values"
-    value_idempotent = True
+    examples = Examples(value_idempotent=True)
 
     head_dim: int = attrs.field(default=128, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)
@@ -104,7 +105,7 @@ class V41Rows(BlockScaledRows, ProfiledLayout, Layout):
     first, decoded to bf16."""
 
     quant_input_dtype = torch.bfloat16  # the same bf16 KV rows for the 528 B and the 288 B caches
-    small_params = {"head_dim": 64, "page_size": 4}
+    examples = Examples(small_params={"head_dim": 64, "page_size": 4})
 
     head_dim: int = attrs.field(default=512, validator=positive)
     page_size: int = attrs.field(default=64, validator=positive)

@@ -10,6 +10,7 @@ import attrs
 import torch
 
 from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.examples import Examples
 from kvformats.layout import Field, Layout, Segment, one_of, positive
 from kvformats.validation import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
 
@@ -21,6 +22,26 @@ def halves(ratio: int) -> int:
     reads the first half of its older 4 rows and the second half of its newer 4), 1 for ratio
     128. A row is ``halves * head_dim`` wide and a window ``halves * ratio`` positions long."""
     return 2 if ratio == 4 else 1
+
+
+def _encode_args(layout, n, values, gen):
+    """``(kv, score)`` of N(0, 1) float32 values (the state keeps any value exactly, so no spread
+    of magnitudes is needed), positions below 2^20 and an ape table; decode gives back
+    ``[kv | score + ape[p % ratio]]`` exactly."""
+    w = layout.width
+    kv = torch.randn(n, w, generator=gen)
+    score = torch.randn(n, w, generator=gen)
+    ape = torch.randn(layout.ratio, w, generator=gen)
+    pos = torch.randint(0, 1 << 20, (n,), generator=gen)
+    return (kv, score), {"positions": pos, "ape": ape}, _reference(layout, (kv, score), positions=pos, ape=ape)
+
+
+# encode takes the positions and APE rows as well (check_encode_input hands them over)
+def _reference(layout, x, *, positions: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+    """``[kv | score + ape[p % ratio]]`` in float32, what decode gives back exactly."""
+    kv, score = x
+    ape = ape.reshape(layout.ratio, layout.width)  # the halves form, as one row per residue
+    return torch.cat([kv.float(), score.float() + ape.float()[positions.long() % layout.ratio]], dim=1)
 
 
 @attrs.frozen(kw_only=True)
@@ -36,11 +57,11 @@ class CompressorState(Layout):
 
     name = "compressor_state"
     container_dtype = torch.float32
-    example_params = tuple(dict(ratio=r, head_dim=h) for r in RATIOS for h in (1, 2, 3, 8, 16))
-    page_size_range = (1, 8)
-    value_idempotent = True
-    small_params = {"head_dim": 8, "page_size": 4}
-    one_block_params = {"head_dim": 1}  # no quantization blocks: the narrowest state
+    examples = Examples(
+        params=tuple(dict(ratio=r, head_dim=h) for r in RATIOS for h in (1, 2, 3, 8, 16)),
+        page_size_range=(1, 8), value_idempotent=True, small_params={"head_dim": 8, "page_size": 4},
+        one_block={"head_dim": 1},  # no quantization blocks: the narrowest state
+        encode_args_of=_encode_args, reference_of=_reference)
 
 
     head_dim: int = attrs.field(default=512, validator=positive)
@@ -95,25 +116,6 @@ class CompressorState(Layout):
         else:
             check_tensor("ape", ape, dtypes=FLOAT_DTYPES, shape=(self.ratio, w), device=device)
         return n, kwargs
-
-    def example_encode_args(self, n, values, gen):
-        """``(kv, score)`` of N(0, 1) float32 values (the state keeps any value exactly, so no
-        spread of magnitudes is needed), positions below 2^20 and an ape table; decode gives back
-        ``[kv | score + ape[p % ratio]]`` exactly."""
-        w = self.width
-        kv = torch.randn(n, w, generator=gen)
-        score = torch.randn(n, w, generator=gen)
-        ape = torch.randn(self.ratio, w, generator=gen)
-        pos = torch.randint(0, 1 << 20, (n,), generator=gen)
-        return (kv, score), {"positions": pos, "ape": ape}, self.decoded_reference((kv, score), positions=pos, ape=ape)
-
-    # encode takes the positions and APE rows as well (check_encode_input hands them over)
-    def decoded_reference(self, x, *, positions: torch.Tensor,  # type: ignore[override]
-                          ape: torch.Tensor) -> torch.Tensor:
-        """``[kv | score + ape[p % ratio]]`` in float32, what decode gives back exactly."""
-        kv, score = x
-        ape = ape.reshape(self.ratio, self.width)  # the halves form, as one row per residue
-        return torch.cat([kv.float(), score.float() + ape.float()[positions.long() % self.ratio]], dim=1)
 
     def encode_rows(self, x, *, positions: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         # A cache write is not differentiable: inputs that require grad are read as plain values

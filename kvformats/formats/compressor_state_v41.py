@@ -11,9 +11,23 @@ import attrs
 import torch
 
 from kvformats.errors import InputError, InputTypeError, describe
+from kvformats.examples import Examples
 from kvformats.formats.compressor_state import CompressorState
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.validation import FLOAT_DTYPES, check_tensor
+
+
+def _encode_args(layout, n, values, gen):
+    """``(kv, score)`` of N(0, 1) float32 values; decode gives back ``[kv | score]`` exactly."""
+    kv = torch.randn(n, layout.width, generator=gen)
+    score = torch.randn(n, layout.width, generator=gen)
+    return (kv, score), {}, _reference(layout, (kv, score))
+
+
+def _reference(layout, x, **kwargs) -> torch.Tensor:
+    """``[kv | score]`` in float32, what decode gives back exactly."""
+    kv, score = x
+    return torch.cat([kv.float(), score.float()], dim=1)
 
 
 @attrs.frozen(kw_only=True)
@@ -28,11 +42,11 @@ class CompressorStateV41(Layout):
 
     name = "compressor_state_v41"
     container_dtype = torch.float32
-    example_params = tuple(dict(head_dim=h) for h in (1, 2, 3, 8, 16))
-    page_size_range = (1, 8)
-    value_idempotent = True
-    small_params = {"head_dim": 8, "page_size": 4}
-    one_block_params = {"head_dim": 1}  # no quantization blocks: the narrowest state
+    examples = Examples(
+        params=tuple(dict(head_dim=h) for h in (1, 2, 3, 8, 16)),
+        page_size_range=(1, 8), value_idempotent=True, small_params={"head_dim": 8, "page_size": 4},
+        one_block={"head_dim": 1},  # no quantization blocks: the narrowest state
+        encode_args_of=_encode_args, reference_of=_reference)
 
     head_dim: int = attrs.field(default=512, validator=positive)
     page_size: int = attrs.field(default=8, validator=positive)
@@ -65,17 +79,6 @@ class CompressorStateV41(Layout):
         n = kv.shape[0]
         check_tensor("score", score, dtypes=FLOAT_DTYPES, shape=(n, self.width), device=device)
         return n, {}
-
-    def example_encode_args(self, n, values, gen):
-        """``(kv, score)`` of N(0, 1) float32 values; decode gives back ``[kv | score]`` exactly."""
-        kv = torch.randn(n, self.width, generator=gen)
-        score = torch.randn(n, self.width, generator=gen)
-        return (kv, score), {}, self.decoded_reference((kv, score))
-
-    def decoded_reference(self, x, **kwargs) -> torch.Tensor:
-        """``[kv | score]`` in float32, what decode gives back exactly."""
-        kv, score = x
-        return torch.cat([kv.float(), score.float()], dim=1)
 
     def encode_rows(self, x) -> torch.Tensor:
         # A cache write is not differentiable: inputs that require grad are read as plain values.

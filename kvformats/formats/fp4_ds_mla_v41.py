@@ -101,7 +101,7 @@ class Fp4DsMlaV41(V41Rows):
 
     PROFILES = PROFILES
     QUANT_BLOCK = QUANT_BLOCK
-    one_block_params = dict(head_dim=QUANT_BLOCK)
+    examples = attrs.evolve(V41Rows.examples, one_block=dict(head_dim=QUANT_BLOCK))
     VALUES = ("float4_e2m1fn_x2", "e2m1 codes of x / s, element 2k in the low nibble")
     SCALES = ("float8_e4m3fn", "e4m3 scale s per 16-block")
 

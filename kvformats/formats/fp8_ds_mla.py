@@ -11,6 +11,7 @@ import attrs
 import torch
 
 from kvformats.formats._nope_rope import NopeRopeRows
+from kvformats.examples import Examples
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.numerics import codes as nx
 from kvformats.numerics.profiles import Profile, ProfiledLayout, declare, profile_field
@@ -47,12 +48,13 @@ class Fp8DsMla(NopeRopeRows, ProfiledLayout, Layout):
     PROFILES = PROFILES
     quant_block = QUANT_BLOCK
     quant_input_dtype = torch.bfloat16  # NoPE values are rounded to bf16 before quantizing
-    value_idempotent = True
-    # the spec's worked example also shows the HCA page of 2 rows and a narrower head
-    worked_examples = (({}, 70), ({"page_size": 2}, 3), ({"head_dim": 192}, 70))
-    example_params = (dict(head_dim=512, rope_dim=64), dict(head_dim=192, rope_dim=64), dict(head_dim=128, rope_dim=64),
-                      dict(head_dim=96, rope_dim=32), dict(head_dim=66, rope_dim=2))
-    one_block_params = dict(head_dim=128, rope_dim=64)
+    examples = Examples(
+        params=(dict(head_dim=512, rope_dim=64), dict(head_dim=192, rope_dim=64), dict(head_dim=128, rope_dim=64),
+                dict(head_dim=96, rope_dim=32), dict(head_dim=66, rope_dim=2)),
+        value_idempotent=True,
+        one_block=dict(head_dim=128, rope_dim=64),
+        # the spec's worked example also shows the HCA page of 2 rows and a narrower head
+        worked=(({}, 70), ({"page_size": 2}, 3), ({"head_dim": 192}, 70)))
 
     head_dim: int = attrs.field(default=512, validator=positive)
     rope_dim: int = attrs.field(default=64, validator=positive)

@@ -20,6 +20,7 @@ import torch
 
 from kvformats.formats._bytes import float_bytes
 from kvformats.formats._nope_rope import NopeRopeRows
+from kvformats.examples import Examples
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.numerics import codes as nx
 from kvformats.numerics.profiles import FLT_MIN, Profile, ProfiledLayout, declare, profile_field
@@ -59,7 +60,7 @@ class Fp8DsMlaV32(NopeRopeRows, ProfiledLayout, Layout):
     PROFILES = PROFILES
     quant_block = QUANT_BLOCK
     quant_input_dtype = torch.bfloat16
-    one_block_params = dict(head_dim=192, rope_dim=64)
+    examples = Examples(one_block=dict(head_dim=192, rope_dim=64))
 
     head_dim: int = attrs.field(default=576, validator=positive)
     rope_dim: int = attrs.field(default=64, validator=positive)

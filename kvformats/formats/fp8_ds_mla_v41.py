@@ -62,7 +62,7 @@ class Fp8DsMlaV41(V41Rows):
 
     PROFILES = PROFILES
     QUANT_BLOCK = QUANT_BLOCK
-    one_block_params = dict(head_dim=QUANT_BLOCK)
+    examples = attrs.evolve(V41Rows.examples, one_block=dict(head_dim=QUANT_BLOCK))
     VALUES = ("float8_e4m3fn", "every head dim (RoPE too), scaled by 2^-e per 32-block")
     SCALES = ("float8_e8m0fnu", "e + 127 per 32-block")
 

@@ -47,9 +47,9 @@ class Fp8Indexer(IndexerRows):
     """
 
     PROFILES = PROFILES
-    example_params = (dict(head_dim=128), dict(head_dim=256))
     QUANT_BLOCK = QUANT_BLOCK
-    one_block_params = dict(head_dim=QUANT_BLOCK)
+    examples = attrs.evolve(IndexerRows.examples, params=(dict(head_dim=128), dict(head_dim=256)),
+                            one_block=dict(head_dim=QUANT_BLOCK))
     VALUES = ("float8_e4m3fn", "x / scale")
     SCALES = ("float32", "power-of-two multiplier per 128 dims")
 

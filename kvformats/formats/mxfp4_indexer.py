@@ -59,9 +59,10 @@ class Mxfp4Indexer(IndexerRows):
     # then still load (spec.accepted_fingerprints)
     former_region_names = {"scale": "scales"}
     PROFILES = PROFILES
-    example_params = (dict(head_dim=128), dict(head_dim=32), dict(head_dim=64), dict(head_dim=256))
     QUANT_BLOCK = QUANT_BLOCK
-    one_block_params = dict(head_dim=QUANT_BLOCK)
+    examples = attrs.evolve(IndexerRows.examples,
+                            params=(dict(head_dim=128), dict(head_dim=32), dict(head_dim=64), dict(head_dim=256)),
+                            one_block=dict(head_dim=QUANT_BLOCK))
     VALUES = ("float4_e2m1fn_x2", "e2m1 codes, element 2k in the low nibble")
     SCALES = ("float8_e8m0fnu", "e + 127 per 32-block")
 

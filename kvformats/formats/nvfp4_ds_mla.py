@@ -25,6 +25,7 @@ import torch
 
 from kvformats.errors import LayoutError
 from kvformats.formats._nope_rope import NopeRopeRows
+from kvformats.examples import Examples
 from kvformats.layout import Field, Layout, Segment, positive
 from kvformats.numerics import codes as nx
 from kvformats.numerics.profiles import Profile, ProfiledLayout, declare, profile_field
@@ -100,10 +101,11 @@ class Nvfp4DsMla(NopeRopeRows, ProfiledLayout, Layout):
     quant_input_dtype = torch.bfloat16  # the NoPE blocks and the RoPE dims are cast from bf16
     SCALE_QUADS: ClassVar[int] = SCALE_QUADS
     # The permutation needs the NoPE blocks in groups of SCALE_QUADS (head_dim - rope_dim a
-    # multiple of 64), so there is no one-block geometry (one_block_params stays None).
-    example_params = (dict(head_dim=576, rope_dim=64), dict(head_dim=192, rope_dim=64), dict(head_dim=96, rope_dim=32),
-                      dict(head_dim=264, rope_dim=8))
-    small_params = {"head_dim": 192, "rope_dim": 64, "page_size": 4}  # 8 blocks: the permutation still moves them
+    # multiple of 64), so there is no one-block geometry (examples.one_block stays None).
+    examples = Examples(
+        params=(dict(head_dim=576, rope_dim=64), dict(head_dim=192, rope_dim=64), dict(head_dim=96, rope_dim=32),
+                dict(head_dim=264, rope_dim=8)),
+        small_params={"head_dim": 192, "rope_dim": 64, "page_size": 4})  # 8 blocks: the permutation still moves them
 
     head_dim: int = attrs.field(default=576, validator=positive)
     rope_dim: int = attrs.field(default=64, validator=positive)

@@ -25,7 +25,7 @@ def example_table(name: str) -> str:
     start, contiguous pages) where each region of the slot's row begins."""
     rows = []
     header: list[str] = []
-    for params, slot in get_format(name).worked_examples:
+    for params, slot in get_format(name).examples.worked:
         layout = get_format(name, **params)
         offsets = layout.slot_offsets(slot)
         if not header:

@@ -61,8 +61,8 @@ def layouts(formats=None) -> st.SearchStrategy[Layout]:
     with default and valid non-default parameters: page sizes 1..64 (1..8 for
     compressor_state), fp8_ds_mla head_dim/rope_dim such as 192/64, indexer head_dim 32..256,
     compressor_state ratio 4 or 128 with small head_dim: each format's declared
-    ``example_params`` and ``page_size_range`` (a format that declares none is drawn with its
-    defaults and a page_size in 1..64 when it accepts one)."""
+    ``examples.params`` and ``examples.page_size_range`` (a format that declares none is drawn
+    with its defaults and a page_size in 1..64 when it accepts one)."""
     names = list_formats() if formats is None else [formats] if isinstance(formats, str) else formats
     try:
         names = list(names)
@@ -79,8 +79,8 @@ def layouts(formats=None) -> st.SearchStrategy[Layout]:
 
 def _layouts_of(name: str) -> st.SearchStrategy[Layout]:
     cls = type(get_format(name))
-    params = st.sampled_from(cls.example_params)
-    sizes = st.integers(*cls.page_size_range)
+    params = st.sampled_from(cls.examples.params)
+    sizes = st.integers(*cls.examples.page_size_range)
 
     def build(p: dict, page_size: int) -> Layout:
         try:

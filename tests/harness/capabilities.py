@@ -14,7 +14,7 @@ Capabilities:
   JSON, prose and generated pages are committed files.
 * ``paged_reads``: its rows decode to one tensor (``Layout.paged_reads``), which
   ``dequantize_gather`` fills.
-* ``one_block``: it names its one-block geometry (``Layout.one_block_params``).
+* ``one_block``: it names its one-block geometry (``Layout.examples.one_block``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def has(name: str, capability: str, op: str = "encode") -> bool:
     if capability == "paged_reads":
         return layout.paged_reads
     if capability == "one_block":
-        return type(layout).one_block_params is not None
+        return type(layout).examples.one_block is not None
     raise InputError(f"unknown capability {capability!r}; capabilities: {', '.join(CAPABILITIES)}")
 
 
@@ -45,7 +45,7 @@ REASONS = {
     "published": "is not one of the package's formats (capability 'published': kvformats.formats.FORMATS), "
                  "so it has no committed spec or docs files",
     "paged_reads": "decodes to several tensors (capability 'paged_reads': Layout.paged_reads)",
-    "one_block": "names no one-block geometry (capability 'one_block': Layout.one_block_params)",
+    "one_block": "names no one-block geometry (capability 'one_block': Layout.examples.one_block)",
 }
 
 
@@ -63,12 +63,12 @@ def kernel_formats(op: str = "encode") -> list[str]:
 
 
 def declared_layouts(name: str) -> dict:
-    """The format's declared test layouts: its small parameters (``small_params``) merged with
-    each of its ``example_params``; id -> layout (the format's name for the first)."""
-    cls = type(registry.get_format(name))
-    small = dict(getattr(cls, "small_params", {}) or {})
+    """The format's declared test layouts: its small parameters (``examples.small_params``) merged
+    with each of its ``examples.params``; id -> layout (the format's name for the first)."""
+    examples = type(registry.get_format(name)).examples
+    small = dict(examples.small_params or {})
     return {name if i == 0 else f"{name}-ex{i}": registry.get_format(name, **{**small, **params})
-            for i, params in enumerate(cls.example_params)}
+            for i, params in enumerate(examples.params)}
 
 
 def quant_block(layout) -> tuple[int, float]:

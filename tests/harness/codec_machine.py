@@ -175,7 +175,7 @@ def make_codec_machine(fmt: str, backend: str):
             self.count("reencode_decoded")
             self._encode(x, kwargs, slots)
             after = run_op(backend, self.layout.decode, self.arena.cache, slots)
-            if self.layout.value_idempotent:
+            if self.layout.examples.value_idempotent:
                 assert all(torch.equal(a, b) for a, b in zip(as_list(after), as_list(before))), "not value-idempotent"
 
         @rule(data=st.data())

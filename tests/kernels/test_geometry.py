@@ -42,7 +42,7 @@ PAGE_SIZES = (1, 3, 64)
 
 
 def _layouts(cls):
-    return [cls(**params, page_size=ps) for params in cls.example_params for ps in PAGE_SIZES]
+    return [cls(**params, page_size=ps) for params in cls.examples.params for ps in PAGE_SIZES]
 
 
 def _cases():

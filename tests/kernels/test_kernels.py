@@ -28,6 +28,7 @@ import triton.language as tl  # noqa: E402
 import kvformats_kernels as kk  # noqa: E402  (after conftest chose interpreter or GPU)
 from kvformats_kernels import _common as cm  # noqa: E402
 from kvformats_kernels import numerics_jit as nj  # noqa: E402
+from kvformats_kernels import tuning  # noqa: E402
 from kvformats_kernels._common import rule_constants  # noqa: E402
 from tests.harness.capabilities import with_declared_cases  # noqa: E402
 
@@ -432,8 +433,8 @@ def test_mxfp4_encode_layouts_and_e2m1_paths(lane, dtype, profile, launch_settin
     """Both layouts of the MXFP4 encoder, and in the lane layout both e2m1 paths: programs of
     finite bf16 rows take the short rounding, a program holding a NaN or an Inf the full one
     (as do float32 input and the RNE / signed-zero profiles); the bytes are the reference's."""
-    launch_settings("config", ("mxfp4", "encode"), dict(cm.CONFIG[("mxfp4", "encode")], block_m=8, num_warps=1,
-                                                         lane=lane))
+    key = ("indexer", "encode_mxfp4")
+    launch_settings("config", key, dict(tuning.CONFIG[key], block_m=8, num_warps=1, lane=lane))
     launch_settings("bounds", "small_rows", 0)  # CONFIG's programs of eight rows, whatever the call's size
     layout = kvf.get_format("mxfp4_indexer", page_size=4, profile=profile)
     n = 24  # three programs of eight rows (32 blocks: one per lane)

@@ -167,11 +167,12 @@ def test_dequantize_gather_matches_reference(name, table_dtype, strided, with_gl
 @pytest.mark.parametrize("cs_stores", [0, 1], ids=["plain-stores", "streaming-stores"])
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_mxfp4_dequantize_gather_either_store_hint(cs_stores, launch_settings):
-    """The MXFP4 dequantize_gather's streaming-store knob (indexer.paged.mxfp4_cs_stores) either
-    way: the hint may change speed, never the bytes written or the rows left alone."""
-    from kvformats_kernels import _common as cm
+    """The MXFP4 dequantize_gather's streaming-store knob (indexer.dequantize_gather.mxfp4_cs_stores)
+    either way: the hint may change speed, never the bytes written or the rows left alone."""
+    from kvformats_kernels import tuning
 
-    launch_settings("config", ("indexer", "paged"), dict(cm.CONFIG[("indexer", "paged")], mxfp4_cs_stores=cs_stores))
+    key = ("indexer", "dequantize_gather")
+    launch_settings("config", key, dict(tuning.CONFIG[key], mxfp4_cs_stores=cs_stores))
     layout = DECODE_LAYOUTS["mxfp4_indexer"]
     cache, out, a = _dg_case(layout, 3, torch.int32, False, True, True)
     want = out.clone()
@@ -253,9 +254,10 @@ def _gp_case(layout, seed, table_dtype, strided, shift, device=DEV):
 def test_gather_paged_matches_reference(name, table_dtype, strided, shift, scan_max, launch_settings):
     """Both ways of finding a row's request: one compare against all of cu_seq_lens (few
     requests, the default here) and the binary search (many requests)."""
-    from kvformats_kernels import _common as cm
+    from kvformats_kernels import tuning
 
-    launch_settings("config", ("gather", "paged"), dict(cm.CONFIG[("gather", "paged")], cu_scan_max=scan_max))
+    key = ("rows", "gather_paged")
+    launch_settings("config", key, dict(tuning.CONFIG[key], cu_scan_max=scan_max))
     layout = BYTE_LAYOUTS[name]
     cache, views, table, cu = _gp_case(layout, len(name), table_dtype, strided, shift)
     want = [v.clone() for v in views]

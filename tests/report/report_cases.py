@@ -28,7 +28,7 @@ def written_cache(lay, pages: int = PAGES, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     cache = lay.allocate(pages)
     n = pages * lay.page_size
-    x, kwargs, _ = lay.example_encode_args(
+    x, kwargs, _ = lay.examples.encode_args(
         n, lambda shape: torch.randn(shape, generator=gen) * torch.rand(shape[0], 1, generator=gen) * 8, gen)
     lay.encode(x, cache, torch.arange(n), **kwargs)
     return cache
@@ -78,7 +78,7 @@ def hostile_pages(tmp_path):
     (NaN codes and scales, dirty pads) and a page of random bytes."""
     caches = {}
     for name in kvf.list_formats():
-        lay = kvf.get_format(name, **type(kvf.get_format(name)).small_params)
+        lay = kvf.get_format(name, **type(kvf.get_format(name)).examples.small_params)
         cache = written_cache(lay, 3)
         raw = cache.view(torch.uint8).view(3, -1)
         raw[1] = 0xFF

@@ -143,7 +143,7 @@ def test_every_format_renders(name, tmp_path):
     from kvformats.caches.files import save_cache
     from kvformats.report.build import build_report
 
-    layout = kvf.get_format(name, **type(kvf.get_format(name)).small_params)
+    layout = kvf.get_format(name, **type(kvf.get_format(name)).examples.small_params)
     cache = written_cache(layout, 3)
     cache.view(torch.uint8).view(3, -1)[2] = 0xFF
     path = tmp_path / "c.safetensors"
