@@ -31,6 +31,14 @@ def _i32(like, *shape):
     return like.new_empty(shape, dtype=torch.int32)
 
 
+def _rows_cols(t) -> tuple[int, int]:
+    """(rows, columns) of a 2-D ``t``, (rows, 0) otherwise: sizes a workspace before validation."""
+    return (t.shape[0], t.shape[1]) if t.dim() == 2 else (rows(t), 0)
+
+
+LENS_MODES = ("count", "scan")  # global_topk_indices_and_lens' ``lens``
+
+
 # The index helpers. Fakes compute shapes, dtypes and strides only; the ``out=`` workspaces a
 # wrapper allocates where the caller passes None are exactly the size of the result.
 TABLE_SLOT_MAPPING = Op(D.MODEL_FAMILY, "table_slot_mapping",
@@ -39,8 +47,12 @@ COMPRESSED_SLOT_MAPPING = Op(
     D.MODEL_FAMILY, "compressed_slot_mapping", mutates=("out",), sites=("query_start_loc",),
     workspaces={"out": lambda v: v["block_table"].new_empty(max(v["num_tokens"], 0), dtype=torch.int64)},
     result=lambda a: a["out"][:a["num_tokens"]])
-GLOBAL_TOPK_INDICES_AND_LENS = Op(D.MODEL_FAMILY, "global_topk_indices_and_lens",
-                                  fake=lambda topk, *_: (_i32(topk, *topk.shape), _i32(topk, topk.shape[0])))
+GLOBAL_TOPK_INDICES_AND_LENS = Op(
+    D.MODEL_FAMILY, "global_topk_indices_and_lens", mutates=("out_indices", "out_lens", "out_valid_lens"),
+    workspaces={"out_indices": lambda v: _i32(v["topk_indices"], *_rows_cols(v["topk_indices"])),
+                "out_lens": lambda v: _i32(v["topk_indices"], rows(v["topk_indices"])),
+                "out_valid_lens": lambda v: _i32(v["topk_indices"], rows(v["topk_indices"]))},
+    result=lambda a: (a["out_indices"], a["out_lens"]))
 COMBINE_TOPK_SWA_INDICES = Op(
     D.MODEL_FAMILY, "combine_topk_swa_indices", sites=("query_start_loc",),
     fake=lambda topk_idx, qsl, sl, gl, window, ratio, topk, *_: (
@@ -149,8 +161,10 @@ def table_slot_mapping_reference(positions, req, table, page_size, stride, base,
 @COMPRESSED_SLOT_MAPPING.public
 def compressed_slot_mapping(*, num_tokens: int, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                             block_table: torch.Tensor, page_size: int, ratio: int,
-                            block_table_base_offsets: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                            backend: str = "auto", check: bool | str = True) -> torch.Tensor:
+                            block_table_base_offsets: torch.Tensor | None = None,
+                            req_indices: torch.Tensor | None = None, is_valid_token: torch.Tensor | None = None,
+                            out: torch.Tensor | None = None, backend: str = "auto",
+                            check: bool | str = True) -> torch.Tensor:
     """int64 ``[num_tokens]``: the compressed-cache slot of each group-ending token, −1 elsewhere.
 
     Request r (``query_start_loc [R + 1]``, ``seq_lens [R]``, ``block_table [R, P]``) owns tokens
@@ -158,21 +172,35 @@ def compressed_slot_mapping(*, num_tokens: int, query_start_loc: torch.Tensor, s
     If ``(p + 1) % ratio == 0``: ``c = p // ratio``, slot ``table[r, c // page_size - base[r]] *
     page_size + c % page_size`` (−1 when that page is missing, or its slots would pass int64).
     Tokens outside every request: −1.
+    ``req_indices`` (int ``[num_tokens]``, optional): token t's request is ``req_indices[t]``
+    rather than the one whose ``query_start_loc`` range holds t (tokenspeed's per-token requests);
+    a request outside ``[0, R)`` gives −1, and ``query_start_loc`` is read only in the position
+    above (any values; not checked, nothing recorded). ``is_valid_token`` (bool ``[num_tokens]``,
+    optional): tokens where it is False get −1.
     ``out`` (int64 ``[>= num_tokens]``) is filled with −1 entirely, then the first num_tokens
-    entries are written; the returned tensor is a view of it. ``query_start_loc`` must never
-    decrease: checked as ``check`` says (spec/checks.md; on a GPU recorded, not raised).
+    entries are written; the returned tensor is a view of it. Without ``req_indices``,
+    ``query_start_loc`` must never decrease: checked as ``check`` says (spec/checks.md; on a GPU
+    recorded, not raised).
     """
     dev = _device(block_table)
     C.check_int("num_tokens", num_tokens)
     _check_requests(block_table, block_table_base_offsets, query_start_loc, seq_lens, dev)
     _check_sizes(("page_size", page_size, INT64_MAX), ("ratio", ratio, INT64_MAX))
+    if req_indices is not None:
+        C.check_index("req_indices", req_indices, num_tokens, dev)
+    if is_valid_token is not None:
+        C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(num_tokens,), device=dev)
     if out is not None:
         C.check_tensor("out", out, dtypes=(torch.int64,), shape=(None,), device=dev)
         if out.shape[0] < num_tokens:
             raise InputError(f"out must hold at least num_tokens = {num_tokens} entries, got {out.shape[0]}")
     fn = COMPRESSED_SLOT_MAPPING.resolve(backend, dev)
-    _check_offsets(query_start_loc, check, fn, COMPRESSED_SLOT_MAPPING)
-    return fn(num_tokens, query_start_loc, seq_lens, block_table, page_size, ratio, block_table_base_offsets, out)
+    if req_indices is None:
+        _check_offsets(query_start_loc, check, fn, COMPRESSED_SLOT_MAPPING)
+    else:
+        C.check_mode(check)
+    return fn(num_tokens, query_start_loc, seq_lens, block_table, page_size, ratio, block_table_base_offsets, out,
+              req_indices, is_valid_token)
 
 
 def _token_positions(query_start_loc, seq_lens, t_abs, requests):
@@ -185,10 +213,28 @@ def _token_positions(query_start_loc, seq_lens, t_abs, requests):
     return req, inside, seq_lens.long()[req] - qlen + (t_abs - qsl[req])
 
 
+def _request_positions(query_start_loc, seq_lens, t, req, requests):
+    """(request clamped into the table, inside, position) of tokens ``t`` of requests ``req``
+    (``compressed_slot_mapping``'s ``req_indices``): inside where ``0 <= req < requests``."""
+    r = req.long()
+    inside = (r >= 0) & (r < requests)
+    if requests == 0:
+        return r.clamp(0, 0), inside, torch.zeros_like(t)
+    r = r.clamp(0, requests - 1)
+    qsl = query_start_loc.long()
+    return r, inside, seq_lens.long()[r] - (qsl[r + 1] - qsl[r]) + (t - qsl[r])
+
+
 @COMPRESSED_SLOT_MAPPING.reference
-def compressed_slot_mapping_reference(num_tokens, qsl, seq_lens, table, page_size, ratio, base, out):
+def compressed_slot_mapping_reference(num_tokens, qsl, seq_lens, table, page_size, ratio, base, out, req_indices=None,
+                                      is_valid=None):
     t = torch.arange(num_tokens, device=table.device)
-    req, inside, p = _token_positions(qsl, seq_lens, t, table.shape[0])
+    if req_indices is None:
+        req, inside, p = _token_positions(qsl, seq_lens, t, table.shape[0])
+    else:
+        req, inside, p = _request_positions(qsl, seq_lens, t, req_indices, table.shape[0])
+    if is_valid is not None:
+        inside = inside & is_valid
     slots = table_slots(table, req, torch.div(p, ratio, rounding_mode="floor"), page_size, base,
                         _table_limit(page_size, INT64_MAX))
     ok = inside & (p >= 0) & ((p + 1) % ratio == 0)
@@ -203,38 +249,86 @@ def compressed_slot_mapping_reference(num_tokens, qsl, seq_lens, table, page_siz
 # ----- top-k / sparse index rows ----------------------------------------------------------------
 @GLOBAL_TOPK_INDICES_AND_LENS.public
 def global_topk_indices_and_lens(*, topk_indices: torch.Tensor, req_indices: torch.Tensor, block_table: torch.Tensor,
-                                 page_size: int, is_valid_token: torch.Tensor | None = None, backend: str = "auto",
+                                 page_size: int, is_valid_token: torch.Tensor | None = None,
+                                 block_table_base_offsets: torch.Tensor | None = None, lens: str = "count",
+                                 out_indices: torch.Tensor | None = None, out_lens: torch.Tensor | None = None,
+                                 out_valid_lens: torch.Tensor | None = None, backend: str = "auto",
                                  check: bool | str = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Map local compressed indices to global compressed-cache slots.
 
     ``topk_indices`` int32 ``[T, K]`` (−1 = none), ``req_indices [T]``, ``block_table [R, P]``.
     Returns ``(global int32 [T, K], lens int32 [T])``: ``i >= 0`` becomes ``table[r, i // page_size]
     * page_size + i % page_size`` (−1 if that page is missing, or its slots would pass int32:
-    entries above ``max_page_entry(page_size, 2**31 - 1)``), −1 stays −1; ``lens`` counts the
-    entries ``i >= 0``. Invalid tokens (``is_valid_token`` False or request out of range) get an
-    all −1 row and length 0 (tokenspeed leaves their row unwritten). No value of these inputs is
-    invalid: ``check`` (spec/checks.md) is validated and changes nothing.
+    entries above ``max_page_entry(page_size, 2**31 - 1)``), −1 stays −1. Invalid tokens
+    (``is_valid_token`` False or request out of range) get an all −1 row and length 0 (tokenspeed
+    leaves their row unwritten).
+
+    ``block_table_base_offsets`` (int ``[R]``, optional): the entries are absolute, the table row
+    starts at logical page ``base[r]``: ``i`` is first shifted to ``i - base[r] * page_size``, −1
+    where that is negative or beyond int32, then mapped as above. ``lens``: ``"count"`` (default)
+    counts the (shifted) entries ``>= 0``; ``"scan"`` is one past the last entry ``i >= 0`` of the
+    given row (tokenspeed's scan extent, unaffected by the shift and the table). ``out_valid_lens``
+    (int32 ``[T]``, optional) receives the number of entries ``>= 0`` of each result row (the slots
+    that were mapped). ``out_indices`` (int32 ``[T, K]``) and ``out_lens`` (int32 ``[T]``) receive the
+    results and are returned when given. No value of these inputs is invalid: ``check``
+    (spec/checks.md) is validated and changes nothing.
     """
     C.check_mode(check)
     dev = _device(topk_indices)
     C.check_tensor("topk_indices", topk_indices, dtypes=(torch.int32,), shape=(None, None), device=dev)
-    n = topk_indices.shape[0]
+    n, k = topk_indices.shape
     C.check_index("req_indices", req_indices, n, dev)
-    C.check_table(block_table, None, dev)
+    C.check_table(block_table, None, dev, block_table_base_offsets)
     _check_sizes(("page_size", page_size, INT64_MAX))
     if is_valid_token is not None:
         C.check_tensor("is_valid_token", is_valid_token, dtypes=(torch.bool,), shape=(n,), device=dev)
+    if not isinstance(lens, str) or lens not in LENS_MODES:
+        raise InputError(f"lens must be one of {LENS_MODES}, got {lens!r}")
+    for name, out, shape in (("out_indices", out_indices, (n, k)), ("out_lens", out_lens, (n,)),
+                             ("out_valid_lens", out_valid_lens, (n,))):
+        if out is not None:
+            C.check_tensor(name, out, dtypes=(torch.int32,), shape=shape, device=dev)
     fn = GLOBAL_TOPK_INDICES_AND_LENS.resolve(backend, dev)
-    return fn(topk_indices, req_indices, block_table, page_size, is_valid_token)
+    return fn(topk_indices, req_indices, block_table, page_size, is_valid_token, block_table_base_offsets, lens,
+              out_indices, out_lens, out_valid_lens)
+
+
+def _shifted_entries(topk, req, table, base, page_size: int) -> torch.Tensor:
+    """int64 entries ``i - base[r] * page_size`` of int ``[T, K]`` local entries, −1 where ``i < 0``
+    or the result is negative or beyond int32 (``global_topk_indices_and_lens``' base offsets)."""
+    rows = table.shape[0]
+    local = topk.long()
+    if base is None or rows == 0:
+        return local
+    moved = local - base.long()[req.long().clamp(0, rows - 1)].unsqueeze(1) * page_size
+    return torch.where((local >= 0) & (moved >= 0) & (moved <= INT32_MAX), moved, torch.full_like(moved, -1))
+
+
+def _scan_extent(topk) -> torch.Tensor:
+    """int64 ``[T]``: one past the last entry ``>= 0`` of each row (0 for none)."""
+    n, k = topk.shape
+    if k == 0:
+        return topk.new_zeros(n, dtype=torch.int64)
+    ends = torch.arange(1, k + 1, device=topk.device)
+    return torch.where(topk >= 0, ends, 0).amax(dim=1)
 
 
 @GLOBAL_TOPK_INDICES_AND_LENS.reference
-def global_topk_indices_and_lens_reference(topk, req, table, page_size, is_valid):
+def global_topk_indices_and_lens_reference(topk, req, table, page_size, is_valid, base=None, lens="count",
+                                           out_indices=None, out_lens=None, out_valid_lens=None):
     ok = _valid_tokens(req.long(), table.shape[0], is_valid)
-    glob = table_slots(table, req, topk.long(), page_size, None, _table_limit(page_size, INT32_MAX))
+    local = _shifted_entries(topk, req, table, base, page_size)
+    glob = table_slots(table, req, local, page_size, None, _table_limit(page_size, INT32_MAX))
     glob = torch.where(ok[:, None], glob, torch.full_like(glob, -1)).to(torch.int32)
-    lens = torch.where(ok, (topk >= 0).sum(dim=1), torch.zeros_like(ok, dtype=torch.int64))
-    return glob, lens.to(torch.int32)
+    extent = _scan_extent(topk) if lens == "scan" else (local >= 0).sum(dim=1)
+    size = torch.where(ok, extent, torch.zeros_like(extent)).to(torch.int32)
+    if out_valid_lens is not None:
+        out_valid_lens.copy_((glob >= 0).sum(dim=1))
+    if out_indices is not None:
+        glob = out_indices.copy_(glob)
+    if out_lens is not None:
+        size = out_lens.copy_(size)
+    return glob, size
 
 
 def _swa_entries(j, start, swa_len, p, gather_start, row_base):

@@ -80,19 +80,21 @@ def table_slot_mapping(positions, req, table, page_size, stride, base, is_valid)
     return out
 
 
-def compressed_slot_mapping(num_tokens, qsl, seq_lens, table, page_size, ratio, base, out):
+def compressed_slot_mapping(num_tokens, qsl, seq_lens, table, page_size, ratio, base, out, req=None, is_valid=None):
     dest = torch.empty(num_tokens, dtype=torch.int64, device=table.device) if out is None else out
     total = dest.shape[0]  # the reference fills all of ``out`` with −1 first
     if total == 0:
         return dest[:num_tokens]
     base_t, base_stride, has_base = _optional(base, seq_lens)
+    req_t, req_stride, has_req = _optional(req, seq_lens)
+    valid, valid_stride, has_valid = _optional(is_valid, seq_lens)
     requests, cols, ts0, ts1 = _table(table)
     grid, meta = _rows("compressed_slot_mapping", total)
     fast(jit.compressed_slot_mapping_kernel)[grid](
-        deferred.error_record(qsl.device), qsl, seq_lens, table, base_t, dest, num_tokens, total, requests, cols, ratio,
-        qsl.stride(0),
-        seq_lens.stride(0), ts0, ts1, base_stride, dest.stride(0), _steps(requests),
-        max_page_entry(page_size, INT64_MAX), HAS_BASE=has_base, PAGE_SIZE=page_size, SITE=_SITES["compressed"], **meta)
+        deferred.error_record(qsl.device), qsl, seq_lens, table, base_t, req_t, valid, dest, num_tokens, total,
+        requests, cols, ratio, qsl.stride(0), seq_lens.stride(0), ts0, ts1, base_stride, req_stride, valid_stride,
+        dest.stride(0), _steps(requests), max_page_entry(page_size, INT64_MAX), HAS_BASE=has_base, HAS_REQ=has_req,
+        HAS_VALID=has_valid, PAGE_SIZE=page_size, SITE=_SITES["compressed"], **meta)
     return dest[:num_tokens]
 
 
@@ -111,15 +113,25 @@ def _index_rows(op: str, kernel, n: int, width: int, device, head: tuple, tail: 
     return out, lens
 
 
-def global_topk_indices_and_lens(topk, req, table, page_size, is_valid):
+def global_topk_indices_and_lens(topk, req, table, page_size, is_valid, base=None, lens="count", out_indices=None,
+                                 out_lens=None, out_valid_lens=None):
     n, width = topk.shape
+    dev = topk.device
+    out = torch.empty((n, width), dtype=torch.int32, device=dev) if out_indices is None else out_indices
+    sizes = torch.empty(n, dtype=torch.int32, device=dev) if out_lens is None else out_lens
+    if n == 0:
+        return out, sizes
     valid, valid_stride, has_valid = _optional(is_valid, req)
+    base_t, base_stride, has_base = _optional(base, req)
+    counts, counts_stride, has_counts = _optional(out_valid_lens, sizes)
     requests, cols, ts0, ts1 = _table(table)
-    return _index_rows("global_topk_indices_and_lens", jit.global_topk_kernel, n, width, topk.device,
-                       (topk, req, valid, table),
-                       (n, width, requests, cols, topk.stride(0), topk.stride(1), req.stride(0), valid_stride, ts0,
-                        ts1, max_page_entry(page_size, INT32_MAX)),
-                       HAS_VALID=has_valid, PAGE_SIZE=page_size)
+    grid, meta = _rows("global_topk_indices_and_lens", n, width)
+    fast(jit.global_topk_kernel)[grid](
+        topk, req, valid, table, base_t, out, sizes, counts, n, width, requests, cols, topk.stride(0), topk.stride(1),
+        req.stride(0), valid_stride, ts0, ts1, base_stride, out.stride(0), out.stride(1), sizes.stride(0),
+        counts_stride, max_page_entry(page_size, INT32_MAX), HAS_VALID=has_valid, HAS_BASE=has_base,
+        SCAN=lens == "scan", HAS_COUNTS=has_counts, PAGE_SIZE=page_size, **meta)
+    return out, sizes
 
 
 def combine_topk_swa_indices(topk_idx, qsl, seq_lens, gather_lens, window, ratio, topk, ww, cb):

@@ -117,18 +117,29 @@ def table_slot_mapping_kernel(pos_ptr, req_ptr, valid_ptr, table_ptr, base_ptr, 
 
 
 @_kernel
-def compressed_slot_mapping_kernel(err_ptr, qsl_ptr, seq_ptr, table_ptr, base_ptr, out_ptr, n, total, requests, cols,
-                                   ratio, qsl_stride, seq_stride, t_stride0, t_stride1, base_stride, out_stride, steps,
-                                   max_entry, HAS_BASE: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr,
-                                   SITE: tl.constexpr):
+def compressed_slot_mapping_kernel(err_ptr, qsl_ptr, seq_ptr, table_ptr, base_ptr, req_ptr, valid_ptr, out_ptr, n,
+                                   total, requests, cols, ratio, qsl_stride, seq_stride, t_stride0, t_stride1,
+                                   base_stride, req_stride, valid_stride, out_stride, steps, max_entry,
+                                   HAS_BASE: tl.constexpr, HAS_REQ: tl.constexpr, HAS_VALID: tl.constexpr,
+                                   PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr, SITE: tl.constexpr):
     """out[t] for t < total: the compressed slot of token t when it ends a group (t < n), else −1.
-    Program 0 also records query_start_loc that decreases (rows found for such offsets are
-    whatever the search gives; never outside out)."""
-    if tl.program_id(0) == 0:
-        record_order(err_ptr, qsl_ptr, qsl_stride, requests + 1, False, SITE)
+    The token's request is found in query_start_loc, and program 0 records offsets that decrease
+    (rows found for such offsets are whatever the search gives; never outside out); HAS_REQ:
+    it is req[t] instead (−1 outside [0, requests); nothing searched or recorded). HAS_VALID:
+    tokens whose is_valid entry is 0 get −1."""
+    if not HAS_REQ:
+        if tl.program_id(0) == 0:
+            record_order(err_ptr, qsl_ptr, qsl_stride, requests + 1, False, SITE)
     t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = t < total
-    inside, r, start, end = find_request(qsl_ptr, qsl_stride, requests, t, t < n, steps)
+    if HAS_REQ:
+        inside, r = token_request(req_ptr, req_stride, valid_ptr, valid_stride, t, t < n, requests, HAS_VALID)
+        start = load_row(qsl_ptr, qsl_stride, r, inside)
+        end = load_row(qsl_ptr, qsl_stride, r + 1, inside)
+    else:
+        inside, r, start, end = find_request(qsl_ptr, qsl_stride, requests, t, t < n, steps)
+        if HAS_VALID:
+            inside = inside & (tl.load(valid_ptr + t * valid_stride, mask=t < n, other=0) != 0)
     p = load_row(seq_ptr, seq_stride, r, inside) - (end - start) + (t - start)
     ok = inside & (p >= 0)
     p = p * ok.to(tl.int64)
@@ -141,25 +152,46 @@ def compressed_slot_mapping_kernel(err_ptr, qsl_ptr, seq_ptr, table_ptr, base_pt
 
 
 @_kernel
-def global_topk_kernel(topk_ptr, req_ptr, valid_ptr, table_ptr, out_ptr, lens_ptr, n, width, requests, cols,
-                       k_stride0, k_stride1, req_stride, valid_stride, t_stride0, t_stride1, max_entry,
-                       HAS_VALID: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+def global_topk_kernel(topk_ptr, req_ptr, valid_ptr, table_ptr, base_ptr, out_ptr, lens_ptr, counts_ptr, n, width,
+                       requests, cols, k_stride0, k_stride1, req_stride, valid_stride, t_stride0, t_stride1,
+                       base_stride, out_stride0, out_stride1, lens_stride, counts_stride, max_entry,
+                       HAS_VALID: tl.constexpr, HAS_BASE: tl.constexpr, SCAN: tl.constexpr,
+                       HAS_COUNTS: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_J: tl.constexpr):
-    """out[t, j] = slot of compressed index topk[t, j] through req[t]'s table row (−1 stays −1);
-    lens[t] = count of topk[t, :] >= 0; invalid rows: all −1, length 0."""
+    """out[t, j] = slot of compressed index topk[t, j] through req[t]'s table row (−1 stays −1;
+    HAS_BASE: the index minus base[r] * PAGE_SIZE, −1 where that is negative or beyond int32);
+    lens[t] = count of the (shifted) indices >= 0, or (SCAN) one past the last topk[t, j] >= 0;
+    HAS_COUNTS: counts[t] = the slots >= 0 of row t. Invalid rows: all −1, lengths 0."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     live = t < n
     ok, r = token_request(req_ptr, req_stride, valid_ptr, valid_stride, t, live, requests, HAS_VALID)
+    shift = tl.zeros([BLOCK_M], tl.int64)
+    if HAS_BASE:
+        shift = load_row(base_ptr, base_stride, r, ok) * PAGE_SIZE
     count = tl.zeros([BLOCK_M], tl.int32)
+    mapped = tl.zeros([BLOCK_M], tl.int32)
+    extent = tl.zeros([BLOCK_M], tl.int64)
     for j0 in range(0, width, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J).to(tl.int64)
         in_row = live[:, None] & (j < width)[None, :]
         v = tl.load(topk_ptr + t[:, None] * k_stride0 + j[None, :] * k_stride1,
                     mask=in_row & ok[:, None], other=-1).to(tl.int64)
+        if SCAN:  # masked lanes read −1: they add nothing
+            extent = tl.maximum(extent, tl.max((j[None, :] + 1) * (v >= 0).to(tl.int64), axis=1))
+        if HAS_BASE:
+            moved = v - shift[:, None]
+            keep = ((v >= 0) & (moved >= 0) & (moved <= 2147483647)).to(tl.int64)
+            v = keep * (moved + 1) - 1
         count += tl.sum((v >= 0).to(tl.int32), axis=1)
         slot = table_slot(table_ptr, t_stride0, t_stride1, cols, r[:, None], 0, v, ok[:, None], max_entry, PAGE_SIZE)
-        tl.store(out_ptr + t[:, None] * width + j[None, :], slot.to(tl.int32), mask=in_row)
-    tl.store(lens_ptr + t, count, mask=live)
+        if HAS_COUNTS:
+            mapped += tl.sum(((slot >= 0) & in_row).to(tl.int32), axis=1)
+        tl.store(out_ptr + t[:, None] * out_stride0 + j[None, :] * out_stride1, slot.to(tl.int32), mask=in_row)
+    if SCAN:
+        count = extent.to(tl.int32)
+    tl.store(lens_ptr + t * lens_stride, count, mask=live)
+    if HAS_COUNTS:
+        tl.store(counts_ptr + t * counts_stride, mapped, mask=live)
 
 
 @triton.jit

@@ -105,6 +105,18 @@ CASES = {  # id: (function name, builder of fresh keyword arguments)
     "global_topk": ("global_topk_indices_and_lens", lambda: dict(
         topk_indices=T([[0, 3, -1], [5, 1, 7], [2, -1, -1], [9, 0, 4]], dtype=torch.int32),
         req_indices=T([0, 1, 1, 0]), block_table=TABLE, page_size=2, is_valid_token=VALID)),
+    "global_topk_scan": ("global_topk_indices_and_lens", lambda: dict(
+        topk_indices=T([[0, 3, -1], [5, 1, 7], [2, -1, -1], [9, 0, 4]], dtype=torch.int32),
+        req_indices=T([0, 1, 1, 0]), block_table=TABLE, page_size=2, is_valid_token=VALID,
+        block_table_base_offsets=T([0, 1]), lens="scan", out_valid_lens=torch.zeros(4, dtype=torch.int32))),
+    "global_topk_out": ("global_topk_indices_and_lens", lambda: dict(
+        topk_indices=T([[0, 3, -1], [5, 1, 7], [2, -1, -1], [9, 0, 4]], dtype=torch.int32),
+        req_indices=T([0, 1, 1, 0]), block_table=TABLE, page_size=2, out_indices=torch.zeros(4, 3, dtype=torch.int32),
+        out_lens=torch.zeros(4, dtype=torch.int32))),
+    "compressed_slots_req": ("compressed_slot_mapping", lambda: dict(
+        num_tokens=8, query_start_loc=QSL, seq_lens=SEQ, block_table=TABLE, page_size=2, ratio=2,
+        req_indices=T([0, 0, 1, 1, 1, 2, -1, 0]), is_valid_token=T([True] * 7 + [False]),
+        out=torch.zeros(10, dtype=torch.int64))),
     "combine_topk": ("combine_topk_swa_indices", lambda: dict(
         topk_indices=torch.arange(32, dtype=torch.int32).reshape(8, 4) % 5 - 1, query_start_loc=QSL, seq_lens=SEQ,
         gather_lens=T([7, 3]), window_size=3, ratio=2, topk=4, workspace_width=300, compressed_base=150)),

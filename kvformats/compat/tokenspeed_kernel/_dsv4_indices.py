@@ -15,10 +15,13 @@ synchronization (the length and shape rules below are read from shapes and Pytho
   signatures and behaviour).
 * ``dsv4_build_dense_prefill_local_compressed_indices``: ``dense_prefill_local_compressed_indices``;
   with the 0.1.4 parameters (base offsets, a table capacity below ``width``), torch here.
-* ``dsv4_compute_global_topk_indices_and_lens``, ``dsv4_decode_dense_compressed_indices_and_lens``:
-  ``global_topk_indices_and_lens`` maps the (base-shifted) local entries; the scan lengths, valid
-  counts and dense lengths are torch here.
-* ``dsv4_compact_compressed_slot_mapping``, ``dsv4_group_slot_mapping``: ``table_slot_mapping``.
+* ``dsv4_compute_global_topk_indices_and_lens``: ``global_topk_indices_and_lens`` with its base
+  offsets, ``lens="scan"`` and ``out_valid_lens``, one native call (replayed as a whole);
+  ``dsv4_decode_dense_compressed_indices_and_lens``: the same op maps the local entries, whose
+  dense lengths are torch here.
+* ``dsv4_compact_compressed_slot_mapping``: ``compressed_slot_mapping`` with per-token
+  ``req_indices`` and ``is_valid_token``, one native call (replayed as a whole);
+  ``dsv4_group_slot_mapping``: ``table_slot_mapping``.
 * ``dsv4_combine_topk_swa_indices`` (0.1.4 compacts the valid top-k entries),
   ``dsv4_validate_active_cache_pages``, ``dsv4_indexer_decode_metadata_compute``: torch here
   (``_dsv4_indices_torch``).
@@ -61,8 +64,8 @@ from __future__ import annotations
 
 import torch
 
-from kvformats.compat._common import INT_DTYPES, check_int_out, compiling, dops
-from kvformats.compat._replay import aranged, replayed
+from kvformats.compat._common import INT_DTYPES, check_int_out
+from kvformats.compat._replay import replayed
 from kvformats.compat.tokenspeed_kernel._dsv4_indices_torch import (
     ANY_INT, device_of, dsv4_combine_topk_swa_indices, dsv4_indexer_decode_metadata_compute,
     dsv4_validate_active_cache_pages, optional, vector)
@@ -70,7 +73,7 @@ from kvformats.compat.tokenspeed_paged import (
     deepseek_v4_build_dense_prefill_local_compressed_indices, deepseek_v4_combine_dense_swa_indices,
     deepseek_v4_compressed_slot_mapping, deepseek_v4_decode_swa_indices_and_lens)
 from kvformats.deepseek_v4 import _validation as C
-from kvformats.deepseek_v4.indices import global_topk_indices_and_lens, table_slot_mapping
+from kvformats.deepseek_v4.indices import compressed_slot_mapping, global_topk_indices_and_lens, table_slot_mapping
 from kvformats.dsv4_constants import INT32_MAX
 from kvformats.errors import InputError, InputTypeError, describe
 
@@ -94,32 +97,10 @@ def as_mask(t):
     return t if t is None or t.dtype is torch.bool else t != 0
 
 
-def shifted(local: torch.Tensor, req: torch.Tensor, base, rows: int, block_size: int) -> torch.Tensor:
-    """int32 local compressed entries minus their request's first logical row (``base[req] *
-    block_size``); entries that fall below 0 (or beyond int32) become -1."""
-    if base is None or rows == 0:
-        return local
-    shift = base.long()[req.long().clamp(0, rows - 1)] * block_size
-    moved = local.long() - shift.unsqueeze(1)
-    return torch.where((local >= 0) & (moved >= 0) & (moved <= INT32_MAX), moved, -1).to(torch.int32)
-
-
-def mapped_and_counts(local, req, table, block_size: int, is_valid=None) -> tuple:
-    """(int32 physical slots of int32 local entries (-1 = none) through the request's table row,
-    int32 count of the entries >= 0 of each valid token, 0 for the others): the native op."""
-    fn = dops.global_topk_indices_and_lens if compiling() else global_topk_indices_and_lens
-    return fn(topk_indices=local, req_indices=req, block_table=table, page_size=block_size, is_valid_token=is_valid)
-
-
-def mapped(local, req, table, block_size: int, is_valid=None) -> torch.Tensor:
-    """int32 physical slots of int32 local entries (-1 = none) through the request's table row."""
-    return mapped_and_counts(local, req, table, block_size, is_valid)[0]
-
-
 def slot_mapping(positions, req, table, block_size: int, stride: int, base, valid) -> torch.Tensor:
-    fn = dops.table_slot_mapping if compiling() else table_slot_mapping
-    return fn(positions=positions, req_indices=req, block_table=table, page_size=block_size, entry_stride=stride,
-              block_table_base_offsets=base, is_valid_token=valid)
+    """The native ``table_slot_mapping`` (its public function takes the torch op under torch.compile)."""
+    return table_slot_mapping(positions=positions, req_indices=req, block_table=table, page_size=block_size,
+                              entry_stride=stride, block_table_base_offsets=base, is_valid_token=valid)
 
 
 # ----- dense prefill local indices ---------------------------------------------------------------
@@ -181,6 +162,7 @@ def dsv4_build_dense_prefill_local_compressed_indices(*, positions, compress_rat
 
 
 # ----- top-k and dense decode indices ------------------------------------------------------------
+@replayed
 def dsv4_compute_global_topk_indices_and_lens(*, topk_indices, token_to_req_indices, block_table, block_size,
                                               is_valid_token=None, block_table_base_offsets=None,
                                               out_valid_lens=None):
@@ -188,10 +170,11 @@ def dsv4_compute_global_topk_indices_and_lens(*, topk_indices, token_to_req_indi
     (int32 ``[T, K]``) through the request's table row (``i - base[r] * block_size`` with base
     offsets), -1 where none, missing or out of the table; lens is one past the last entry ``i >= 0``
     of a valid token (0 for invalid tokens). ``out_valid_lens`` (int32 ``[T]``, contiguous)
-    receives the number of mapped entries of each token."""
+    receives the number of mapped entries of each token. One native call (its base offsets,
+    ``lens="scan"`` and ``out_valid_lens``), replayed as a whole."""
     dev = device_of(topk_indices)
     C.check_tensor("topk_indices", topk_indices, dtypes=(torch.int32,), shape=(None, None), device=dev)
-    n, k = topk_indices.shape
+    n = topk_indices.shape[0]
     C.check_table(block_table, None, dev)
     if topk_indices.stride(1) != 1 or block_table.stride(1) != 1:
         raise InputError(f"topk_indices and block_table need unit column stride, got strides "
@@ -203,34 +186,10 @@ def dsv4_compute_global_topk_indices_and_lens(*, topk_indices, token_to_req_indi
     C.check_int("block_size", block_size, minimum=1)
     req = vector("token_to_req_indices", token_to_req_indices, n, dev)
     valid = optional("is_valid_token", is_valid_token, n, dev, (torch.bool,))
-    rows = block_table.shape[0]
-    base = optional("block_table_base_offsets", block_table_base_offsets, rows, dev)
-    if n == 0 or k == 0 or rows == 0:
-        if out_valid_lens is not None:
-            out_valid_lens.zero_()
-        return (torch.full((n, k), -1, dtype=torch.int32, device=dev),
-                torch.zeros(n, dtype=torch.int32, device=dev))
-    glob, counts = mapped_and_counts(shifted(topk_indices, req, base, rows, block_size), req, block_table,
-                                     block_size, valid)
-    # one past the last entry >= 0 of each row: max over j of (j + 1) * [entry >= 0], the indicator
-    # as 1 + clamp(entry, -1, 0) (integer operations, no bool [T, K] tensor); 0 for invalid tokens
-    ends = aranged(k, dev, 1, torch.int32)
-    scan = torch.addcmul(ends, ends, topk_indices.clamp(-1, 0)).amax(dim=1)
-    if base is None:
-        # the native op's counts are 0 exactly for the invalid tokens (request outside the table,
-        # is_valid_token False) and for rows with no entry >= 0 (whose scan is 0 already): the
-        # validity gate in one operation, not three (each torch operation is ~5 us of host time
-        # on a GPU). With base offsets they count the shifted entries: the gate is built below.
-        lens = scan * counts.clamp_max(1)
-    else:
-        r = req.long()
-        ok = r.clamp(0, rows - 1) == r  # 0 <= r < rows
-        if valid is not None:
-            ok = ok & valid
-        lens = scan * ok
-    if out_valid_lens is not None:
-        torch.sum(glob >= 0, dim=1, dtype=torch.int32, out=out_valid_lens)
-    return glob, lens
+    base = optional("block_table_base_offsets", block_table_base_offsets, block_table.shape[0], dev)
+    return global_topk_indices_and_lens(topk_indices=topk_indices, req_indices=req, block_table=block_table,
+                                        page_size=block_size, is_valid_token=valid, block_table_base_offsets=base,
+                                        lens="scan", out_valid_lens=out_valid_lens)
 
 
 def dsv4_decode_dense_compressed_indices_and_lens(*, positions, token_to_req_indices, block_table, block_size,
@@ -266,8 +225,8 @@ def dsv4_decode_dense_compressed_indices_and_lens(*, positions, token_to_req_ind
     if base is not None:  # tokens of requests beyond the offsets read no page
         rows = min(table.shape[0], base.shape[0])
         table, base = table[:rows], base[:rows]
-        local = shifted(local, req, base, rows, block_size)
-    slots = mapped(local, req, table, block_size)
+    slots = global_topk_indices_and_lens(topk_indices=local, req_indices=req, block_table=table,
+                                         page_size=block_size, block_table_base_offsets=base)[0]
     lens = lens.to(torch.int32)
     if out_indices is not None:
         slots = out_indices.copy_(slots)
@@ -288,13 +247,16 @@ def _expanded(name: str, t, n: int, device, dtypes):
     return t.unsqueeze(1).expand(m, n // m).reshape(n)
 
 
+@replayed
 def dsv4_compact_compressed_slot_mapping(*, num_tokens, token_to_req_indices, query_start_loc, seq_lens, block_table,
                                          block_size, compress_ratio, block_table_base_offsets, is_valid_token, out):
     """int64 compressed-cache slots of the first ``num_tokens`` tokens (a view of ``out``, whose
     other entries become -1): token t of request r = ``token_to_req_indices[t]`` is at ``p =
     seq_lens[r] - (qsl[r + 1] - qsl[r]) + t - qsl[r]``; where ``(p + 1) % compress_ratio == 0`` its
     slot is that of compressed row ``p // compress_ratio`` through the table row (page minus
-    ``base[r]``), else -1. ``is_valid_token`` covers the tokens or expands evenly across them."""
+    ``base[r]``), else -1. ``is_valid_token`` covers the tokens or expands evenly across them. One
+    native call (``compressed_slot_mapping`` with ``req_indices`` and ``is_valid_token``), replayed
+    as a whole where the mask is bool and per token (other masks are converted first)."""
     C.check_int("num_tokens", num_tokens)
     C.check_int("block_size", block_size, minimum=1)
     C.check_int("compress_ratio", compress_ratio, minimum=1)
@@ -319,24 +281,17 @@ def dsv4_compact_compressed_slot_mapping(*, num_tokens, token_to_req_indices, qu
     if num_tokens == 0 or requests == 0:
         out.fill_(-1)
         return result
-    r = req.clamp(0, requests - 1)  # index_select takes int32 indices too: no conversion
-    # p = seq_lens[r] - (qsl[r + 1] - qsl[r]) + t - qsl[r]: qsl[r] cancels (exactly, in int64). The
-    # difference is taken per request (R entries) and gathered once: one gather less per token
-    # (each torch operation is ~5 us of host time on a GPU)
-    lens = seq_lens if seq_lens.shape[0] == requests else seq_lens[:requests]
-    delta = lens.long() - query_start_loc[1:requests + 1].long()
-    p = delta.index_select(0, r) + aranged(num_tokens, dev)
-    # (p + 1) % ratio == 0, one operation less; every token ends its group at ratio 1
-    ends = None if compress_ratio == 1 else p % compress_ratio == compress_ratio - 1
-    if block_table.shape[0] != requests:
-        block_table = block_table[:requests]
-    if base is not None and base.shape[0] != requests:
-        base = base[:requests]
-    slots = slot_mapping(p, req, block_table, block_size, compress_ratio, base,
-                         valid if ends is None else ends if valid is None else ends & valid)
-    if out.shape[0] > num_tokens:
-        out[num_tokens:].fill_(-1)
-    return result.copy_(slots)
+    # the first R = requests entries of each per-request tensor (views); the native call fills the
+    # rest of ``out`` with -1 and returns ``out[:num_tokens]``
+    return compressed_slot_mapping(
+        num_tokens=num_tokens, query_start_loc=_first(query_start_loc, requests + 1),
+        seq_lens=_first(seq_lens, requests), block_table=_first(block_table, requests), page_size=block_size,
+        ratio=compress_ratio, block_table_base_offsets=None if base is None else _first(base, requests),
+        req_indices=req, is_valid_token=valid, out=out)
+
+
+def _first(t: torch.Tensor, n: int) -> torch.Tensor:
+    return t if t.shape[0] == n else t[:n]
 
 
 @replayed
