@@ -150,9 +150,6 @@ REPLAYED = {
     "dsv4.dsv4_compact_compressed_slot_mapping": ts4.dsv4_compact_compressed_slot_mapping,
     "dsv4.dsv4_compute_global_topk_indices_and_lens": ts4.dsv4_compute_global_topk_indices_and_lens,
 }
-# replayed drop-ins whose native call takes options the benchmark's native call does not (so their
-# launches differ from the pair's): per-token requests, the scan lengths
-OWN_OPTIONS = {"dsv4.dsv4_compact_compressed_slot_mapping", "dsv4.dsv4_compute_global_topk_indices_and_lens"}
 
 
 def test_replayed_drop_ins_launch_what_their_full_path_and_native_call_launch():
@@ -175,8 +172,7 @@ def test_replayed_drop_ins_launch_what_their_full_path_and_native_call_launch():
             if name in REPLAYED:
                 # the same launches as the native call's, but where the drop-in passes another tensor:
                 # the save's ape (a view of the runtime-order tensor), cache_pack's slots (its own arange)
-                if name != "dsv4.dsv4_save_compressor_state" and not name.startswith("dsv41.cache_pack.") and \
-                        name not in OWN_OPTIONS:
+                if name != "dsv4.dsv4_save_compressor_state" and not name.startswith("dsv41.cache_pack."):
                     theirs = outcome(native, log, False)[0]
                     at = addresses(full, theirs)
                     assert normalized(theirs, inputs, at) == normalized(full, inputs, at), name

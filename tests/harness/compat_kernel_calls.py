@@ -272,14 +272,15 @@ def _v4_index_pairs(rows: int, device, g, s, written: dict, topk: int = 512) -> 
                                                 is_valid_token=None)),
         "dsv4.dsv4_compact_compressed_slot_mapping": (
             lambda: dsv4.compressed_slot_mapping(num_tokens=rows, query_start_loc=d["qsl"], seq_lens=d["seq"],
-                                                 block_table=comp, page_size=PAGE, ratio=4, out=out_slots),
+                                                 block_table=comp, page_size=PAGE, ratio=4, out=out_slots,
+                                                 req_indices=d["req"]),
             lambda: ts4.dsv4_compact_compressed_slot_mapping(
                 num_tokens=rows, token_to_req_indices=d["req"], query_start_loc=d["qsl"], seq_lens=d["seq"],
                 block_table=comp, block_size=PAGE, compress_ratio=4, block_table_base_offsets=None,
                 is_valid_token=None, out=out_slots)),
         "dsv4.dsv4_compute_global_topk_indices_and_lens": (
             lambda: dsv4.global_topk_indices_and_lens(topk_indices=d["top"], req_indices=d["req"], block_table=comp,
-                                                      page_size=PAGE),
+                                                      page_size=PAGE, lens="scan"),
             lambda: ts4.dsv4_compute_global_topk_indices_and_lens(topk_indices=d["top"],
                                                                   token_to_req_indices=d["req"], block_table=comp,
                                                                   block_size=PAGE)),
