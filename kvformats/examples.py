@@ -16,6 +16,8 @@ from typing import Any, Callable
 import attrs
 import torch
 
+from kvformats.errors import UsageError
+
 
 def rows_encode_args(layout, n: int, values, gen: torch.Generator) -> tuple[object, dict, torch.Tensor]:
     """Valid ``encode`` arguments for ``n`` rows and the float32 ``[n, D]`` values that ``decode``
@@ -73,7 +75,7 @@ class Examples:
 
     def _bound(self):
         if self.layout is None:
-            raise TypeError("the examples' encode_args and decoded_reference need a layout: read them "
+            raise UsageError("the examples' encode_args and decoded_reference need a layout: read them "
                             "through one (layout.examples), not through its class")
         return self.layout
 

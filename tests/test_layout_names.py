@@ -4,9 +4,11 @@ are exactly the lists below. A fixture for tests or docs belongs in ``Layout.exa
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import kvformats as kvf
+from kvformats.errors import UsageError
 from kvformats.examples import Examples
 from kvformats.layout import Layout
 
@@ -52,9 +54,5 @@ def test_examples_read_through_a_layout_are_bound_to_it():
     rows = kvf.get_format("fp8_indexer")
     x, kwargs, ref = rows.examples.encode_args(2, torch.ones, None)
     assert kwargs == {} and torch.equal(ref, torch.ones(2, rows.head_dim))
-    try:
+    with pytest.raises(UsageError, match="layout.examples"):
         type(rows).examples.encode_args(2, torch.ones, None)
-    except TypeError as e:
-        assert "layout.examples" in str(e)
-    else:
-        raise AssertionError("examples read through the class encoded without a layout")
