@@ -3,13 +3,13 @@
 They live below both (the kernels must not import ``kvformats.deepseek_v4``, whose modules
 dispatch through the registry that reads the kernels' table): the family name the ops are
 registered under, the index rows' alignment and integer bounds, the output scale rule of
-``inv_rope_fp8_quant``, and where the query-side ops record an invalid position.
+``inv_rope_fp8_quant``. (Where an op records an invalid value is its declaration's:
+``Op.site(arg)``, which a kernel names as ``deferred.site(op, arg)``.)
 """
 
 from __future__ import annotations
 
 from kvformats.numerics import codes as nx
-from kvformats.runtime import deferred
 
 FAMILY = "deepseek_v4"  # the model ops' family: the registry keys them under OpFamily(FAMILY)
 
@@ -18,11 +18,6 @@ INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 
 # inv_rope_fp8_quant: fp8 e4m3 with a power-of-two scale per group, amax floored at 1e-10
 OUT_SCALE_RULE = nx.ScaleRule(element_max=nx.FP8_E4M3_MAX, floor=1e-10, floor_on="absmax")
-
-# the error record's site of each query-side op's invalid position (reference and kernel alike)
-POSITION_SITES = {op: deferred.site(op, "positions")
-                  for op in ("prepare_indexer_q_mxfp4", "prepare_indexer_q_fp8", "inv_rope_fp8_quant")}
-
 
 def max_page_entry(page_size: int, limit: int) -> int:
     """The largest block-table entry whose slots ``entry * page_size + row`` (row < page_size)

@@ -12,7 +12,9 @@
 * ``decode_topk``: decode by a ``[T, K]`` matrix of slots with −1 holes.
 
 Each is validated here once, then dispatched to a backend; the references below address
-slots through the table and reuse the layouts' row I/O.
+slots through the table and reuse the layouts' row I/O. Each is declared once
+(``kvformats.codec.op.Op``, as ``kvformats.codec.slot_ops``'s are): its record sites, its public
+function, its torch op's arguments and implementations.
 """
 
 from __future__ import annotations
@@ -21,17 +23,25 @@ import torch
 
 from kvformats.codec import registry
 from kvformats.codec.blocktable import table_slots
+from kvformats.codec.op import CODEC, Op
 from kvformats.codec.rows import read_rows
+from kvformats.codec.torch_library import as_list, decoded, decoded_like, layout_of
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
-from kvformats.runtime import deferred, replay
+from kvformats.runtime import deferred
 from kvformats.validation import (INDEX_DTYPES, capturing, check_cache, check_memory, check_no_overlap, check_slots,
                                   check_tensor)
 
 PAGED_OPS = ("dequantize_gather", "gather_paged", "decode_topk")
-_SITES = {"gather_lens": deferred.site("dequantize_gather", "gather_lens"),
-          "out": deferred.site("dequantize_gather", "out"),
-          "cu_seq_lens": deferred.site("gather_paged", "cu_seq_lens"),
-          "topk_slots": deferred.site("decode_topk", "topk_slots")}
+DECODE_TOPK = Op(CODEC, "decode_topk", sites=("topk_slots",), result=decoded,
+                 fake=lambda fmt, params, cache, topk_slots, *_: decoded_like(layout_of(fmt, params), cache,
+                                                                             tuple(topk_slots.shape)))
+DEQUANTIZE_GATHER = Op(CODEC, "dequantize_gather", mutates=("out",), sites=("gather_lens", "out"),
+                       public_names={"base": "block_table_base_offsets"},
+                       result=lambda a, output, layout: a["out"])
+GATHER_PAGED = Op(CODEC, "gather_paged", mutates=("out",), sites=("cu_seq_lens",),
+                  result=lambda a, output, layout: tuple(a["out"]))
+_SITES = {"gather_lens": DEQUANTIZE_GATHER.site("gather_lens"), "out": DEQUANTIZE_GATHER.site("out"),
+          "cu_seq_lens": GATHER_PAGED.site("cu_seq_lens"), "topk_slots": DECODE_TOPK.site("topk_slots")}
 
 
 def _check_table(layout, cache, block_table, requests: int | None = None) -> None:
@@ -39,7 +49,7 @@ def _check_table(layout, cache, block_table, requests: int | None = None) -> Non
 
 
 # ----- dequantize_gather ------------------------------------------------------------------------
-@replay.replayable
+@DEQUANTIZE_GATHER.layout_public
 def dequantize_gather(layout, cache, out, *, block_table, seq_lens, gather_lens=None,
                       block_table_base_offsets=None, offset: int = 0, backend="auto", check=True):
     """Validate, then decode each request's last ``gather_lens[b]`` positions into ``out[b, offset:]``."""
@@ -70,6 +80,21 @@ def dequantize_gather(layout, cache, out, *, block_table, seq_lens, gather_lens=
                               deferred.Check.WORKSPACE_WIDTH, _SITES["out"])
     fn(layout, cache, out, block_table, seq_lens, gather_lens, block_table_base_offsets, offset)
     return out
+
+
+@DEQUANTIZE_GATHER.lowering
+def _dequantize_gather_arguments(layout, cache, out, *, block_table, seq_lens, gather_lens=None,
+                                 block_table_base_offsets=None, offset: int = 0, backend="auto", check=True) -> tuple:
+    return cache, out, block_table, seq_lens, gather_lens, block_table_base_offsets, offset, backend, check
+
+
+@DEQUANTIZE_GATHER.op_level
+def _dequantize_gather(fmt: str, params: str, cache: torch.Tensor, out: torch.Tensor, block_table: torch.Tensor,
+                       seq_lens: torch.Tensor, gather_lens: torch.Tensor | None, base: torch.Tensor | None,
+                       offset: int, backend: str, check: bool = True) -> None:
+    dequantize_gather(layout_of(fmt, params), cache, out, block_table=block_table, seq_lens=seq_lens,
+                      gather_lens=gather_lens, block_table_base_offsets=base, offset=offset, backend=backend,
+                      check=check)
 
 
 def _host_gather_len_checks(seq_lens, gather_lens, offset: int, width: int) -> None:
@@ -126,7 +151,7 @@ def _workspaces(layout, cache, out):
     return views
 
 
-@replay.replayable
+@GATHER_PAGED.layout_public
 def gather_paged(layout, cache, *, block_table, cu_seq_lens, out=None, num_rows=None, backend="auto", check=True):
     """Validate, then copy the records of every request's positions, in cu order -> workspaces."""
     check_cache(layout, cache)
@@ -157,6 +182,30 @@ def gather_paged(layout, cache, *, block_table, cu_seq_lens, out=None, num_rows=
         views = _new_workspaces(layout, cache, num_rows)
     fn(layout, cache, views, block_table, cu_seq_lens)
     return tuple(out) if out is not None else tuple(views)
+
+
+@GATHER_PAGED.lowering
+def _gather_paged_arguments(layout, cache, *, block_table, cu_seq_lens, out=None, num_rows=None, backend="auto",
+                            check=True) -> tuple:
+    """The op takes preallocated workspaces: ``out``, or ``num_rows`` rows of new ones (an output
+    sized by ``cu_seq_lens[-1]`` would need a data-dependent shape)."""
+    if out is None:
+        if num_rows is None:
+            raise InputError("kvformats::gather_paged takes preallocated workspaces: pass out= or num_rows=")
+        if not isinstance(num_rows, int) or isinstance(num_rows, bool) or num_rows < 0:
+            raise InputError(f"num_rows must be a non-negative int (the rows to copy, cu_seq_lens[-1]), "
+                             f"got {num_rows!r}")
+        out = _new_workspaces(layout, cache, num_rows)
+    elif num_rows is not None:
+        raise InputError("pass out= (preallocated workspaces) or num_rows= (to allocate them), not both")
+    return cache, block_table, cu_seq_lens, list(out), backend, check
+
+
+@GATHER_PAGED.op_level
+def _gather_paged(fmt: str, params: str, cache: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
+                  out: list[torch.Tensor], backend: str, check: bool = True) -> None:
+    gather_paged(layout_of(fmt, params), cache, block_table=block_table, cu_seq_lens=cu_seq_lens, out=tuple(out),
+                 backend=backend, check=check)
 
 
 def _host_cu_checks(cu_seq_lens, rows: int | None) -> None:
@@ -194,7 +243,7 @@ def gather_paged_reference(layout, cache, views, block_table, cu_seq_lens):
 
 
 # ----- decode_topk ------------------------------------------------------------------------------
-@replay.replayable
+@DECODE_TOPK.layout_public
 def decode_topk(layout, cache, topk_slots, *, backend="auto", check=True):
     """Validate, then decode a ``[T, K]`` matrix of slots (−1 holes give zero rows) -> ``[T, K, ...]``."""
     check_cache(layout, cache)
@@ -203,6 +252,18 @@ def decode_topk(layout, cache, topk_slots, *, backend="auto", check=True):
     check_slots(layout, topk_slots.reshape(-1), None, cache, check_range=check, unique=False,
                 site=_SITES["topk_slots"], kernel=registry.is_kernel(fn))
     return fn(layout, cache, topk_slots)
+
+
+@DECODE_TOPK.lowering
+def _decode_topk_arguments(layout, cache, topk_slots, *, backend="auto", check=True) -> tuple:
+    return cache, topk_slots, backend, check
+
+
+@DECODE_TOPK.op_level
+def _decode_topk(fmt: str, params: str, cache: torch.Tensor, topk_slots: torch.Tensor, backend: str,
+                 check: bool = True) -> list[torch.Tensor]:
+    return as_list(decode_topk(layout_of(fmt, params), cache, topk_slots, backend=backend, check=check),
+                   cache, topk_slots)
 
 
 def decode_topk_reference(layout, cache, topk_slots):

@@ -13,20 +13,22 @@ Rules the implementations keep (``custom_op`` enforced some of them): outputs ne
 inputs, mutated arguments are declared ``Tensor(a!)`` in the schema, and the fake computes
 shapes, dtypes and strides only.
 
-The pieces an op is made of, for one declared with ``kvformats.codec.op.Op`` and for the table
-form ``ModelOps`` alike: ``define`` (schema, real and fake implementations), ``implementation``
-(the real one: the public function), ``Binding`` (a call's arguments in schema order) and
-``wrapper`` (a function with the public function's signature that goes through the op).
+The pieces an op declared with ``kvformats.codec.op.Op`` is made of: ``define`` (schema, real
+and fake implementations), ``implementation`` (the real one: the public function), ``Binding``
+(a call's arguments in schema order) and ``wrapper`` (a function with the public function's
+signature that goes through the op).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import json
 from typing import Callable
 
 import torch
 
+from kvformats.codec.registry import get_format
 from kvformats.errors import InputTypeError, KVFormatError, describe
 from kvformats.runtime import deferred
 from kvformats.validation import check_memory
@@ -67,6 +69,50 @@ def fresh(t: torch.Tensor, inputs) -> torch.Tensor:
     """``t`` contiguous and in storage of its own (custom-op outputs must not alias inputs)."""
     t = t.contiguous()
     return t.clone(memory_format=torch.contiguous_format) if shares_storage(t, inputs) else t
+
+
+@functools.lru_cache(maxsize=256)
+def layout_of(fmt: str, params: str):
+    """The layout a codec op's ``(fmt, params)`` name (``kvformats.codec.torch_ops.layout_key``)."""
+    return get_format(fmt, **json.loads(params))
+
+
+def unaliased(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """``out``, copied if it shares storage with an input (custom-op outputs must not alias)."""
+    if out._base is None:  # a tensor of its own, not a view: the common case, without the storage lookups
+        for t in inputs:
+            if out is t:
+                break
+        else:
+            return out
+    return out.clone() if shares_storage(out, inputs) else out
+
+
+def as_list(decoded, *inputs) -> list[torch.Tensor]:
+    """A decode's result (a tensor or a tuple of them) as the list a ``Tensor[]`` op returns."""
+    if not isinstance(decoded, tuple):
+        return [unaliased(decoded.contiguous(), *inputs)]
+    # Several outputs must not alias each other either: compressor_state's (kv, score) are the two
+    # halves of one buffer, which contiguous() keeps as views when there are 0 or 1 rows.
+    outs: list[torch.Tensor] = []
+    for t in decoded:
+        t = t.contiguous()
+        if shares_storage(t, outs):
+            t = t.clone()
+        outs.append(unaliased(t, *inputs))
+    return outs
+
+
+def decoded_like(layout, cache: torch.Tensor, lead: tuple[int, ...]) -> list[torch.Tensor]:
+    """Fake outputs of a codec decode of ``lead`` slots: their shapes and dtypes."""
+    if layout.decode_dtype is None:  # compressor_state: (kv, score_state) float32
+        return [cache.new_empty((*lead, layout.width), dtype=torch.float32) for _ in range(2)]
+    return [cache.new_empty((*lead, layout.head_dim), dtype=layout.decode_dtype)]
+
+
+def decoded(arguments: dict, output: list, layout):
+    """A codec decode's Python result from the op's list: a tensor, or a tuple for compressor_state."""
+    return tuple(output) if layout.decode_dtype is None else output[0]
 
 
 def flat(result):
@@ -179,42 +225,3 @@ def wrapper(fn: Callable, op, binding: Binding, results: Callable) -> Callable:
 def torch_op(name: str):
     """The OpOverload ``kvformats::<name>`` (defined by ``define``)."""
     return getattr(getattr(torch.ops, NAMESPACE), name).default
-
-
-class ModelOps:
-    """The ``torch.library`` ops of one module of model operations from a table of schemas
-    (``kvformats.deepseek_v41.torch_ops``), and wrappers with the Python functions' signatures.
-    Ops declared with ``kvformats.codec.op.Op`` derive all of this from their declaration; this
-    table form is kept for the modules not yet declared so.
-
-    ``schemas``: ``{name: (argument list, returns)}``; op ``kvformats::<prefix><name>`` takes the
-    parameters of ``module.<name>`` in definition order (checked here: a schema out of date with
-    its function fails at import). Its real implementation calls ``module.<name>`` (same
-    validation, errors and bytes); an op returning ``()`` writes in place, otherwise the nested
-    result is flattened and every output made contiguous and unaliased (``keep_layout``: names
-    whose outputs keep their documented strides). ``fakes[name]`` is the fake implementation.
-
-    ``workspaces[name](values)`` gives the ``out`` tensors the wrappers allocate where the caller
-    passes None (the op takes them as required ``Tensor(a!)``); ``results(name, arguments,
-    output)`` turns the op's output back into the function's return value.
-    """
-
-    def __init__(self, module, prefix: str, schemas: dict, fakes: dict, results: Callable, *,
-                 workspaces: dict | None = None, keep_layout=frozenset()):
-        self.module, self.prefix, self.schemas = module, prefix, schemas
-        self.results, self.workspaces, self.keep_layout = results, workspaces or {}, keep_layout
-        self.bindings = {}
-        for name, (args, returns) in schemas.items():
-            fn = getattr(module, name)
-            impl = implementation(fn, arg_names(args), in_place=returns == "()", keep_layout=name in keep_layout)
-            define(prefix + name, f"({args}) -> {returns}", impl, fakes[name])
-            self.bindings[name] = Binding(name, fn, args, self.workspaces.get(name))
-        self.op_names = tuple(prefix + n for n in schemas)
-        self.wrappers = {name: wrapper(getattr(module, name), torch_op(prefix + name), self.bindings[name],
-                                       functools.partial(results, name)) for name in schemas}
-
-    def op_arguments(self, name: str, *args, **kwargs) -> dict:
-        """The arguments of op ``<prefix><name>`` (in schema order) for the call
-        ``module.<name>(*args, **kwargs)``: defaults filled in, scalar types checked, ``out``
-        workspaces allocated where None."""
-        return self.bindings[name](*args, **kwargs)

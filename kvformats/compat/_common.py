@@ -15,22 +15,40 @@ from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import Fp8DsMla, Fp8Indexer, Mxfp4Indexer
 from kvformats.validation import check_tensor
 
-__all__ = ["INT_DTYPES", "cache_head_dim", "check_int_out", "compiling", "cut", "dops", "ds_mla", "head",
-           "indexer_head_dim", "indexer_of_cache", "indexer_of_rows", "mxfp4_indexer", "op_key", "rows_of",
+__all__ = ["INT_DTYPES", "check_int_out", "compiling", "cut", "dops", "ds_mla", "head",
+           "indexer_head_dim", "indexer_of_cache", "indexer_of_rows", "mxfp4_indexer", "rows_of",
            "same_pages", "store_cast"]
 
-# the custom-op wrappers are made from the schema table at import (codec.torch_library.ModelOps),
+# the custom-op wrappers are made from the ops' declarations at import (kvformats.codec.op.Op),
 # so a type checker sees none of their names
 dops: Any = _dops
 compiling = torch.compiler.is_compiling  # True while dynamo traces: the custom ops keep the graph whole
 _LAYOUTS: dict = {}
 
 
+class _Built:
+    """The layouts built here, each a class attribute named by ``_built``: dynamo reads an
+    attribute by its name when the traced code reads it, where a container read once would stay
+    as it was then."""
+
+
+@torch.compiler.assume_constant_result
+def _built(cls, items: tuple) -> str:
+    """The name in ``_Built`` of ``cls(**dict(items))``, built once. Under torch.compile dynamo
+    calls this while tracing and keeps the string: a layout's attrs-frozen ``__init__`` cannot be
+    traced, so a geometry first seen while compiling is built here, outside the graph."""
+    # _LAYOUTS is not touched here: dynamo guards on what the traced code read of it
+    name = "_".join(["layout", cls.__name__, *(f"{k}{v}" for k, v in items)])
+    if not hasattr(_Built, name):  # a bad geometry raises LayoutError here, every time (errors are not stored)
+        setattr(_Built, name, cls(**dict(items)))
+    return name
+
+
 def _layout(cls, **params):
     key = (cls, *params.values())
     lay = _LAYOUTS.get(key)
-    if lay is None:  # a bad geometry raises LayoutError here, every time (errors are not stored)
-        lay = _LAYOUTS[key] = cls(**params)
+    if lay is None:
+        lay = _LAYOUTS[key] = getattr(_Built, _built(cls, tuple(params.items())))
     return lay
 
 
@@ -42,19 +60,6 @@ def mxfp4_indexer(head_dim: int, page_size: int) -> Mxfp4Indexer:
 def ds_mla(head_dim: int, rope_dim: int, page_size: int) -> Fp8DsMla:
     lay = _LAYOUTS.get((Fp8DsMla, head_dim, rope_dim, page_size))
     return lay if lay is not None else _layout(Fp8DsMla, head_dim=head_dim, rope_dim=rope_dim, page_size=page_size)
-
-
-def op_key(fmt: str, head_dim: int, page_size: int, rope_dim: int | None = None) -> tuple[str, str]:
-    """The ``(fmt, params)`` arguments of ``torch.ops.kvformats.*`` naming a default-profile layout,
-    made from ints alone (torch.compile traces it; no layout object is built while tracing)."""
-    if rope_dim is None:
-        return fmt, f'{{"head_dim":{head_dim},"page_size":{page_size},"profile":"tokenspeed"}}'
-    return fmt, f'{{"head_dim":{head_dim},"page_size":{page_size},"profile":"tokenspeed","rope_dim":{rope_dim}}}'
-
-
-def cache_head_dim(cache_2d, block_size, from_row_bytes) -> int:
-    """The indexer head dim tokenspeed's readers infer from a cache's width (traceable ints)."""
-    return from_row_bytes(cache_2d.shape[1] // block_size)[0]
 
 
 def rows_of(*tensors) -> int | None:

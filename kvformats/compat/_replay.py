@@ -23,6 +23,9 @@ def replayed(fn=None, *, plain=None):
     if fn is None:
         return functools.partial(replayed, plain=plain)
     fast = replay.replayable(fn)
+    # The compiling() forks below are about this compat-level replay, not the ops' routing (which
+    # the ops' declarations derive): a drop-in's replay key reads addresses, which a traced tensor
+    # has none of, so while dynamo traces the drop-in runs as written and its ops route themselves.
     switches = replay.SWITCHES  # read here too: with replay off (KVFORMATS_REPLAY=0) one call layer, not two
     if plain is None:
         @functools.wraps(fn)

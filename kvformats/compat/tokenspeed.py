@@ -26,8 +26,8 @@ import torch
 from kvformats.compat import tokenspeed_spec as _spec
 from kvformats.codec.slot_ops import decode as slot_decode
 from kvformats.codec.slot_ops import encode as slot_encode
-from kvformats.compat._common import (cache_head_dim, compiling, cut, ds_mla, head, indexer_of_cache,
-                                      indexer_of_rows, op_key, rows_of, same_pages)
+from kvformats.compat._common import (compiling, cut, ds_mla, head, indexer_of_cache,
+                                      indexer_of_rows, rows_of, same_pages)
 from kvformats.compat._replay import replayed
 from kvformats.compat.tokenspeed_paged import (  # noqa: F401  (re-exported)
     deepseek_v4_build_dense_prefill_local_compressed_indices, deepseek_v4_combine_dense_swa_indices,
@@ -257,9 +257,6 @@ def save_deepseek_v4_compressor_state(kv, score, ape, state_cache, slot_mapping,
 
 def _write(cls, index_k, cache_2d, slot_mapping, block_size) -> None:
     index_k, slot_mapping = cut((slot_mapping, index_k), (index_k, slot_mapping))  # tokenspeed's rows
-    if compiling():
-        return torch.ops.kvformats.encode(*op_key(cls.name, index_k.shape[1], block_size), [index_k], cache_2d,
-                                          slot_mapping, "auto")
     return slot_encode(indexer_of_rows(cls, index_k, block_size), index_k, cache_2d, slot_mapping)
 
 
@@ -279,25 +276,16 @@ def write_deepseek_v4_indexer_mxfp4_cache(index_k, cache_2d, slot_mapping, block
 # ----- cache readers ----------------------------------------------------------------------------
 def read_deepseek_v4_indexer_fp8_cache(cache_2d, slot_mapping, block_size=64):
     """float32 ``[N, d]`` rows at ``slot_mapping`` (``Fp8Indexer.decode``); zero rows for slot < 0."""
-    if compiling():
-        d = cache_head_dim(cache_2d, block_size, _spec.deepseek_v4_indexer_fp8_layout_from_row_bytes)
-        return torch.ops.kvformats.decode(*op_key("fp8_indexer", d, block_size), cache_2d, slot_mapping, "auto")[0]
     return slot_decode(indexer_of_cache(Fp8Indexer, cache_2d, block_size), cache_2d, slot_mapping)
 
 
 def read_deepseek_v4_indexer_mxfp4_cache(cache_2d, slot_mapping, block_size=64):
     """float32 ``[N, d]`` rows at ``slot_mapping`` (``Mxfp4Indexer.decode``); zero rows for slot < 0."""
-    if compiling():
-        d = cache_head_dim(cache_2d, block_size, _spec.deepseek_v4_indexer_mxfp4_layout_from_row_bytes)
-        return torch.ops.kvformats.decode(*op_key("mxfp4_indexer", d, block_size), cache_2d, slot_mapping, "auto")[0]
     return slot_decode(indexer_of_cache(Mxfp4Indexer, cache_2d, block_size), cache_2d, slot_mapping)
 
 
 def dequantize_deepseek_v4_fp8_ds_mla_cache(cache_2d, slot_mapping, block_size=64, *, head_dim, rope_dim):
     """bf16 ``[N, head_dim]`` fp8_ds_mla rows at ``slot_mapping`` (``Fp8DsMla.decode``)."""
-    if compiling():
-        return torch.ops.kvformats.decode(*op_key("fp8_ds_mla", head_dim, block_size, rope_dim), cache_2d, slot_mapping,
-                                          "auto")[0]
     return slot_decode(ds_mla(head_dim, rope_dim, block_size), cache_2d, slot_mapping)
 
 

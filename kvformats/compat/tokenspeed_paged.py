@@ -16,10 +16,9 @@ import torch
 
 from kvformats.codec.paged_ops import dequantize_gather, gather_paged
 from kvformats.codec.slot_ops import gather as slot_gather
-from kvformats.compat import tokenspeed_spec as _spec
 from kvformats.compat._replay import replayed
-from kvformats.compat._common import (cache_head_dim, check_int_out, compiling, cut_to, ds_mla, head,
-                                      indexer_of_cache, mxfp4_indexer, op_key, store_cast)
+from kvformats.compat._common import (check_int_out, cut_to, ds_mla, head,
+                                      indexer_of_cache, mxfp4_indexer, store_cast)
 from kvformats.deepseek_v4.indices import (combine_dense_swa_indices, combine_topk_swa_indices,
                                            compressed_slot_mapping, decode_swa_indices_and_lens,
                                            dense_prefill_local_compressed_indices, global_topk_indices_and_lens)
@@ -160,11 +159,6 @@ def deepseek_v4_dequantize_and_gather_k_cache(*, out, cache_2d, seq_lens, gather
     if max_gather_len is not None and (isinstance(max_gather_len, bool) or not isinstance(max_gather_len, int)):
         raise InputTypeError(f"max_gather_len must be None or an int, got {describe(max_gather_len)}")
     block_table, block_table_base_offsets = cut_to(seq_lens, block_table, block_table_base_offsets)
-    if compiling():
-        torch.ops.kvformats.dequantize_gather(*op_key("fp8_ds_mla", HEAD_DIM, block_size, ROPE_DIM), cache_2d, out,
-                                              block_table, seq_lens, gather_lens, block_table_base_offsets, offset,
-                                              "auto")
-        return
     dequantize_gather(ds_mla(HEAD_DIM, ROPE_DIM, block_size), cache_2d, out, block_table=block_table,
                       seq_lens=seq_lens, gather_lens=gather_lens, block_table_base_offsets=block_table_base_offsets,
                       offset=offset)
@@ -198,11 +192,7 @@ def deepseek_v4_gather_indexer_mxfp4_cache(*, cache_2d, slot_mapping, values_out
     except (AttributeError, IndexError, TypeError):
         n = None  # not a slot tensor: the native call says so
     _workspaces(values_out, scales_out, n)
-    if compiling():
-        rows = torch.ops.kvformats.gather(*op_key("mxfp4_indexer", INDEX_HEAD_DIM, block_size), cache_2d, slot_mapping,
-                                          "auto")
-    else:
-        rows = slot_gather(mxfp4_indexer(INDEX_HEAD_DIM, block_size), cache_2d, slot_mapping)
+    rows = slot_gather(mxfp4_indexer(INDEX_HEAD_DIM, block_size), cache_2d, slot_mapping)
     n = rows.shape[0]
     v = values_out if values_out.shape == (n, _MXFP4_VALUE_BYTES) else values_out[:n, :_MXFP4_VALUE_BYTES]
     sc = scales_out if scales_out.shape == (n, _MXFP4_SCALE_BYTES) else scales_out[:n, :_MXFP4_SCALE_BYTES]
@@ -221,11 +211,6 @@ def indexer_mxfp4_paged_gather(kv_cache, values_out, scales_out, block_table, cu
     caller's ``values_out [T, 64]`` / ``scales_out [T, 4]`` (``Mxfp4Indexer.gather_paged``); a
     persistent block table is read for the first R = ``len(cu_seq_lens) - 1`` requests."""
     block_table = head(block_table, _requests(cu_seq_lens))
-    if compiling():
-        d = cache_head_dim(kv_cache, cache_block_size, _spec.deepseek_v4_indexer_mxfp4_layout_from_row_bytes)
-        torch.ops.kvformats.gather_paged(*op_key("mxfp4_indexer", d, cache_block_size), kv_cache, block_table,
-                                         cu_seq_lens, [values_out, scales_out], "auto")
-        return
     gather_paged(indexer_of_cache(Mxfp4Indexer, kv_cache, cache_block_size, "kv_cache"), kv_cache,
                  block_table=block_table, cu_seq_lens=cu_seq_lens, out=(values_out, scales_out))
 

@@ -30,12 +30,14 @@ import struct
 
 import torch
 
+from kvformats.codec.op import Op
 from kvformats.codec.rows import write_rows
+from kvformats.codec.torch_library import rows as row_count
 from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v41 import _dispatch as D
 from kvformats.errors import InputError, InputTypeError, LayoutError, describe
 from kvformats.formats import CompressorStateV41
-from kvformats.runtime import deferred, replay
+from kvformats.runtime import deferred
 from kvformats.validation import (FLOAT_DTYPES, HOST_CHECK_MAX, INDEX_DTYPES, REPEATED_SLOTS, check_cache,
                                   check_memory, check_no_overlap, check_tensor, repeats)
 
@@ -48,6 +50,15 @@ FLT_MAX = 3.4028234663852886e38
 # then a normal number, on which the GPU's rsqrtf (kernel and torch alike) agree bit for bit;
 # on subnormal arguments torch's CUDA rsqrt and libdevice's differ.
 FLT_MIN = 1.1754943508222875e-38
+
+
+COMPRESSOR_TAIL_SCATTER = Op(D.MODEL_FAMILY, "compressor_tail_scatter", mutates=("tail",))
+# out: the tensor the function would allocate (its dtype, shape and device), so the op's checks
+# pass on it exactly where the function's would
+COMPRESSOR_POOL = Op(D.MODEL_FAMILY, "compressor_pool", mutates=("out",), result=lambda a: a["out"],
+                     workspaces={"out": lambda v: v["tail"].new_empty(
+                         (row_count(v["content"]), WIDTH),
+                         dtype=torch.float32 if v["norm_weight"] is None else torch.bfloat16)})
 
 
 # ----- arguments ---------------------------------------------------------------------------------
@@ -127,7 +138,7 @@ def _norm_eps(norm_weight, norm_eps) -> float:
 
 
 # ----- compressor_tail_scatter -------------------------------------------------------------------
-@replay.replayable
+@COMPRESSOR_TAIL_SCATTER.public
 def compressor_tail_scatter(content: torch.Tensor, scores: torch.Tensor, tail: torch.Tensor, *,
                             slots: torch.Tensor, backend: str = "auto", check: bool | str = True) -> None:
     """Store row t of ``content`` and ``scores`` at tail slot ``slots[t]``, as float32.
@@ -156,7 +167,7 @@ def compressor_tail_scatter(content: torch.Tensor, scores: torch.Tensor, tail: t
     _rows("scores", scores, n, device)
     check_tensor("slots", slots, dtypes=INDEX_DTYPES, shape=(n,), device=device)
     _check_apart("tail", tail, {"content": content, "scores": scores, "slots": slots})
-    fn = D.resolve("compressor_tail_scatter", backend, device)
+    fn = COMPRESSOR_TAIL_SCATTER.resolve(backend, device)
     if n and deferred.on_host(check, slots):
         capacity = cache.shape[0] * layout.page_size
         if n <= HOST_CHECK_MAX:
@@ -169,7 +180,7 @@ def compressor_tail_scatter(content: torch.Tensor, scores: torch.Tensor, tail: t
     fn(layout, content, scores, cache, slots)
 
 
-@D.reference("compressor_tail_scatter")
+@COMPRESSOR_TAIL_SCATTER.reference
 def tail_scatter_reference(layout, content, scores, cache, slots) -> None:
     """compressor_state_v41's rows ``[content | scores]`` written at the live slots (validated
     input; slots outside ``[0, capacity)`` skipped)."""
@@ -177,7 +188,7 @@ def tail_scatter_reference(layout, content, scores, cache, slots) -> None:
 
 
 # ----- compressor_pool ---------------------------------------------------------------------------
-@replay.replayable
+@COMPRESSOR_POOL.public
 def compressor_pool(content: torch.Tensor, scores: torch.Tensor, tail: torch.Tensor, *, previous: torch.Tensor,
                     tail_slots: torch.Tensor, active: torch.Tensor, norm_weight: torch.Tensor | None = None,
                     norm_eps: float | None = None, out: torch.Tensor | None = None, backend: str = "auto",
@@ -234,13 +245,13 @@ def compressor_pool(content: torch.Tensor, scores: torch.Tensor, tail: torch.Ten
         check_no_overlap("out", out)
         _check_apart("out", out, {"content": content, "scores": scores, "tail": tail, "previous": previous,
                                   "tail_slots": tail_slots, "active": active, "norm_weight": norm_weight})
-    fn = D.resolve("compressor_pool", backend, device)
+    fn = COMPRESSOR_POOL.resolve(backend, device)
     if n:
         fn(layout, content, scores, cache, previous, tail_slots, active, norm_weight, eps, out)
     return out
 
 
-@D.reference("compressor_pool")
+@COMPRESSOR_POOL.reference
 def pool_reference(layout, content, scores, cache, previous, tail_slots, active, norm_weight, eps, out) -> None:
     """``compressor_pool`` on validated input (N > 0), written to ``out``."""
     n = content.shape[0]

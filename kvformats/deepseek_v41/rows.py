@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import torch
 
+from kvformats.codec.op import Op
 from kvformats.codec.rows import locate, write_rows
 from kvformats.deepseek_v4 import _validation as C
 from kvformats.deepseek_v4.rope import rope_tail
 from kvformats.deepseek_v41 import _dispatch as D
 from kvformats.errors import InputError, InputTypeError, describe
 from kvformats.numerics import codes as nx
-from kvformats.runtime import deferred, replay
+from kvformats.runtime import deferred
 from kvformats.validation import REPEATED_SLOTS, repeats
 
 __all__ = ["INDEX_FORMATS", "SWA_FORMATS", "index_q_quantize", "swa_rope_scatter"]
@@ -42,7 +43,12 @@ _MXFP4 = C.layout_of("mxfp4_indexer", head_dim=INDEX_HEAD_DIM, page_size=1, prof
 FP8_SCALE_FLOOR = 1e-6  # the 'index_v4' row: scale = fl32(max(amax, 1e-6) * fl32(1 / 448))
 
 
-POSITIONS_SITE = deferred.site("swa_rope_scatter", "positions")
+# out stays optional (``Tensor(b!)?``): None means "no round trip", returned as given
+SWA_ROPE_SCATTER = Op(D.MODEL_FAMILY, "swa_rope_scatter", mutates=("cache", "out"), sites=("positions",),
+                      result=lambda a: a["out"])
+INDEX_Q_QUANTIZE = Op(D.MODEL_FAMILY, "index_q_quantize", mutates=("out",), result=lambda a: a["out"],
+                      workspaces={"out": lambda v: v["q"].new_empty(v["q"].shape, dtype=torch.bfloat16)})
+POSITIONS_SITE = SWA_ROPE_SCATTER.site("positions")
 
 
 def swa_layout(fmt: str, page_size: int):
@@ -65,7 +71,7 @@ def _check_out(out, shape: tuple, device) -> None:
 
 
 # ----- swa_rope_scatter -------------------------------------------------------------------------
-@replay.replayable
+@SWA_ROPE_SCATTER.public
 def swa_rope_scatter(values: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                      cache: torch.Tensor, slots: torch.Tensor, *, fmt: str = "fp8_ds_mla_v41", page_size: int = 64,
                      out: torch.Tensor | None = None, first_slot: int = 0, negative_positions: str = "invalid",
@@ -128,8 +134,8 @@ def swa_rope_scatter(values: torch.Tensor, positions: torch.Tensor, cos_sin_cach
                 written &= slots >= first_slot
             if repeats(slots[written]):
                 raise InputError(REPEATED_SLOTS)
-    D.resolve("swa_rope_scatter", backend, device)(values, positions, cos_sin_cache, cache, layout, slots, out,
-                                                   first_slot, clamp)
+    SWA_ROPE_SCATTER.resolve(backend, device)(values, positions, cos_sin_cache, cache, layout, slots, out,
+                                              first_slot, clamp)
     return out
 
 
@@ -144,7 +150,7 @@ def _check_negative_positions(rule) -> bool:
     return rule == "clamp"
 
 
-@D.reference("swa_rope_scatter")
+@SWA_ROPE_SCATTER.reference
 def swa_rope_scatter_reference(values, positions, cos_sin, cache, layout, slots, out, first_slot: int = 0,
                                clamp: bool = False) -> None:
     """``first_slot``: the validated argument, at most the capacity; ``clamp``: negative positions
@@ -166,7 +172,7 @@ def swa_rope_scatter_reference(values, positions, cos_sin, cache, layout, slots,
 
 
 # ----- index_q_quantize -------------------------------------------------------------------------
-@replay.replayable
+@INDEX_Q_QUANTIZE.public
 def index_q_quantize(q: torch.Tensor, *, fmt: str = "mxfp4_indexer", out: torch.Tensor | None = None,
                      backend: str = "auto", check: bool | str = True) -> torch.Tensor:
     """The indexer queries quantized as ``fmt``'s keys and dequantized: bf16, q's shape. Returns ``out``.
@@ -194,7 +200,7 @@ def index_q_quantize(q: torch.Tensor, *, fmt: str = "mxfp4_indexer", out: torch.
         out = torch.empty(q.shape, dtype=torch.bfloat16, device=device)
     else:
         _check_out(out, tuple(q.shape), device)
-    D.resolve("index_q_quantize", backend, device)(q, fmt, out)
+    INDEX_Q_QUANTIZE.resolve(backend, device)(q, fmt, out)
     return out
 
 
@@ -205,7 +211,7 @@ def fp8_row_scales(x: torch.Tensor) -> torch.Tensor:
     return torch.maximum(nx.absmax(x), torch.full((), FP8_SCALE_FLOOR, dtype=torch.float32, device=x.device)) * rcp
 
 
-@D.reference("index_q_quantize")
+@INDEX_Q_QUANTIZE.reference
 def index_q_quantize_reference(q, fmt, out) -> None:
     x = q.reshape(-1, INDEX_HEAD_DIM)
     if fmt == "mxfp4_indexer":

@@ -1,15 +1,17 @@
 """torch.library custom ops for every dispatched operation of ``kvformats.deepseek_v41``.
 
-    import kvformats.deepseek_v41.torch_ops as d41ops   # registers the ops (``import kvformats.deepseek_v41`` does not)
+    import kvformats.deepseek_v41.torch_ops as d41ops
     d41ops.swa_rope_scatter(values, positions, cos_sin, cache, slots)   # == dsv41.swa_rope_scatter(...)
     torch.ops.kvformats.dsv41_compressor_tail_scatter(content, scores, tail, slots, "auto", True)
     args = d41ops.op_arguments("compressor_pool", content, scores, tail, previous=prev, ...)  # dict, schema order
 
-Op ``kvformats::dsv41_<op>`` for each ``op`` in ``kvformats.deepseek_v41.MODEL_OPS``; its schema lists
-the Python function's parameters in definition order (positional, then keyword-only, same names),
-so every argument is positional at the op level. The real implementation calls the public
-function: same validation, same typed errors, same bytes. Conventions (those of
-``kvformats.deepseek_v4.torch_ops``, built by the same ``kvformats.codec.torch_library.ModelOps``):
+Op ``kvformats::dsv41_<op>`` for each ``op`` in ``kvformats.deepseek_v41.MODEL_OPS``. Each is derived
+from the op's declaration in its module (``kvformats.codec.op.Op``) and defined when that module
+is imported; under ``torch.compile`` the public functions themselves go through these ops, so
+this module is only needed to call the ops in eager code too. The schema lists the Python
+function's parameters in definition order (positional, then keyword-only, same names), so every
+argument is positional at the op level. The real implementation calls the public function: same
+validation, same typed errors, same bytes. Conventions (those of ``kvformats.deepseek_v4.torch_ops``):
 
 * every op writes in place and returns ``()``: the caches (``cache``, ``tail``) and ``out`` are
   declared mutated (``Tensor(a!)``);
@@ -35,60 +37,30 @@ The module-level functions (``swa_rope_scatter``, ``index_q_quantize``, ``compre
 
 from __future__ import annotations
 
-import torch
-
 from kvformats import deepseek_v41 as dsv41
-from kvformats.codec.torch_library import NAMESPACE, ModelOps, rows
-from kvformats.deepseek_v41.compressor import WIDTH
+from kvformats.codec.torch_library import NAMESPACE
+from kvformats.deepseek_v41._dispatch import MODEL_FAMILY
 
-PREFIX = "dsv41_"
-
-# Argument lists of the schemas (-> returns), in the Python functions' parameter order.
-SCHEMAS = {
-    "compressor_tail_scatter": ("Tensor content, Tensor scores, Tensor(a!) tail, Tensor slots, str backend, "
-                                "bool check", "()"),
-    "compressor_pool": ("Tensor content, Tensor scores, Tensor tail, Tensor previous, Tensor tail_slots, "
-                        "Tensor active, Tensor? norm_weight, float? norm_eps, Tensor(a!) out, str backend, "
-                        "bool check", "()"),
-    "swa_rope_scatter": ("Tensor values, Tensor positions, Tensor cos_sin_cache, Tensor(a!) cache, Tensor slots, "
-                         "str fmt, int page_size, Tensor(b!)? out, int first_slot, str negative_positions, "
-                         "str backend, bool check", "()"),
-    "index_q_quantize": ("Tensor q, str fmt, Tensor(a!) out, str backend, bool check", "()"),
-}
-
-# Fakes: every op writes its arguments and returns nothing, so there is no shape to compute.
-FAKES = {name: (lambda *_: None) for name in SCHEMAS}
-
-# out= arguments the wrappers allocate when None: the tensor the function would allocate (its
-# dtype, shape and device), so the op's checks pass on it exactly where the function's would.
-WORKSPACES = {
-    "compressor_pool": lambda v: dict(out=v["tail"].new_empty(
-        (rows(v["content"]), WIDTH), dtype=torch.float32 if v["norm_weight"] is None else torch.bfloat16)),
-    "index_q_quantize": lambda v: dict(out=v["q"].new_empty(v["q"].shape, dtype=torch.bfloat16)),
-}
-
-
-def results(name: str, arguments: dict, output):
-    """The Python function's return value from the op's arguments: ``out`` (the workspace the
-    wrapper allocated, or the caller's, None included for ``swa_rope_scatter``), or None for
-    ``compressor_tail_scatter``. ``output`` is the op's (always None: every op returns ``()``)."""
-    if name == "compressor_tail_scatter":
-        return output
-    return arguments["out"]
-
-
-# Defines the ops (real implementations: the public functions) and builds the wrappers.
-_OPS = ModelOps(dsv41, PREFIX, SCHEMAS, FAKES, results, workspaces=WORKSPACES)
+PREFIX = MODEL_FAMILY.torch_prefix
+_DECLARED = {name: MODEL_FAMILY.declared[name] for name in dsv41.MODEL_OPS}
+SCHEMAS = {name: (op.schema.args, op.schema.returns) for name, op in _DECLARED.items()}  # (argument list, returns)
+WRAPPERS = {name: op.wrapper for name, op in _DECLARED.items()}
+TORCH_OP_NAMES = tuple(op.torch_name for op in _DECLARED.values())
+globals().update(WRAPPERS)
 
 
 def op_arguments(name: str, *args, **kwargs) -> dict:
     """The arguments of ``torch.ops.kvformats.dsv41_<name>`` (in schema order) for the call
     ``kvformats.deepseek_v41.<name>(*args, **kwargs)``: defaults filled in, scalar types checked,
     ``out`` workspaces allocated where None (``index_q_quantize``, ``compressor_pool``)."""
-    return _OPS.op_arguments(name, *args, **kwargs)
+    return _DECLARED[name].op_arguments(*args, **kwargs)
 
 
-WRAPPERS = _OPS.wrappers
-globals().update(WRAPPERS)
-TORCH_OP_NAMES = _OPS.op_names
+def results(name: str, arguments: dict, output):
+    """The Python function's return value from the op's arguments: ``out`` (the workspace the
+    wrapper allocated, or the caller's, None included for ``swa_rope_scatter``), or None for
+    ``compressor_tail_scatter``. ``output`` is the op's (always None: every op returns ``()``)."""
+    return _DECLARED[name].results(arguments, output)
+
+
 __all__ = ["NAMESPACE", "SCHEMAS", "TORCH_OP_NAMES", "op_arguments", "results", *SCHEMAS]

@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from kvformats.dsv4_constants import OUT_SCALE_RULE, POSITION_SITES
+from kvformats.dsv4_constants import OUT_SCALE_RULE
 from kvformats.errors import BackendUnavailableError
 from kvformats.formats.mxfp4_indexer import SCALE_RULE as MXFP4_RULE
 from kvformats.runtime import deferred
@@ -17,6 +17,12 @@ from kvformats_kernels import _common as cm
 from kvformats_kernels import settings
 from kvformats_kernels.dsv4 import query_jit as jit
 from kvformats_kernels.launch import fast
+
+# where each op's declaration (kvformats.deepseek_v4.query) records an invalid position: the
+# same ids by the same (op, argument) names
+_SITE_Q_MXFP4 = deferred.site("prepare_indexer_q_mxfp4", "positions")
+_SITE_Q_FP8 = deferred.site("prepare_indexer_q_fp8", "positions")
+_SITE_INV_ROPE = deferred.site("inv_rope_fp8_quant", "positions")
 
 # Program sizes (benchmarks may override). indexer_q: heads per program (a row per lane);
 # hadamard: warps per program (a row per lane up to ROW_IN_LANE_MAX_D; wider rows: tile elements
@@ -103,7 +109,7 @@ def _indexer_q(index_q, positions, cos_sin, weights, softmax_scale, head_scale, 
             cm.f32(softmax_scale), cm.f32(head_scale), ROPE=cs.shape[1], MXFP4=mxfp4, **_mxfp4_rule(),
             IS_BF16=is_bf16, PAIRS=pairs, W_BF16=w_bf16,
             HW_E4M3=_hw_e4m3(dev), BLOCK_H=cfg["block_h"], EVEN_H=mxfp4 and h % cfg["block_h"] == 0,
-            **_lanes(cfg), SITE=POSITION_SITES["prepare_indexer_q_mxfp4" if mxfp4 else "prepare_indexer_q_fp8"],
+            **_lanes(cfg), SITE=_SITE_Q_MXFP4 if mxfp4 else _SITE_Q_FP8,
             **cm.launch_opts(cfg), enable_fp_fusion=False)
     if mxfp4:
         return (out, scales), w_out
@@ -169,7 +175,7 @@ def inv_rope_fp8_quant(o, positions, cos_sin, n_groups, heads_per_group, group, 
             x.stride(1), positions.stride(0), cs.stride(0), cs.shape[0], buf.stride(0), D=d, ROPE=rope, GS=group,
             NQP2=nqp, **cm.rule_constants(OUT_SCALE_RULE),
             TMA=bool(tma_aligned), IS_BF16=is_bf16, PAIRS=pairs, HW_E4M3=_hw_e4m3(dev), BLOCK_T=block_t,
-            **_lanes(cfg), SITE=POSITION_SITES["inv_rope_fp8_quant"], **cm.launch_opts(cfg), enable_fp_fusion=False)
+            **_lanes(cfg), SITE=_SITE_INV_ROPE, **cm.launch_opts(cfg), enable_fp_fusion=False)
     return buf.view(torch.float8_e4m3fn).transpose(0, 1), store.permute(2, 0, 1)[:t]
 
 

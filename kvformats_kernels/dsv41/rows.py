@@ -42,7 +42,9 @@ __all__ = ["LAUNCHERS", "index_q_quantize", "swa_rope_scatter"]
 
 HEAD_DIM, ROPE_DIM, INDEX_HEAD_DIM = 512, 64, 128
 POSITION_RANGE = tl.constexpr(int(deferred.Check.POSITION_RANGE))  # a global the kernels read
-SITE = deferred.site("swa_rope_scatter", "positions")  # the site kvformats.deepseek_v41.rows records with
+# the site SWA_ROPE_SCATTER (kvformats.deepseek_v41.rows) declares for positions, by its names (the
+# kernels do not import the model ops): the same id whichever module is imported first
+SITE = deferred.site("swa_rope_scatter", "positions")
 _MXFP4 = Mxfp4Indexer(head_dim=INDEX_HEAD_DIM, page_size=1, profile="vllm")  # tokenspeed's 'index' row
 FP8_SCALE_FLOOR = 1e-6  # tokenspeed's 'index_v4' row: fl32(max(amax, 1e-6) * fl32(1 / 448))
 

@@ -302,13 +302,13 @@ def test_import_is_lazy():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def _compiled_equals_eager(case: str, backend: str, move=lambda kw: kw) -> None:
+def _compiled_equals_eager(case: str, backend: str, move=lambda kw: kw, module=d41ops) -> None:
     name, build = CASES[case]
     kw_c, kw_e = move(build()), move(build())
     if case.endswith("in_place"):  # keep out the input itself through the move
         for kw in (kw_c, kw_e):
             kw["out"] = kw["values" if name == "swa_rope_scatter" else "q"]
-    fn = getattr(d41ops, name)
+    fn = getattr(module, name)
     got = torch.compile(lambda kw: fn(**kw), fullgraph=True, backend=backend)(kw_c)
     want = fn(**kw_e)
     assert (got is None) == (want is None)
@@ -334,3 +334,34 @@ def test_gpu_every_wrapper_compiles_fullgraph_on_the_triton_backend(case):
     """On CUDA tensors the ops run their Triton kernels (backend auto); compiled under inductor
     with fullgraph=True they give exactly the eager results and written bytes."""
     _compiled_equals_eager(case, "inductor", _to_cuda)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_public_function_compiles_fullgraph_through_its_op(case):
+    """The public functions themselves (declared ops, kvformats.codec.op.Op) go through their
+    dsv41_* op while dynamo traces: no second spelling for compiled code."""
+    _compiled_equals_eager(case, "aot_eager", module=dsv41)
+
+
+# The schemas the ops were first defined with (hand-written until issue 46): derived identically now.
+FIRST_SCHEMAS = {
+    "compressor_tail_scatter": "(Tensor content, Tensor scores, Tensor(a!) tail, Tensor slots, str backend, "
+                               "bool check) -> ()",
+    "compressor_pool": "(Tensor content, Tensor scores, Tensor tail, Tensor previous, Tensor tail_slots, "
+                       "Tensor active, Tensor? norm_weight, float? norm_eps, Tensor(a!) out, str backend, "
+                       "bool check) -> ()",
+    "swa_rope_scatter": "(Tensor values, Tensor positions, Tensor cos_sin_cache, Tensor(a!) cache, Tensor slots, "
+                        "str fmt, int page_size, Tensor(b!)? out, int first_slot, str negative_positions, "
+                        "str backend, bool check) -> ()",
+    "index_q_quantize": "(Tensor q, str fmt, Tensor(a!) out, str backend, bool check) -> ()",
+}
+
+
+def test_the_declarations_derive_the_first_schemas():
+    from kvformats.deepseek_v41._dispatch import MODEL_FAMILY
+
+    assert list(MODEL_FAMILY.declared) == list(FIRST_SCHEMAS) == list(dsv41.MODEL_OPS)
+    for name, text in FIRST_SCHEMAS.items():
+        assert MODEL_FAMILY.declared[name].schema.text == text
+        assert str(_op(name)._schema) == f"kvformats::dsv41_{name}{text}"
+

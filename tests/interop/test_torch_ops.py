@@ -182,3 +182,75 @@ def test_gpu_compiled_triton_encode_decode_no_graph_break_and_eager_bytes(name, 
     torch.library.opcheck(torch.ops.kvformats.encode.default, (*key, [x], c1, slots, "triton"))
     torch.library.opcheck(torch.ops.kvformats.decode.default, (*key, c1, slots, "triton"))
     torch._dynamo.reset()
+
+
+# The schemas the codec ops were first defined with (hand-written until issue 46): the declarations
+# (kvformats.codec.slot_ops / paged_ops, kvformats.codec.op.CODEC) derive exactly these.
+_KEY, _TAIL = "str fmt, str params, ", "str backend, bool check=True"
+FIRST_SCHEMAS = {
+    "encode": f"({_KEY}Tensor[] inputs, Tensor(a!) cache, Tensor slots, {_TAIL}) -> ()",
+    "decode": f"({_KEY}Tensor cache, Tensor slots, {_TAIL}) -> Tensor[]",
+    "gather": f"({_KEY}Tensor cache, Tensor slots, {_TAIL}) -> Tensor",
+    "decode_topk": f"({_KEY}Tensor cache, Tensor topk_slots, {_TAIL}) -> Tensor[]",
+    "dequantize_gather": f"({_KEY}Tensor cache, Tensor(a!) out, Tensor block_table, Tensor seq_lens, "
+                         f"Tensor? gather_lens, Tensor? base, int offset, {_TAIL}) -> ()",
+    "gather_paged": f"({_KEY}Tensor cache, Tensor block_table, Tensor cu_seq_lens, Tensor(a!)[] out, {_TAIL}) -> ()",
+}
+
+
+def test_the_declared_codec_ops_keep_their_schemas_and_sites():
+    from kvformats.codec.op import CODEC
+    from kvformats.runtime import deferred
+
+    assert set(kops.TORCH_OP_NAMES) == set(FIRST_SCHEMAS)
+    for name, text in FIRST_SCHEMAS.items():
+        assert CODEC.declared[name].schema.text == text
+        assert str(getattr(torch.ops.kvformats, name).default._schema) == f"kvformats::{name}{text}"
+    sites = {name: sorted(op.sites) for name, op in CODEC.declared.items()}
+    assert sites == {"encode": ["slots"], "decode": ["slots"], "gather": ["slots"], "decode_topk": ["topk_slots"],
+                     "dequantize_gather": ["gather_lens", "out"], "gather_paged": ["cu_seq_lens"]}
+    assert all(i == deferred.site(op.name, arg) for op in CODEC.declared.values() for arg, i in op.sites.items())
+
+
+@pytest.mark.parametrize("name", ["fp8_ds_mla", "mxfp4_indexer", "compressor_state"])
+def test_the_layout_methods_compile_fullgraph_through_their_ops(name):
+    """With kvformats.codec.torch_ops imported, dynamo traces Layout.encode / decode / gather /
+    decode_topk / gather_paged as their ops (no graph break), with the eager bytes."""
+    lay, inputs, cache, slots = case(name, 3)
+    kw = {"positions": inputs[2], "ape": inputs[3]} if name == "compressor_state" else {}
+    x = (inputs[0], inputs[1]) if name == "compressor_state" else inputs[0]
+
+    def step(cache, slots):
+        lay.encode(x, cache, slots, **kw)
+        out = [lay.decode(cache, slots), lay.decode_topk(cache, slots.reshape(1, -1))]
+        if lay.paged_reads:
+            out.append(lay.gather(cache, slots))
+            table = torch.tensor([[0, 1, 2]], dtype=torch.int32)
+            cu = torch.tensor([0, 5], dtype=torch.int32)
+            out.append(lay.gather_paged(cache, block_table=table, cu_seq_lens=cu, num_rows=5))
+        return out
+
+    got_cache, want_cache = cache.clone(), cache.clone()
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(step)(cache.clone(), slots).graph_break_count == 0
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(got_cache, slots)
+    want = step(want_cache, slots)
+    assert torch.equal(got_cache, want_cache)
+    flat = [t for o in (got, want) for t in torch.utils._pytree.tree_leaves(o)]
+    half = len(flat) // 2
+    assert all(torch.equal(a, b) for a, b in zip(flat[:half], flat[half:]))
+    torch._dynamo.reset()
+
+
+def test_the_wrappers_take_strict_mode_and_the_public_signatures():
+    import inspect
+
+    from kvformats.codec import paged_ops, slot_ops
+
+    lay, inputs, cache, slots = case("fp8_ds_mla", 3)
+    with pytest.raises(kvf.InputError):
+        kops.encode(lay, inputs[0], cache, torch.tensor([1, 1, 2]), check="strict")
+    for module in (slot_ops, paged_ops):
+        for name in ("encode", "decode", "gather") if module is slot_ops else ("decode_topk", "dequantize_gather",
+                                                                              "gather_paged"):
+            assert inspect.signature(getattr(kops, name)) == inspect.signature(getattr(module, name))

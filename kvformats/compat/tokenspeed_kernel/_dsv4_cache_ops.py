@@ -11,11 +11,10 @@ from __future__ import annotations
 import torch
 
 from kvformats.codec.slot_ops import encode as slot_encode
-from kvformats.compat._common import compiling, cut, head, indexer_of_rows, rows_of
+from kvformats.compat._common import cut, head, indexer_of_rows, rows_of
 from kvformats.compat.tokenspeed import (deepseek_v4_csa_compress_kv_cache_insert, deepseek_v4_csa_indexer_cache_insert,
                                          deepseek_v4_hca_compress_kv_cache_insert, deepseek_v4_prepare_indexer_q_mxfp4,
-                                         fused_qnorm_rope_kv_insert, save_deepseek_v4_compressor_state,
-                                         write_deepseek_v4_indexer_mxfp4_cache)
+                                         fused_qnorm_rope_kv_insert, save_deepseek_v4_compressor_state)
 from kvformats.compat._replay import aranged, replayed
 from kvformats.compat.tokenspeed_paged import (HEAD_DIM, INDEX_HEAD_DIM, ROPE_DIM,
                                                deepseek_v4_dequantize_and_gather_k_cache,
@@ -253,10 +252,8 @@ def write_dsv4_indexer_mxfp4_cache_cuda(index_k: torch.Tensor, cache_2d: torch.T
     # operation per call (aten.scalar_tensor)
     none = aranged(1, slot_mapping.device, -1, slot_mapping.dtype)
     slots = torch.where(valid if valid.dtype is torch.bool else valid != 0, slot_mapping, none)
-    if compiling():
-        write_deepseek_v4_indexer_mxfp4_cache(index_k, cache_2d, slots, block_size)
-    else:  # what that drop-in does after its length rule, already applied above: one call layer less
-        slot_encode(indexer_of_rows(Mxfp4Indexer, index_k, block_size), index_k, cache_2d, slots)
+    # what write_deepseek_v4_indexer_mxfp4_cache does after its length rule, already applied above
+    slot_encode(indexer_of_rows(Mxfp4Indexer, index_k, block_size), index_k, cache_2d, slots)
 
 
 def dsv4_gather_indexer_mxfp4_cache(*, cache_2d: torch.Tensor, slot_mapping: torch.Tensor, values_out: torch.Tensor,
