@@ -251,3 +251,11 @@ class Op:
 
         substitute_in_graph(self.function)(wrapper)
         return wrapper
+
+
+def family_tables(family: ModelOpFamily, names) -> tuple[dict, dict, dict, tuple]:
+    """A model-op family's ops ``names`` as its torch_ops module exposes them: name -> declaration,
+    name -> (schema argument list, returns), name -> wrapper, and the torch op names."""
+    declared = {name: family.declared[name] for name in names}
+    return (declared, {name: (op.schema.args, op.schema.returns) for name, op in declared.items()},
+            {name: op.wrapper for name, op in declared.items()}, tuple(op.torch_name for op in declared.values()))

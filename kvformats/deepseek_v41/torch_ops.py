@@ -38,14 +38,12 @@ The module-level functions (``swa_rope_scatter``, ``index_q_quantize``, ``compre
 from __future__ import annotations
 
 from kvformats import deepseek_v41 as dsv41
+from kvformats.codec.op import family_tables
 from kvformats.codec.torch_library import NAMESPACE
 from kvformats.deepseek_v41._dispatch import MODEL_FAMILY
 
 PREFIX = MODEL_FAMILY.torch_prefix
-_DECLARED = {name: MODEL_FAMILY.declared[name] for name in dsv41.MODEL_OPS}
-SCHEMAS = {name: (op.schema.args, op.schema.returns) for name, op in _DECLARED.items()}  # (argument list, returns)
-WRAPPERS = {name: op.wrapper for name, op in _DECLARED.items()}
-TORCH_OP_NAMES = tuple(op.torch_name for op in _DECLARED.values())
+_DECLARED, SCHEMAS, WRAPPERS, TORCH_OP_NAMES = family_tables(MODEL_FAMILY, dsv41.MODEL_OPS)
 globals().update(WRAPPERS)
 
 
