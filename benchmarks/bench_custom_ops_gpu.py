@@ -61,7 +61,17 @@ def make_case(layout, rows: int, g: torch.Generator, pages: int = 1024):
     return cache, x, kw, slots
 
 
-_BENCH: dict = {}  # the bench-only op library fragment and the ops defined in it
+_BENCH: dict = {}
+
+
+def op_schema(op: str) -> str:
+    """``(arguments) -> returns`` of the codec op ``kvformats::<op>``, from its declaration."""
+    from kvformats.codec import torch_ops  # noqa: F401  (defines the codec ops)
+    from kvformats.codec.op import CODEC
+
+    schema = CODEC.declared[op].schema
+    return f"({schema.args}) -> {schema.returns}"
+  # the bench-only op library fragment and the ops defined in it
 
 
 def bare_ops(fmt: str, layout, impl) -> dict:
@@ -69,8 +79,6 @@ def bare_ops(fmt: str, layout, impl) -> dict:
     (no validation, no layout lookup)}: its cost over calling the launcher is the dispatcher's
     plus that of running the launcher inside an op kernel, the part of the custom-op path that
     no validation work can shorten."""
-    from kvformats.codec.torch_ops import SCHEMAS
-
     def encode(fmt_, params, inputs, cache, slots, backend, check=True):
         if len(inputs) == 1:
             impl.encode(layout, inputs[0], cache, slots)
@@ -89,7 +97,7 @@ def bare_ops(fmt: str, layout, impl) -> dict:
     for op, kernel in (("encode", encode), ("decode", decode), ("gather", gather)):
         name = f"bare_{op}_{fmt}"
         if name not in _BENCH:
-            lib.define(name + SCHEMAS[op][0])
+            lib.define(name + op_schema(op))
             lib.impl(name, kernel, "CompositeExplicitAutograd")
             _BENCH[name] = getattr(torch.ops.kvformats_bench, name)
         out[op] = _BENCH[name]
@@ -168,11 +176,9 @@ def dispatch_floor_us(calls: int, repeats: int) -> float:
     """µs per call of an op with ``kvformats::encode``'s schema whose kernel does nothing: what
     torch's dispatcher alone costs this host for a Python kernel (the part of the custom-op
     path kvformats cannot shorten)."""
-    from kvformats.codec.torch_ops import SCHEMAS
-
     lib = _BENCH.setdefault("lib", torch.library.Library("kvformats_bench", "FRAGMENT"))
     if "noop" not in _BENCH:
-        lib.define("noop" + SCHEMAS["encode"][0])
+        lib.define("noop" + op_schema("encode"))
         lib.impl("noop", lambda *args: None, "CompositeExplicitAutograd")
         _BENCH["noop"] = torch.ops.kvformats_bench.noop
     x, cache, slots = torch.zeros(1, device="cuda"), torch.zeros(1, dtype=torch.uint8, device="cuda"), torch.zeros(
