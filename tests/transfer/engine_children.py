@@ -57,6 +57,17 @@ def mooncake_peer(conn) -> None:
     time.sleep(WAIT_S)
 
 
+def _wait_stopped(pid: int, limit_s: float = 10.0) -> None:
+    """Until process ``pid`` is stopped (state T in /proc), at most ``limit_s`` seconds."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        time.sleep(0.005)
+    raise TimeoutError(f"process {pid} did not stop within {limit_s} s of SIGSTOP")
+
+
 def mooncake_pusher(conn, results) -> None:
     """Push to the peer once (no error line may be logged), stop the peer, push again with a
     1 s deadline: the TransferError must come about then, not after MC_TRANSFER_TIMEOUT."""
@@ -78,6 +89,7 @@ def mooncake_pusher(conn, results) -> None:
         here.push(peer, plan, timeout=20)
         out["errors_on_success"] = _errors(log)
         os.kill(pid, signal.SIGSTOP)
+        _wait_stopped(pid)  # the signal is delivered asynchronously: a busy host may still run the peer
         start = time.monotonic()
         try:
             here.push(peer, plan, timeout=1)
